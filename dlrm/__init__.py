@@ -1,0 +1,1 @@
+"""DLRM-style recommendation models: data, model, hybrid-parallel training and serving."""
