@@ -1,0 +1,76 @@
+"""Turns a data configuration into batch sources for each split."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from dlrm.data.errors import DatasetError
+from dlrm.data.feature_spec import FeatureSpec
+from dlrm.data.split_binary import SplitBinaryReader
+from dlrm.data.synthetic import SyntheticDataset
+
+SPLIT_BINARY_TYPES = ("split_binary", "parametric")  # "parametric" is NVIDIA's name for it
+SYNTHETIC_TYPES = ("synthetic", "synthetic_gpu")  # generated in the base device's memory
+
+
+@dataclass
+class DataConfig:
+    dataset: str | None = None
+    feature_spec: str = "feature_spec.yaml"
+    dataset_type: str = "split_binary"
+    hash_indices: bool = False
+    synthetic_num_entries: int = 1 << 20
+    synthetic_num_test_entries: int = 1 << 18
+    synthetic_table_sizes: list[int] = field(default_factory=lambda: [100_000] * 26)
+    synthetic_num_numerical: int = 13
+    seed: int = 12345
+
+    @property
+    def synthetic(self) -> bool:
+        return self.dataset_type in SYNTHETIC_TYPES
+
+
+def load_feature_spec(cfg: DataConfig) -> FeatureSpec:
+    if cfg.synthetic:
+        return FeatureSpec.default(cfg.synthetic_num_numerical, cfg.synthetic_table_sizes)
+    if cfg.dataset_type not in SPLIT_BINARY_TYPES:
+        raise ValueError(f"unknown --dataset_type {cfg.dataset_type!r}; use one of {SPLIT_BINARY_TYPES + SYNTHETIC_TYPES}")
+    if not cfg.dataset:
+        raise DatasetError("--dataset is required for a split-binary dataset (or use --dataset_type synthetic)")
+    path = cfg.feature_spec if os.path.isabs(cfg.feature_spec) else os.path.join(cfg.dataset, cfg.feature_spec)
+    if not os.path.isfile(path):
+        raise DatasetError(f"feature spec {path} not found: pass the dataset directory with --dataset "
+                           "and, if the spec has another name, --feature_spec")
+    return FeatureSpec.from_yaml(path)
+
+
+def make_source(
+    cfg: DataConfig,
+    spec: FeatureSpec,
+    split: str,
+    batch_size: int,
+    device: torch.device,
+    categorical_features: Sequence[int] | None = None,
+) -> Any | None:
+    """A source with ``len()`` and ``read_batch(i)``; None when the dataset lacks the split."""
+    if cfg.synthetic:
+        entries = cfg.synthetic_num_entries if split == "train" else cfg.synthetic_num_test_entries
+        return SyntheticDataset(
+            cfg.synthetic_num_numerical, cfg.synthetic_table_sizes, entries, batch_size,
+            device=device, seed=cfg.seed, split=split,
+        )
+    if split not in spec.splits:
+        return None
+    return SplitBinaryReader(
+        spec, split, batch_size, categorical_features=categorical_features, check_ids=not cfg.hash_indices
+    )
+
+
+def table_sizes(spec: FeatureSpec, max_table_size: int | None) -> list[int]:
+    """Rows per embedding table: the cardinalities, capped by ``max_table_size`` when given."""
+    sizes = list(spec.cardinalities)
+    return [min(s, max_table_size) for s in sizes] if max_table_size else sizes

@@ -1,0 +1,381 @@
+"""Synthetic click data with a hidden, learnable model.
+
+Every batch is generated on the target device from a seed derived from (seed, split, index), so
+a batch is the same whenever and in whatever order it is asked for, and benchmarks are not
+limited by disk. Labels come from a hidden model that depends only on the seed (and the feature
+layout) and is shared by all splits, so a model trained on 'train' can be scored on 'test'.
+
+The hidden model (see docs/synthetic_data.md) is
+
+    logit = bias + scale * (a * linear(x) + b * id_effects(ids) + c * interactions(ids, x))
+
+where per-id quantities come from an integer hash of (table, id) computed in torch: no per-id
+tables are stored, so tables with tens of millions of rows cost no memory.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+import uuid
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from dlrm.data.batch import Batch
+
+# NVIDIA's preprocessed Criteo 1TB with frequency threshold 15.
+FL15_CARDINALITIES: list[int] = [
+    7912889, 33823, 17139, 7339, 20046, 4, 7105, 1382, 63, 5554114, 582469, 245828, 11,
+    2209, 10667, 104, 4, 968, 15, 8165896, 2675940, 7156453, 302516, 12022, 97, 35,
+]  # fmt: skip
+
+_MASK32 = 0xFFFFFFFF
+_MASK64 = (1 << 64) - 1
+# Odd multiplier below 2**31: a 32-bit value times it stays below 2**63, so int64 arithmetic
+# never overflows and CPU and CUDA agree bit for bit.
+_HASH_MULTIPLIER = 0x45D9F3B
+_ZIPF_EXPONENT = 1.2  # id frequencies fall like (rank + 1) ** -1.2
+_VECTOR_DIM = 4  # dimension of the hidden per-id vectors used by pairwise interactions
+_MAX_INTERACTION_TABLES = 8
+_MAX_TABLE_PAIRS = 8
+_MAX_NUMERICAL_PAIRS = 4
+_CALIBRATION_ROWS = 1 << 16
+
+
+def _splitmix64(x: int) -> int:
+    """A well-mixed 64-bit function of a Python int, for deriving seeds and salts."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def _derive(*parts: int | str) -> int:
+    """A 63-bit seed from a tuple of ints and strings (strings through crc32, stable across runs)."""
+    state = 0
+    for part in parts:
+        value = zlib.crc32(part.encode()) if isinstance(part, str) else part
+        state = _splitmix64(state ^ (value & _MASK64))
+    return state >> 1
+
+
+def _mix32(h: torch.Tensor) -> torch.Tensor:
+    """Avalanche 32-bit values held in int64, in place (a murmur-style finaliser).
+
+    Products stay below 2**32 * 2**31 = 2**63, so int64 never overflows and every device agrees.
+    """
+    t = torch.bitwise_right_shift(h, 16)
+    h.bitwise_xor_(t).mul_(_HASH_MULTIPLIER).bitwise_and_(_MASK32)
+    h.bitwise_xor_(torch.bitwise_right_shift(h, 16, out=t)).mul_(_HASH_MULTIPLIER).bitwise_and_(_MASK32)
+    return h.bitwise_xor_(torch.bitwise_right_shift(h, 16, out=t))
+
+
+def hash_ids(ids: torch.Tensor, salts: torch.Tensor, wide: bool = True) -> torch.Tensor:
+    """32-bit hash of (salt, id), elementwise; ids non-negative int64, salts 32-bit int64.
+
+    `wide=False` skips the high 32 bits of the ids (a shortcut for ids known to be < 2**32).
+
+    Only shifts, xors, masks and products below 2**63 are used, so results are identical on
+    every device.
+    """
+    h = _mix32(torch.bitwise_and(ids, _MASK32).bitwise_xor_(salts) if wide else ids ^ salts)
+    if wide:
+        h = _mix32(h.bitwise_xor_(ids >> 32))
+    return h
+
+
+@dataclass
+class _Layout:
+    """Which features the hidden model's interaction terms pair up."""
+
+    table_pairs: list[tuple[int, int, float]]  # (table a, table b, sign)
+    numerical_pairs: list[int]  # tables whose vector meets a projection of the numerical part
+    vector_tables: list[int]  # tables that need a hidden vector (union of the above)
+
+
+class HiddenModel:
+    """The random logistic model that labels synthetic samples.
+
+    It depends only on (num_numerical, table_sizes, seed). Scales and bias are calibrated once,
+    on a fixed CPU sample, so that the logit has a set spread and the positive rate a set value
+    whatever the feature layout; this makes the Bayes-optimal AUC about the same for 1 table or 26.
+    """
+
+    def __init__(
+        self,
+        num_numerical: int,
+        table_sizes: Sequence[int],
+        seed: int = 12345,
+        logit_std: float = 1.4,
+        positive_rate: float = 0.3,
+        weights: tuple[float, float, float] = (0.3, 0.4, 0.3),
+    ) -> None:
+        self.num_numerical = num_numerical
+        self.table_sizes = [int(s) for s in table_sizes]
+        if any(s < 1 for s in self.table_sizes):
+            raise ValueError(f"table sizes must be >= 1, got {self.table_sizes}")
+        self.seed = seed
+        num_tables = len(self.table_sizes)
+        gen = torch.Generator().manual_seed(_derive(seed, "hidden model"))
+
+        # Numerical features: counts ~ floor(lognormal), missing -> 0, then log1p (Criteo-like).
+        self.num_missing = 0.05 + 0.35 * torch.rand(num_numerical, generator=gen)
+        self.num_mu = 4.0 * torch.rand(num_numerical, generator=gen)
+        self.num_sigma = 0.5 + 1.5 * torch.rand(num_numerical, generator=gen)
+        self.linear = torch.randn(num_numerical, generator=gen)
+
+        # Per-table importance of the id effects (some tables matter more than others).
+        self.table_weight = torch.exp(0.7 * torch.randn(num_tables, generator=gen))
+        self.salts = torch.tensor(
+            [_derive(seed, "salt", t) & _MASK32 for t in range(num_tables)], dtype=torch.int64
+        )
+        self.vector_salts = torch.tensor(
+            [_derive(seed, "vector salt", t) & _MASK32 for t in range(num_tables)], dtype=torch.int64
+        )
+
+        order = torch.randperm(num_tables, generator=gen).tolist()
+        chosen = order[: min(num_tables, _MAX_INTERACTION_TABLES)]
+        candidates = [(a, b) for i, a in enumerate(chosen) for b in chosen[i + 1 :]]
+        picks = torch.randperm(len(candidates), generator=gen)[:_MAX_TABLE_PAIRS].tolist()
+        signs = torch.randint(0, 2, (len(picks),), generator=gen).mul(2).sub(1).tolist()
+        numerical_pairs = chosen[:_MAX_NUMERICAL_PAIRS] if num_numerical > 0 else []
+        table_pairs = [(*candidates[p], float(s)) for p, s in zip(picks, signs)]
+        used = sorted({t for a, b, _ in table_pairs for t in (a, b)} | set(numerical_pairs))
+        self.layout = _Layout(table_pairs, numerical_pairs, used)
+        self.projection = torch.randn(
+            len(numerical_pairs), _VECTOR_DIM, num_numerical, generator=gen
+        ) / math.sqrt(max(num_numerical, 1))
+
+        # Calibration: normalise each part on a fixed sample, then fix the overall scale and bias.
+        self._device_cache: dict[str, dict[str, torch.Tensor]] = {}
+        self.num_mean = torch.zeros(num_numerical)
+        self.num_std = torch.ones(num_numerical)
+        self.part_scale = torch.zeros(3)
+        self.bias = 0.0
+        calib_gen = torch.Generator().manual_seed(_derive(seed, "calibration"))
+        numerical, categorical = self.sample_features(_CALIBRATION_ROWS, calib_gen)
+        x = numerical.float()
+        if num_numerical:
+            self.num_mean = x.mean(0)
+            self.num_std = x.std(0).clamp_min(1e-3)
+        self._device_cache.clear()
+        parts = self._parts(numerical, categorical)  # [3, rows]
+        stds = parts.std(1)
+        present = stds > 1e-6
+        w = torch.where(present, torch.tensor(weights, dtype=torch.float32), 0.0)
+        if w.sum() > 0:
+            self.part_scale = (w / w.sum()).sqrt() / stds.clamp_min(1e-6)
+            spread = (self.part_scale @ parts).std()
+            self.part_scale *= logit_std / spread.clamp_min(1e-6)
+        self._device_cache.clear()
+        self.bias = self._bias_for_rate(self.part_scale @ parts, positive_rate)
+
+    # ----------------------------------------------------------------------------------------
+    # Sampling
+
+    def sample_features(
+        self, rows: int, gen: torch.Generator, device: torch.device | str = "cpu"
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draw (numerical float16 [rows, N], categorical int64 [rows, F]) with `gen`."""
+        c = self._constants(device)
+        # Categorical: a continuous Zipf (bounded Pareto) law on [1, size + 1) by inverse CDF,
+        # floored and shifted to [0, size): id 0 is the most frequent, like frequency-ranked ids.
+        # float32 is exact enough below 2**24 rows; larger tables need float64 to reach every id.
+        dtype = torch.float64 if max(self.table_sizes, default=1) > 2**24 else torch.float32
+        u = torch.rand(rows, len(self.table_sizes), generator=gen, device=device, dtype=dtype)
+        x = u.mul_(c["zipf_span"]).neg_().add_(1.0).pow_(1.0 / (1.0 - _ZIPF_EXPONENT)).sub_(1.0)
+        categorical = torch.minimum(x.long(), c["max_id"])  # min() guards float rounding
+        # Numerical: log1p of floor(lognormal) counts, with missing values as 0 (Criteo-like).
+        g = torch.randn(rows, self.num_numerical, generator=gen, device=device)
+        missing = torch.rand(rows, self.num_numerical, generator=gen, device=device) < c["num_missing"]
+        counts = g.mul_(c["num_sigma"]).add_(c["num_mu"]).exp_().floor_()
+        numerical = counts.log1p_().masked_fill_(missing, 0.0).to(torch.float16)
+        return numerical, categorical
+
+    # ----------------------------------------------------------------------------------------
+    # The model
+
+    def logit(self, numerical: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
+        """The true logit (float32 [B]) of each sample, on the device of the inputs."""
+        c = self._constants(numerical.device)
+        return c["part_scale"] @ self._parts(numerical, categorical) + self.bias
+
+    def _parts(self, numerical: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
+        """[3, B] float32: linear numerical part, id effects, interactions (unnormalised)."""
+        c = self._constants(numerical.device)
+        rows = numerical.shape[0]
+        x = (numerical.float() - c["num_mean"]) / c["num_std"]
+        linear = x @ c["linear"]
+
+        # One 32-bit hash per (table, id); as a centred uniform it is that id's random effect.
+        h = hash_ids(categorical.long(), c["salts"], wide=max(self.table_sizes, default=1) > 2**32)
+        id_effects = (h - 2**31).float() @ c["table_weight"]
+
+        interactions = torch.zeros(rows, device=numerical.device)
+        layout = self.layout
+        if layout.vector_tables:
+            # A second hash gives 4 bytes per (table, id): the id's hidden vector.
+            hv = _mix32(h.index_select(1, c["vector_tables"]).bitwise_xor_(c["vector_salts"]))
+            bytes_ = hv.unsqueeze(-1).bitwise_right_shift(c["byte_shifts"]).bitwise_and_(0xFF)
+            vectors = bytes_.float().sub_(127.5).mul_(1 / 73.9)  # [B, T, 4], mean 0, variance 1
+            slot = {t: i for i, t in enumerate(layout.vector_tables)}
+            for a, b, sign in layout.table_pairs:
+                interactions.add_((vectors[:, slot[a]] * vectors[:, slot[b]]).sum(-1), alpha=sign)
+            for q, t in enumerate(layout.numerical_pairs):
+                interactions.add_((vectors[:, slot[t]] * (x @ c["projection"][q].T)).sum(-1))
+        return torch.stack([linear, id_effects, interactions])
+
+    def _constants(self, device: torch.device | str) -> dict[str, torch.Tensor]:
+        """The model's small tensors on `device`, copied once per device."""
+        key = str(torch.device(device))
+        if key not in self._device_cache:
+            sizes = torch.tensor(self.table_sizes, dtype=torch.float64)
+            tensors = {
+                "zipf_span": 1.0 - (sizes + 1.0).pow(1.0 - _ZIPF_EXPONENT),  # float64
+                "max_id": torch.tensor(self.table_sizes, dtype=torch.int64) - 1,
+                "num_missing": self.num_missing,
+                "num_mu": self.num_mu,
+                "num_sigma": self.num_sigma,
+                "num_mean": self.num_mean,
+                "num_std": self.num_std,
+                "linear": self.linear,
+                "table_weight": self.table_weight,
+                "salts": self.salts,
+                "vector_salts": self.vector_salts[self.layout.vector_tables],
+                "vector_tables": torch.tensor(self.layout.vector_tables, dtype=torch.int64),
+                "byte_shifts": torch.arange(0, 8 * _VECTOR_DIM, 8),
+                "projection": self.projection,
+                "part_scale": self.part_scale,
+            }
+            self._device_cache[key] = {k: v.to(device) for k, v in tensors.items()}
+        return self._device_cache[key]
+
+    @staticmethod
+    def _bias_for_rate(logits: torch.Tensor, rate: float) -> float:
+        """The bias b with mean(sigmoid(logits + b)) == rate, by bisection."""
+        lo, hi = -30.0, 30.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            if torch.sigmoid(logits + mid).mean().item() < rate:
+                lo = mid
+            else:
+                hi = mid
+        return (lo + hi) / 2
+
+
+class SyntheticDataset:
+    """A data source: __len__ and read_batch(i) -> Batch, like the on-disk reader.
+
+    Batches are generated on `device` from a generator seeded by (seed, split, index): the same
+    batch every time, independent of call order. The hidden model depends only on the seed and
+    the feature layout, so 'train', 'test' and 'validation' share it but hold different samples.
+    """
+
+    def __init__(
+        self,
+        num_numerical: int,
+        table_sizes: Sequence[int],
+        num_samples: int,
+        batch_size: int,
+        device: torch.device | str = "cpu",
+        seed: int = 12345,
+        split: str = "train",
+    ) -> None:
+        if num_samples < 0 or batch_size < 1:
+            raise ValueError(f"need num_samples >= 0 and batch_size >= 1, got {num_samples}, {batch_size}")
+        self.num_numerical = num_numerical
+        self.table_sizes = [int(s) for s in table_sizes]
+        self.num_samples = num_samples
+        self.batch_size = batch_size
+        self.device = torch.device(device)
+        self.seed = seed
+        self.split = split
+        self.hidden_model = HiddenModel(num_numerical, self.table_sizes, seed)
+        self._id_dtype = torch.int32 if max(self.table_sizes, default=1) <= 2**31 else torch.int64
+
+    def __len__(self) -> int:
+        return -(-self.num_samples // self.batch_size)
+
+    def read_batch(self, index: int) -> Batch:
+        if not 0 <= index < len(self):
+            raise IndexError(f"batch {index} out of range for {len(self)} batches")
+        rows = min(self.batch_size, self.num_samples - index * self.batch_size)
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(_derive(self.seed, self.split, index))
+        numerical, categorical = self.hidden_model.sample_features(rows, gen, self.device)
+        logit = self.hidden_model.logit(numerical, categorical)
+        u = torch.rand(rows, generator=gen, device=self.device)
+        label = u < torch.sigmoid(logit)
+        return Batch(numerical=numerical, categorical=categorical.to(self._id_dtype), label=label)
+
+    def logits(self, batch: Batch) -> torch.Tensor:
+        """The hidden model's true logits for a batch (what a perfect model would predict)."""
+        return self.hidden_model.logit(batch.numerical, batch.categorical)
+
+
+def write_synthetic_dataset(
+    output_dir: str,
+    num_numerical: int,
+    table_sizes: Sequence[int],
+    samples: dict[str, int],
+    batch_size: int = 65536,
+    seed: int = 12345,
+    overwrite: bool = False,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> None:
+    """Write a split-binary dataset (feature_spec.yaml + one directory per split) of synthetic data.
+
+    Split `s` holds exactly the rows of SyntheticDataset(..., split=s) on the CPU, in order. The
+    dataset is built in a temporary directory beside `output_dir` and renamed into place at the
+    end, so an interrupted run never leaves half a dataset. `progress(split, rows_done, rows)` is
+    called after every batch.
+    """
+    # Imported here: the on-disk format is only needed by this writer, not by the generator.
+    from dlrm.data.feature_spec import FeatureSpec
+    from dlrm.data.split_binary import SplitBinaryWriter
+
+    output_dir = os.path.abspath(output_dir)
+    _check_writable(output_dir, overwrite)
+    parent, name = os.path.split(output_dir)
+    os.makedirs(parent, exist_ok=True)
+    staging = os.path.join(parent, f".{name}.tmp-{uuid.uuid4().hex[:8]}")
+    os.mkdir(staging)  # not mkdtemp: the dataset should get the usual permissions, not 0700
+    try:
+        spec = FeatureSpec.default(num_numerical, list(table_sizes), splits=tuple(samples), base_directory=staging)
+        spec.metadata = {"synthetic": {"seed": seed, "batch_size": batch_size, "generator": __name__}}
+        for split, rows in samples.items():
+            source = SyntheticDataset(num_numerical, table_sizes, rows, batch_size, seed=seed, split=split)
+            with SplitBinaryWriter(spec, split) as writer:
+                for i in range(len(source)):
+                    writer.write(source.read_batch(i))
+                    if progress is not None:
+                        progress(split, writer.num_rows, rows)
+        spec.to_yaml(os.path.join(staging, "feature_spec.yaml"))
+        _move_into_place(staging, output_dir, overwrite)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _check_writable(output_dir: str, overwrite: bool) -> None:
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise FileExistsError(f"{output_dir} exists and is not a directory")
+    if os.path.isdir(output_dir) and os.listdir(output_dir) and not overwrite:
+        raise FileExistsError(f"{output_dir} is not empty; choose another directory or pass overwrite=True (--overwrite)")
+
+
+def _move_into_place(staging: str, output_dir: str, overwrite: bool) -> None:
+    """Rename the finished dataset to `output_dir`; an old one is moved aside first, then deleted."""
+    _check_writable(output_dir, overwrite)  # again: the directory may have been filled meanwhile
+    old = None
+    if os.path.isdir(output_dir):
+        old = tempfile.mkdtemp(prefix=f".{os.path.basename(output_dir)}.old-", dir=os.path.dirname(output_dir))
+        os.replace(output_dir, os.path.join(old, "dataset"))
+    os.replace(staging, output_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,113 @@
+"""Inference latency and throughput per batch size, timed the way a server would see them."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from dlrm.data.batch import Batch
+from dlrm.training.precision import Precision
+
+
+@dataclass
+class LatencyResult:
+    batch_size: int
+    host_to_device_copy: str  # "timed", "not timed", or "none (cpu)": whether inputs start on the host
+    mean_ms: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    throughput: float  # samples/s at the mean latency
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_passes(run: Callable[[int], None], steps: int, warmup: int, device: torch.device) -> np.ndarray:
+    for i in range(warmup):
+        run(i)
+    latencies = np.empty(steps)
+    for i in range(steps):
+        _sync(device)
+        start = time.perf_counter()
+        run(i)
+        _sync(device)
+        latencies[i] = time.perf_counter() - start
+    return latencies
+
+
+def _summarise(batch_size: int, copy: str, latencies: np.ndarray) -> LatencyResult:
+    ms = latencies * 1e3
+    return LatencyResult(
+        batch_size=batch_size,
+        host_to_device_copy=copy,
+        mean_ms=float(ms.mean()),
+        p50_ms=float(np.percentile(ms, 50)),
+        p90_ms=float(np.percentile(ms, 90)),
+        p99_ms=float(np.percentile(ms, 99)),
+        throughput=batch_size / float(latencies.mean()),
+    )
+
+
+@torch.no_grad()
+def benchmark_inference(
+    model: torch.nn.Module,
+    batches_for: Callable[[int], Sequence[Batch]],
+    batch_sizes: Sequence[int],
+    steps: int,
+    warmup: int,
+    device: torch.device,
+    precision: Precision,
+) -> list[LatencyResult]:
+    """Times ``steps`` forward passes per batch size after ``warmup`` untimed ones.
+
+    ``batches_for(bs)`` returns a few real batches of that size (cycled, so timing never waits
+    on disk). On a GPU every size is timed twice: with inputs already on the device, and with
+    the copy from pinned host memory inside the timed region; on the CPU there is no copy.
+    """
+    model.eval()
+    results = []
+    for batch_size in batch_sizes:
+        host = [b.to("cpu") for b in batches_for(batch_size)]
+        if not host:
+            raise ValueError(f"no batch of size {batch_size} could be read for the inference benchmark")
+        if device.type == "cuda":
+            host = [b.pin_memory() for b in host]
+        on_device = [b.to(device) for b in host]
+
+        def compute(i: int) -> None:
+            b = on_device[i % len(on_device)]
+            with precision.autocast():
+                model(b.numerical, b.categorical)
+
+        if device.type != "cuda":
+            results.append(_summarise(batch_size, "none (cpu)", _time_passes(compute, steps, warmup, device)))
+            continue
+
+        def copy_and_compute(i: int) -> None:
+            b = host[i % len(host)].to(device, non_blocking=True)
+            with precision.autocast():
+                model(b.numerical, b.categorical)
+
+        results.append(_summarise(batch_size, "not timed", _time_passes(compute, steps, warmup, device)))
+        results.append(_summarise(batch_size, "timed", _time_passes(copy_and_compute, steps, warmup, device)))
+    return results
+
+
+def format_table(results: Sequence[LatencyResult]) -> str:
+    header = f"{'batch':>7} {'h2d copy':>11} {'mean ms':>9} {'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9} {'samples/s':>12}"
+    rows = [
+        f"{r.batch_size:>7} {r.host_to_device_copy:>11} {r.mean_ms:>9.3f} {r.p50_ms:>9.3f} {r.p90_ms:>9.3f} "
+        f"{r.p99_ms:>9.3f} {r.throughput:>12,.0f}"
+        for r in results
+    ]
+    return "\n".join([header, *rows])

@@ -1,0 +1,126 @@
+"""The DLRM model: embeddings and bottom MLP, an interaction, and a top MLP emitting a logit.
+
+``forward`` is ``dense_forward(numerical, embed(categorical))``. Hybrid parallelism keeps this
+module as is and replaces only what happens between the two halves: each rank looks up its own
+tables, an all-to-all delivers ``[local batch, F, D]``, and ``dense_forward`` runs unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from dlrm.nn.embeddings import JointEmbedding, MultiTableEmbedding
+from dlrm.nn.interactions import CatInteraction, DotInteraction
+from dlrm.nn.mlp import MLP
+
+INTERACTION_OPS = ("dot", "cat")
+EMBEDDING_TYPES = ("joint", "multi_table")
+
+
+@dataclass
+class DLRMConfig:
+    """Everything that fixes the model's shape. Defaults are NVIDIA's Criteo settings."""
+
+    num_numerical_features: int
+    table_sizes: list[int]  # rows per embedding table, in global table order
+    embedding_dim: int = 128
+    bottom_mlp_sizes: list[int] = field(default_factory=lambda: [512, 256, 128])
+    top_mlp_sizes: list[int] = field(default_factory=lambda: [1024, 1024, 512, 256, 1])
+    interaction_op: str = "dot"  # "dot" | "cat"
+    embedding_type: str = "joint"  # "joint" (one table + offsets) | "multi_table" (one per feature)
+    hash_indices: bool = False  # ids -> id % table_size inside the model
+
+    @property
+    def num_categorical_features(self) -> int:
+        return len(self.table_sizes)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the offending field and how to fix it."""
+        if not _is_positive_int(self.num_numerical_features):
+            raise ValueError(
+                f"num_numerical_features must be a positive integer (at least 1 numerical feature), "
+                f"got {self.num_numerical_features!r}"
+            )
+        if not self.table_sizes:
+            raise ValueError("table_sizes is empty: the model needs at least 1 embedding table")
+        _check_positive_list("table_sizes", self.table_sizes)
+        if not _is_positive_int(self.embedding_dim):
+            raise ValueError(f"embedding_dim must be a positive integer, got {self.embedding_dim!r}")
+        _check_positive_list("bottom_mlp_sizes", self.bottom_mlp_sizes)
+        _check_positive_list("top_mlp_sizes", self.top_mlp_sizes)
+        if self.top_mlp_sizes[-1] != 1:
+            raise ValueError(
+                f"top_mlp_sizes[-1] must be 1 (the model emits one logit per sample), got "
+                f"{self.top_mlp_sizes[-1]}: append 1 to top_mlp_sizes"
+            )
+        if self.interaction_op not in INTERACTION_OPS:
+            raise ValueError(f"interaction_op must be one of {INTERACTION_OPS}, got {self.interaction_op!r}")
+        if self.embedding_type not in EMBEDDING_TYPES:
+            raise ValueError(f"embedding_type must be one of {EMBEDDING_TYPES}, got {self.embedding_type!r}")
+        if self.interaction_op == "dot" and self.bottom_mlp_sizes[-1] != self.embedding_dim:
+            raise ValueError(
+                f"bottom_mlp_sizes[-1] ({self.bottom_mlp_sizes[-1]}) must equal embedding_dim "
+                f"({self.embedding_dim}) for interaction_op='dot': the bottom output is dotted with "
+                f"every embedding; make the last bottom layer {self.embedding_dim} wide or set "
+                f"embedding_dim={self.bottom_mlp_sizes[-1]}"
+            )
+
+
+def _is_positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _check_positive_list(name: str, values: list[int]) -> None:
+    if not values:
+        raise ValueError(f"{name} is empty: give at least one layer size")
+    bad = [v for v in values if not _is_positive_int(v)]
+    if bad:
+        raise ValueError(f"{name} must contain positive integers only, got {bad} in {list(values)}")
+
+
+class DLRM(nn.Module):
+    """Click-through model: logits ``[B]`` from numerical ``[B, N]`` and categorical ``[B, F]``."""
+
+    def __init__(self, config: DLRMConfig, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        config.validate()
+        self.config = config
+        embedding_cls = JointEmbedding if config.embedding_type == "joint" else MultiTableEmbedding
+        self.embeddings = embedding_cls(
+            config.table_sizes, config.embedding_dim, hash_indices=config.hash_indices, device=device
+        )
+        self.bottom_mlp = MLP(config.num_numerical_features, config.bottom_mlp_sizes, relu_last=True, device=device)
+        num_features = config.num_categorical_features + 1  # the bottom output is one more feature
+        if config.interaction_op == "dot":
+            self.interaction = DotInteraction(num_features, config.embedding_dim)
+        else:
+            self.interaction = CatInteraction(num_features, config.embedding_dim, config.bottom_mlp_sizes[-1])
+        self.interaction.to(torch.get_default_device() if device is None else device)  # its buffers
+        self.top_mlp = MLP(self.interaction.num_outputs, config.top_mlp_sizes, relu_last=False, device=device)
+
+    def forward(self, numerical: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
+        return self.dense_forward(numerical, self.embed(categorical))
+
+    def embed(self, categorical: torch.Tensor) -> torch.Tensor:
+        """Ids ``[B, F]`` (any integer dtype) -> embeddings ``[B, F, D]``."""
+        return self.embeddings(categorical)
+
+    def dense_forward(self, numerical: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
+        """Bottom MLP, interaction with ``embedded`` ``[B, F, D]``, top MLP -> logits ``[B]``."""
+        if not torch.is_autocast_enabled(numerical.device.type):
+            # Storage dtype (e.g. float16 from disk) -> parameter dtype; autocast casts by itself.
+            numerical = numerical.to(self.bottom_mlp.layers[0].weight.dtype)
+        bottom = self.bottom_mlp(numerical)
+        return self.top_mlp(self.interaction(bottom, embedded)).squeeze(1)
+
+    def sparse_parameters(self) -> list[nn.Parameter]:
+        """Embedding weights: their gradients are sparse and need a sparse-capable optimizer."""
+        return list(self.embeddings.parameters())
+
+    def dense_parameters(self) -> list[nn.Parameter]:
+        """Every parameter that is not an embedding weight."""
+        sparse = {id(p) for p in self.sparse_parameters()}
+        return [p for p in self.parameters() if id(p) not in sparse]

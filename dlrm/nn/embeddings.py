@@ -1,0 +1,132 @@
+"""Embedding tables with sparse gradients, in two storage layouts with identical results.
+
+``JointEmbedding`` keeps all tables in one ``[sum(rows), D]`` weight and shifts each feature's
+ids by its table's row offset: one gather for the whole batch. ``MultiTableEmbedding`` keeps
+one ``nn.Embedding`` per feature: one gather per table, but each table is its own tensor
+(easier to place, shard or give its own dtype). Both map ids ``[B, F]`` to ``[B, F, D]``.
+
+Ids are expected in ``[0, rows)`` per table. Nothing here checks that (a check would cost a
+device sync per batch); the data layer does. With ``hash_indices`` the model maps any id to
+``id % rows`` instead. In the joint layout an unchecked out-of-range id would read another
+table's row, so do not turn the data-side check off without ``hash_indices``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils import skip_init
+
+from dlrm.nn.init import init_embedding_table_
+
+
+class EmbeddingTables(nn.Module):
+    """What both layouts share: table bookkeeping, id preparation, per-table weight access."""
+
+    def __init__(self, table_sizes: Sequence[int], embedding_dim: int, hash_indices: bool) -> None:
+        super().__init__()
+        table_sizes = [int(rows) for rows in table_sizes]
+        if not table_sizes or any(rows < 1 for rows in table_sizes):
+            raise ValueError(f"table_sizes must be a non-empty list of positive row counts, got {table_sizes}")
+        if embedding_dim < 1:
+            raise ValueError(f"embedding_dim must be positive, got {embedding_dim}")
+        self.table_sizes = table_sizes
+        self.num_tables = len(table_sizes)
+        self.embedding_dim = embedding_dim
+        self.hash_indices = hash_indices
+        self.register_buffer("rows", torch.tensor(table_sizes, dtype=torch.int64), persistent=False)
+
+    def _prepare_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        if ids.dim() != 2 or ids.shape[1] != self.num_tables:
+            raise ValueError(f"expected ids of shape [B, {self.num_tables}], got {list(ids.shape)}")
+        ids = ids.to(torch.int64)  # narrow storage dtypes would overflow when offsets are added
+        if self.hash_indices:
+            ids = ids % self.rows  # floor modulo: also maps negative ids into [0, rows)
+        return ids
+
+    def table_weight(self, i: int) -> torch.Tensor:
+        """Table ``i`` as a ``[rows_i, D]`` view of the storage (detached), e.g. for checkpoints."""
+        raise NotImplementedError
+
+    def load_table_(self, i: int, weight: torch.Tensor) -> None:
+        """Copy ``weight`` into table ``i``; its shape must be exactly ``[rows_i, D]``."""
+        self._check_index(i)
+        target = self.table_weight(i)
+        if tuple(weight.shape) != tuple(target.shape):
+            raise ValueError(
+                f"table {i}: expected shape {tuple(target.shape)}, got {tuple(weight.shape)}"
+            )
+        with torch.no_grad():
+            target.copy_(weight)
+
+    def _check_index(self, i: int) -> None:
+        if not 0 <= i < self.num_tables:
+            raise IndexError(f"table index {i} out of range for {self.num_tables} tables")
+
+    def extra_repr(self) -> str:
+        return (
+            f"tables={self.num_tables}, rows={sum(self.table_sizes)}, dim={self.embedding_dim}, "
+            f"hash_indices={self.hash_indices}"
+        )
+
+
+class JointEmbedding(EmbeddingTables):
+    """All tables in one weight; table ``t`` occupies rows ``[offsets[t], offsets[t] + rows_t)``."""
+
+    def __init__(
+        self,
+        table_sizes: Sequence[int],
+        embedding_dim: int,
+        hash_indices: bool = False,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__(table_sizes, embedding_dim, hash_indices)
+        starts = [0]
+        for rows in self.table_sizes:
+            starts.append(starts[-1] + rows)
+        self._starts = starts  # host copy, so slicing a table never syncs with the device
+        self.register_buffer("offsets", torch.tensor(starts[:-1], dtype=torch.int64), persistent=False)
+        device = torch.get_default_device() if device is None else device
+        self.weight = nn.Parameter(torch.empty(starts[-1], embedding_dim, device=device))
+        for i in range(self.num_tables):
+            init_embedding_table_(self.table_weight(i))
+        self.to(device)  # the buffers
+
+    def table_weight(self, i: int) -> torch.Tensor:
+        self._check_index(i)
+        return self.weight.detach()[self._starts[i] : self._starts[i + 1]]
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(self._prepare_ids(ids) + self.offsets, self.weight, sparse=True)
+
+
+class MultiTableEmbedding(EmbeddingTables):
+    """One ``nn.Embedding(sparse=True)`` per table, looked up one after the other."""
+
+    def __init__(
+        self,
+        table_sizes: Sequence[int],
+        embedding_dim: int,
+        hash_indices: bool = False,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__(table_sizes, embedding_dim, hash_indices)
+        # skip_init: nn.Embedding's default N(0, 1) init would be overwritten anyway.
+        device = torch.get_default_device() if device is None else device
+        self.tables = nn.ModuleList(
+            skip_init(nn.Embedding, rows, embedding_dim, sparse=True, device=device) for rows in self.table_sizes
+        )
+        for table in self.tables:
+            init_embedding_table_(table.weight)
+        self.to(device)  # the buffers
+
+    def table_weight(self, i: int) -> torch.Tensor:
+        self._check_index(i)
+        return self.tables[i].weight.detach()
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        ids = self._prepare_ids(ids)
+        return torch.stack([table(ids[:, i]) for i, table in enumerate(self.tables)], dim=1)

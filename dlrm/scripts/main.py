@@ -1,0 +1,254 @@
+"""Train, test and benchmark a DLRM on one device.
+
+    python -m dlrm.scripts.main                                  # synthetic data with signal
+    python -m dlrm.scripts.main --dataset /data/criteo_fl15      # a split-binary dataset
+    python -m dlrm.scripts.main --mode test --dataset ... --load_checkpoint_path ckpt/
+    python -m dlrm.scripts.main --mode inference_benchmark --inference_benchmark_batch_sizes 1,64,4096
+
+Flags follow NVIDIA's DLRM example where a flag of the same name exists there.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+import torch
+from absl import app, flags
+
+from dlrm.data.sources import SPLIT_BINARY_TYPES, SYNTHETIC_TYPES, DataConfig, load_feature_spec, make_source, table_sizes
+from dlrm.inference.benchmark import benchmark_inference, format_table
+from dlrm.model.dlrm import DLRM, DLRMConfig
+from dlrm.training.checkpoint import load_checkpoint
+from dlrm.training.logger import RunLogger
+from dlrm.training.lr_schedule import LRSchedule
+from dlrm.training.precision import Precision
+from dlrm.training.train import TrainConfig, evaluate, make_optimizer, train
+
+FLAGS = flags.FLAGS
+
+# Run
+flags.DEFINE_enum("mode", "train", ["train", "test", "inference_benchmark"],
+                  "train: train (and test as scheduled); test: evaluate --load_checkpoint_path on the test split; "
+                  "inference_benchmark: latency and throughput per batch size.")
+flags.DEFINE_integer("seed", 12345, "Random seed for initialisation, batch order and synthetic data.")
+flags.DEFINE_string("base_device", None, "Device to run on: cuda, cuda:N or cpu. Default: cuda if available, else cpu.")
+flags.DEFINE_boolean("amp", False, "Automatic mixed precision through torch.amp (see --amp_dtype).")
+flags.DEFINE_enum("amp_dtype", "auto", ["auto", "float16", "bfloat16"],
+                  "Autocast dtype with --amp. auto: float16 (with dynamic loss scaling) on CUDA, bfloat16 on CPU.")
+flags.DEFINE_boolean("allow_tf32", True, "Use TF32 for float32 matmuls on GPUs that have it.")
+
+# Training
+flags.DEFINE_integer("batch_size", 65536, "Training batch size.")
+flags.DEFINE_integer("test_batch_size", 65536, "Batch size for testing.")
+flags.DEFINE_float("lr", 24.0, "Base learning rate (SGD, embeddings and MLPs).")
+flags.DEFINE_integer("epochs", 1, "Number of epochs.")
+flags.DEFINE_integer("max_steps", None, "Stop after this many optimizer steps.")
+
+# Learning-rate schedule (NVIDIA's definitions)
+flags.DEFINE_integer("warmup_factor", 0, "Warmup starts at lr * (1 - 1/2**warmup_factor); non-negative integer.")
+flags.DEFINE_integer("warmup_steps", 8000, "Steps of linear learning-rate warmup.")
+flags.DEFINE_integer("decay_steps", 24000, "Steps of polynomial decay; 0 disables decay.")
+flags.DEFINE_integer("decay_start_step", 48000, "Step after which the decay starts (not before warmup ends).")
+flags.DEFINE_float("decay_power", 2, "Power of the polynomial decay.")
+flags.DEFINE_float("decay_end_lr", 0, "Learning rate at the end of the decay and after it.")
+
+# Model
+flags.DEFINE_enum("embedding_type", "joint", ["joint", "multi_table"],
+                  "joint: one table for all features with offsets; multi_table: one table per feature.")
+flags.DEFINE_integer("embedding_dim", 128, "Embedding dimension (the bottom MLP's last size must equal it for dot).")
+flags.DEFINE_list("top_mlp_sizes", ["1024", "1024", "512", "256", "1"], "Top MLP layer sizes; the last must be 1.")
+flags.DEFINE_list("bottom_mlp_sizes", ["512", "256", "128"], "Bottom MLP layer sizes.")
+flags.DEFINE_enum("interaction_op", "dot", ["dot", "cat"], "Feature interaction: pairwise dot products, or concatenation.")
+
+# Data
+flags.DEFINE_string("dataset", None, "Split-binary dataset directory. Without it, trains on synthetic data.")
+flags.DEFINE_string("feature_spec", "feature_spec.yaml", "Feature spec file name inside --dataset (or an absolute path).")
+flags.DEFINE_enum("dataset_type", None, list(SPLIT_BINARY_TYPES + SYNTHETIC_TYPES),
+                  "split_binary (NVIDIA: parametric) or synthetic (NVIDIA: synthetic_gpu; generated in device memory). "
+                  "Default: split_binary with --dataset, synthetic without.")
+flags.DEFINE_boolean("shuffle_batch_order", False, "Read training batches in a seeded random order each epoch.")
+flags.DEFINE_integer("max_table_size", None, "Cap every table at this many rows (needs --hash_indices).")
+flags.DEFINE_boolean("hash_indices", False, "Map ids with id % table_size instead of refusing out-of-range ids.")
+flags.DEFINE_integer("synthetic_dataset_num_entries", 1 << 20, "Training samples per epoch of synthetic data.")
+flags.DEFINE_integer("synthetic_dataset_num_test_entries", 1 << 18, "Test samples of synthetic data.")
+flags.DEFINE_list("synthetic_dataset_table_sizes", [str(10**5)] * 26, "Table sizes of synthetic data.")
+flags.DEFINE_integer("synthetic_dataset_numerical_features", 13, "Numerical features of synthetic data.")
+
+# Checkpoints
+flags.DEFINE_string("load_checkpoint_path", None, "Checkpoint directory to load; in train mode the run resumes from it.")
+flags.DEFINE_string("save_checkpoint_path", None, "Directory to save the checkpoint to (atomically) at the end.")
+flags.DEFINE_integer("checkpoint_freq", None, "Also save every this many steps.")
+
+# Output
+flags.DEFINE_string("log_path", "./log.json", "JSON-lines log: the flags, periodic metrics and a final summary.")
+flags.DEFINE_integer("test_freq", None, "Steps between tests; by default test at the end of each epoch.")
+flags.DEFINE_float("test_after", 0, "Do not test before this many epochs are done.")
+flags.DEFINE_integer("print_freq", 200, "Steps between progress lines.")
+flags.DEFINE_integer("benchmark_warmup_steps", 0,
+                     "Steps left out of throughput figures (inference_benchmark uses at least 10 untimed passes).")
+flags.DEFINE_float("auc_threshold", None, "Stop training once a test reaches this AUC.")
+
+# Inference benchmark
+flags.DEFINE_list("inference_benchmark_batch_sizes", ["1", "64", "4096"], "Batch sizes for --mode inference_benchmark.")
+flags.DEFINE_integer("inference_benchmark_steps", 200, "Timed forward passes per batch size.")
+
+
+def _ints(values: list[str], flag: str) -> list[int]:
+    try:
+        return [int(v) for v in values]
+    except ValueError:
+        raise app.UsageError(f"--{flag} must be a comma-separated list of integers, got {','.join(values)}")
+
+
+def _validate_flags() -> None:
+    if FLAGS.max_table_size is not None and not FLAGS.hash_indices:
+        raise app.UsageError("--max_table_size needs --hash_indices (ids above the cap must be mapped somewhere)")
+    if FLAGS.mode == "test" and not FLAGS.load_checkpoint_path:
+        raise app.UsageError("--mode test evaluates a trained model: pass --load_checkpoint_path")
+    for name in ("batch_size", "test_batch_size", "epochs", "print_freq", "inference_benchmark_steps"):
+        if FLAGS[name].value <= 0:
+            raise app.UsageError(f"--{name} must be positive")
+    if FLAGS.dataset_type in SPLIT_BINARY_TYPES and not FLAGS.dataset:
+        raise app.UsageError(f"--dataset_type {FLAGS.dataset_type} needs --dataset")
+
+
+def _device() -> torch.device:
+    name = FLAGS.base_device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise app.UsageError(f"--base_device {name}: CUDA is not available on this machine; use --base_device cpu")
+    return device
+
+
+def _our_flags() -> dict:
+    return {
+        name: FLAGS[name].value
+        for name in FLAGS
+        if not FLAGS.find_module_defining_flag(name, default="").startswith("absl")
+    }
+
+
+def _stop_on_signals() -> threading.Event:
+    """First Ctrl-C / SIGTERM: finish the step, save a checkpoint, stop. Second Ctrl-C: abort."""
+    stop = threading.Event()
+
+    def handler(signum: int, frame: object) -> None:
+        if stop.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        print(f"\nReceived signal {signum}: stopping after this step (Ctrl-C again to abort).", flush=True)
+        stop.set()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    return stop
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    _validate_flags()
+    device = _device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = FLAGS.allow_tf32
+        torch.backends.cudnn.allow_tf32 = FLAGS.allow_tf32
+    torch.manual_seed(FLAGS.seed)
+    precision = Precision.parse(FLAGS.amp, FLAGS.amp_dtype, device)
+
+    dataset_type = FLAGS.dataset_type or ("split_binary" if FLAGS.dataset else "synthetic")
+    data_cfg = DataConfig(
+        dataset=FLAGS.dataset,
+        feature_spec=FLAGS.feature_spec,
+        dataset_type=dataset_type,
+        hash_indices=FLAGS.hash_indices,
+        synthetic_num_entries=FLAGS.synthetic_dataset_num_entries,
+        synthetic_num_test_entries=FLAGS.synthetic_dataset_num_test_entries,
+        synthetic_table_sizes=_ints(FLAGS.synthetic_dataset_table_sizes, "synthetic_dataset_table_sizes"),
+        synthetic_num_numerical=FLAGS.synthetic_dataset_numerical_features,
+        seed=FLAGS.seed,
+    )
+    spec = load_feature_spec(data_cfg)
+    model_cfg = DLRMConfig(
+        num_numerical_features=spec.num_numerical,
+        table_sizes=table_sizes(spec, FLAGS.max_table_size),
+        embedding_dim=FLAGS.embedding_dim,
+        bottom_mlp_sizes=_ints(FLAGS.bottom_mlp_sizes, "bottom_mlp_sizes"),
+        top_mlp_sizes=_ints(FLAGS.top_mlp_sizes, "top_mlp_sizes"),
+        interaction_op=FLAGS.interaction_op,
+        embedding_type=FLAGS.embedding_type,
+        hash_indices=FLAGS.hash_indices,
+    )
+    try:
+        model_cfg.validate()
+    except ValueError as e:
+        raise app.UsageError(str(e))
+    model = DLRM(model_cfg, device=device)
+
+    with RunLogger(FLAGS.log_path) as logger:
+        logger.record("flags", **_our_flags())
+        n_params = sum(p.numel() for p in model.parameters())
+        logger.print(f"DLRM: {len(model_cfg.table_sizes)} tables, {n_params:,} parameters, device {device}, "
+                     f"precision {precision}, data {dataset_type}{' ' + FLAGS.dataset if FLAGS.dataset else ''}")
+
+        if FLAGS.mode == "train":
+            optimizer = make_optimizer(model, FLAGS.lr)
+            scaler = precision.grad_scaler()
+            state = None
+            if FLAGS.load_checkpoint_path:
+                state = load_checkpoint(FLAGS.load_checkpoint_path, model, optimizer, scaler, restore_rng=True)
+                logger.print(f"Resuming from {FLAGS.load_checkpoint_path} at step {state.step}")
+            train_cfg = TrainConfig(
+                schedule=LRSchedule(FLAGS.lr, FLAGS.warmup_steps, FLAGS.warmup_factor, FLAGS.decay_start_step,
+                                    FLAGS.decay_steps, FLAGS.decay_power, FLAGS.decay_end_lr),
+                epochs=FLAGS.epochs, max_steps=FLAGS.max_steps, test_freq=FLAGS.test_freq,
+                test_after=FLAGS.test_after, print_freq=FLAGS.print_freq,
+                benchmark_warmup_steps=FLAGS.benchmark_warmup_steps, auc_threshold=FLAGS.auc_threshold,
+                shuffle_batch_order=FLAGS.shuffle_batch_order, seed=FLAGS.seed,
+                save_checkpoint_path=FLAGS.save_checkpoint_path, checkpoint_freq=FLAGS.checkpoint_freq,
+            )
+            train_source = make_source(data_cfg, spec, "train", FLAGS.batch_size, device)
+            test_source = make_source(data_cfg, spec, "test", FLAGS.test_batch_size, device)
+            stop = _stop_on_signals()
+            train(model, optimizer, scaler, precision, train_source, test_source, train_cfg, device, logger,
+                  state=state, run_config=_our_flags(), should_stop=stop.is_set)
+
+        elif FLAGS.mode == "test":
+            load_checkpoint(FLAGS.load_checkpoint_path, model)
+            test_source = make_source(data_cfg, spec, "test", FLAGS.test_batch_size, device)
+            if test_source is None:
+                raise app.UsageError(f"the dataset at {FLAGS.dataset} has no test split")
+            result = evaluate(model, test_source, device, precision)
+            logger.print(f"Test: auc {result.auc:.6f}  loss {result.loss:.6f}  samples {result.samples}  "
+                         f"throughput {result.throughput:,.0f} samples/s")
+            logger.record("summary", auc=result.auc, loss=result.loss, samples=result.samples,
+                          average_test_throughput=result.throughput)
+
+        else:
+            if FLAGS.load_checkpoint_path:
+                load_checkpoint(FLAGS.load_checkpoint_path, model)
+
+            def batches_for(batch_size: int) -> list:
+                source = make_source(data_cfg, spec, "test", batch_size, device)
+                if source is None:
+                    source = make_source(data_cfg, spec, "train", batch_size, device)
+                full = [i for i in range(len(source)) if i < len(source) - 1 or source.num_samples % batch_size == 0]
+                return [source.read_batch(i) for i in full[:8]]
+
+            results = benchmark_inference(
+                model, batches_for, _ints(FLAGS.inference_benchmark_batch_sizes, "inference_benchmark_batch_sizes"),
+                FLAGS.inference_benchmark_steps, max(FLAGS.benchmark_warmup_steps, 10), device, precision,
+            )
+            logger.print(f"Inference benchmark ({precision}, device {device}):\n{format_table(results)}")
+            for r in results:
+                logger.record("inference_benchmark", **r.as_dict())
+            logger.record("summary", inference=[r.as_dict() for r in results])
+
+
+def run() -> None:
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,82 @@
+"""Write a synthetic split-binary dataset (labels from a hidden model, so it can be learned).
+
+    python -m dlrm.scripts.prepare_synthetic_dataset --synthetic_dataset_dir /data/synthetic
+    python -m dlrm.scripts.prepare_synthetic_dataset --synthetic_dataset_dir /data/fl15 \
+        --preset criteo_fl15 --synthetic_dataset_num_entries 100000000
+
+The result trains like any other dataset: python -m dlrm.scripts.main --dataset /data/synthetic
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from absl import app, flags
+
+from dlrm.data.synthetic import FL15_CARDINALITIES, write_synthetic_dataset
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("synthetic_dataset_dir", None, "Dataset directory to write (must be empty or absent).")
+flags.DEFINE_integer("num_numerical_features", 13, "Numerical features per sample.", lower_bound=0)
+flags.DEFINE_list("synthetic_dataset_table_sizes", [str(100_000)] * 26,
+                  "Comma-separated rows per categorical feature (ignored with --preset criteo_fl15).")
+flags.DEFINE_enum("preset", "none", ["none", "criteo_fl15"],
+                  "criteo_fl15: the 26 cardinalities of NVIDIA's Criteo 1TB with frequency threshold 15.")
+flags.DEFINE_integer("synthetic_dataset_num_entries", 1 << 22, "Rows of the train split.", lower_bound=0)
+flags.DEFINE_integer("num_test_entries", 1 << 19, "Rows of the test split.", lower_bound=0)
+flags.DEFINE_integer("num_validation_entries", 1 << 19, "Rows of the validation split.", lower_bound=0)
+flags.DEFINE_integer("seed", 12345, "Seed of the hidden model and the samples.")
+flags.DEFINE_integer("batch_size", 65536, "Rows generated and written at a time.", lower_bound=1)
+flags.DEFINE_boolean("overwrite", False, "Replace a non-empty --synthetic_dataset_dir.")
+flags.mark_flag_as_required("synthetic_dataset_dir")
+
+
+def _dir_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if FLAGS.preset == "criteo_fl15":
+        table_sizes = list(FL15_CARDINALITIES)
+    else:
+        try:
+            table_sizes = [int(s) for s in FLAGS.synthetic_dataset_table_sizes]
+        except ValueError:
+            raise app.UsageError(f"--synthetic_dataset_table_sizes must be integers, got {FLAGS.synthetic_dataset_table_sizes}") from None
+    rows = {"train": FLAGS.synthetic_dataset_num_entries, "test": FLAGS.num_test_entries,
+            "validation": FLAGS.num_validation_entries}
+    samples = {split: n for split, n in rows.items() if n > 0}  # a split of 0 rows is left out
+    if not samples:
+        raise app.UsageError("every split has 0 rows; nothing to write")
+    interactive = sys.stdout.isatty()
+
+    def progress(split: str, done: int, total: int) -> None:
+        if interactive:
+            print(f"\r{split}: {done}/{total} rows", end="" if done < total else "\n", flush=True)
+
+    start = time.perf_counter()
+    try:
+        write_synthetic_dataset(FLAGS.synthetic_dataset_dir, FLAGS.num_numerical_features, table_sizes, samples,
+                                batch_size=FLAGS.batch_size, seed=FLAGS.seed, overwrite=FLAGS.overwrite,
+                                progress=progress)
+    except (FileExistsError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    seconds = time.perf_counter() - start
+    out = FLAGS.synthetic_dataset_dir
+    print(f"wrote {out} in {seconds:.1f} s: {FLAGS.num_numerical_features} numerical, {len(table_sizes)} categorical "
+          f"features, seed {FLAGS.seed}")
+    for split, rows in samples.items():
+        print(f"  {split:<10} {rows:>12} rows {_dir_bytes(os.path.join(out, split)):>16} bytes")
+    total_rows = sum(samples.values())
+    print(f"  {'total':<10} {total_rows:>12} rows {_dir_bytes(out):>16} bytes "
+          f"({total_rows / max(seconds, 1e-9):.0f} rows/s)")
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,288 @@
+"""The training loop: one batch from the loader to the loss to the update, plus evaluation.
+
+A reader follows a step here top to bottom: ``train_step`` is the whole update, ``evaluate`` the
+whole test pass, and ``train`` only schedules them (printing, testing, checkpointing, stopping).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from dlrm.data.batch import Batch
+from dlrm.data.loader import PrefetchLoader, batch_order
+from dlrm.training.checkpoint import TrainState, save_checkpoint
+from dlrm.training.logger import RunLogger, format_eta
+from dlrm.training.lr_schedule import LRSchedule
+from dlrm.training.metrics import roc_auc
+from dlrm.training.precision import Precision
+
+
+@dataclass
+class TrainConfig:
+    schedule: LRSchedule
+    epochs: int = 1
+    max_steps: int | None = None
+    test_freq: int | None = None  # steps between tests; None tests at the end of each epoch
+    test_after: float = 0.0  # no test before this many epochs are done
+    print_freq: int = 200
+    benchmark_warmup_steps: int = 0  # steps left out of the throughput figures
+    auc_threshold: float | None = None  # stop once a test reaches this AUC
+    shuffle_batch_order: bool = False
+    seed: int = 12345
+    save_checkpoint_path: str | None = None
+    checkpoint_freq: int | None = None  # steps between checkpoints (besides the final one)
+    prefetch: int = 2
+
+
+@dataclass
+class EvalResult:
+    auc: float
+    loss: float
+    samples: int
+    seconds: float
+
+    @property
+    def throughput(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else float("nan")
+
+
+def make_optimizer(model: torch.nn.Module, lr: float) -> torch.optim.SGD:
+    """One SGD over two groups, so a GradScaler's skipped step skips the embedding update too.
+
+    SGD applies the embeddings' sparse gradients to the rows a batch used and nothing else.
+    """
+    return torch.optim.SGD(
+        [
+            {"params": model.dense_parameters(), "name": "dense"},
+            {"params": model.sparse_parameters(), "name": "embeddings"},
+        ],
+        lr=lr,
+    )
+
+
+def bce_loss(logits: torch.Tensor, label: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Binary cross-entropy on logits, in at least float32 whatever the autocast dtype."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return F.binary_cross_entropy_with_logits(logits, label.to(logits.dtype), reduction=reduction)
+
+
+def train_step(
+    model: torch.nn.Module,
+    batch: Batch,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    precision: Precision,
+) -> torch.Tensor:
+    """Forward, backward and update on one batch; returns the (detached) mean loss."""
+    with precision.autocast():
+        logits = model(batch.numerical, batch.categorical)
+    loss = bce_loss(logits, batch.label)
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)  # skipped as a whole when fp16 gradients overflowed
+    scaler.update()
+    return loss.detach()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def evaluate(
+    model: torch.nn.Module, source: Any, device: torch.device, precision: Precision, prefetch: int = 2
+) -> EvalResult:
+    """AUC and mean log loss over a whole split; scores stay on the device until the AUC."""
+    was_training = model.training
+    model.eval()
+    _sync(device)
+    start = time.perf_counter()
+    scores, labels = [], []
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    loader = PrefetchLoader(source, range(len(source)), device, prefetch)
+    try:
+        for batch in loader:
+            with precision.autocast():
+                logits = model(batch.numerical, batch.categorical)
+            loss_sum += bce_loss(logits, batch.label, reduction="sum").double()
+            scores.append(logits.float())
+            labels.append(batch.label)
+    finally:
+        loader.close()
+    samples = sum(len(s) for s in scores)
+    auc = roc_auc(torch.cat(labels), torch.cat(scores)) if samples else float("nan")
+    loss = float(loss_sum) / samples if samples else float("nan")
+    _sync(device)
+    model.train(was_training)
+    return EvalResult(auc=auc, loss=loss, samples=samples, seconds=time.perf_counter() - start)
+
+
+class _Clock:
+    """Wall time between laps, synchronised with the device so queued work is counted."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.restart()
+
+    def restart(self) -> None:
+        _sync(self.device)
+        self.t = time.perf_counter()
+
+    def lap(self) -> float:
+        _sync(self.device)
+        now = time.perf_counter()
+        elapsed, self.t = now - self.t, now
+        return elapsed
+
+
+def train(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    precision: Precision,
+    train_source: Any,
+    test_source: Any | None,
+    cfg: TrainConfig,
+    device: torch.device,
+    logger: RunLogger,
+    state: TrainState | None = None,
+    run_config: dict[str, Any] | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> dict[str, Any]:
+    """Trains until ``epochs`` or ``max_steps`` are done, the AUC threshold is reached, or
+    ``should_stop()`` turns true (checked between steps, so a stop never splits an update).
+    Continues from ``state`` (step, epoch, position in the epoch) when resuming."""
+    state = state or TrainState()
+    steps_per_epoch = len(train_source)
+    if steps_per_epoch == 0:
+        raise ValueError("the training split has no full batch: lower --batch_size or add data")
+    total_steps = steps_per_epoch * cfg.epochs
+    if cfg.max_steps is not None:
+        total_steps = min(total_steps, cfg.max_steps)
+
+    run_steps = 0  # steps taken by this call (warm-up is counted from here)
+    measured_seconds, measured_samples = 0.0, 0
+    window_seconds, window_steps, window_samples = 0.0, 0, 0
+    window_loss = torch.zeros((), device=device)
+    eval_samples, eval_seconds = 0, 0.0
+    last_eval_step, last_ckpt_step = -1, state.step
+    stop_reason = "completed"
+    lr = cfg.schedule.lr_at(state.step + 1)
+    clock = _Clock(device)
+    model.train()
+
+    def account() -> None:
+        nonlocal measured_seconds, window_seconds
+        elapsed = clock.lap()
+        window_seconds += elapsed
+        if run_steps > cfg.benchmark_warmup_steps:
+            measured_seconds += elapsed
+
+    def run_eval() -> None:
+        nonlocal eval_samples, eval_seconds, last_eval_step
+        account()
+        result = evaluate(model, test_source, device, precision, cfg.prefetch)
+        eval_samples += result.samples
+        eval_seconds += result.seconds
+        last_eval_step = state.step
+        if math.isnan(state.best_auc) or result.auc > state.best_auc:
+            state.best_auc = result.auc
+        logger.print(
+            f"Epoch {state.epoch} step {state.step}: test auc {result.auc:.6f}  loss {result.loss:.6f}  "
+            f"throughput {result.throughput:,.0f} samples/s"
+        )
+        logger.record("eval", step=state.step, epoch=state.epoch, auc=result.auc, loss=result.loss,
+                      throughput=result.throughput, samples=result.samples)
+        clock.restart()
+
+    def run_checkpoint() -> None:
+        nonlocal last_ckpt_step
+        account()
+        save_checkpoint(cfg.save_checkpoint_path, model, optimizer, scaler, state, run_config)
+        last_ckpt_step = state.step
+        logger.print(f"Saved checkpoint at step {state.step} to {cfg.save_checkpoint_path}")
+        logger.record("checkpoint", step=state.step, path=cfg.save_checkpoint_path)
+        clock.restart()
+
+    while state.step < total_steps and stop_reason == "completed":
+        order = batch_order(steps_per_epoch, state.epoch, cfg.seed, cfg.shuffle_batch_order)
+        positions = order[state.batch_in_epoch:][: total_steps - state.step]
+        loader = PrefetchLoader(train_source, positions, device, cfg.prefetch)
+        try:
+            for batch in loader:
+                lr = cfg.schedule.apply(optimizer, state.step + 1)
+                loss = train_step(model, batch, optimizer, scaler, precision)
+                step_epoch, step_in_epoch = state.epoch, state.batch_in_epoch + 1
+                state.step += 1
+                state.batch_in_epoch += 1
+                run_steps += 1
+                window_loss += loss
+                window_steps += 1
+                window_samples += len(batch)
+                if run_steps > cfg.benchmark_warmup_steps:
+                    measured_samples += len(batch)
+                elif run_steps == cfg.benchmark_warmup_steps:
+                    account()  # warm-up ends: its time goes to the printed step time only
+                epoch_done = state.batch_in_epoch == steps_per_epoch
+                if epoch_done:
+                    state.epoch += 1
+                    state.batch_in_epoch = 0
+                last = state.step == total_steps
+
+                if state.step % cfg.print_freq == 0 or last:
+                    account()
+                    step_time = window_seconds / window_steps
+                    mean_loss = float(window_loss) / window_steps
+                    logger.print(
+                        f"Epoch:[{step_epoch}/{cfg.epochs}] [{step_in_epoch}/{steps_per_epoch}]  "
+                        f"eta: {format_eta(step_time * (total_steps - state.step))}  loss: {mean_loss:.4f}  "
+                        f"step_time: {step_time:.6f}  lr: {lr:.4f}"
+                    )
+                    logger.record("train", step=state.step, epoch=step_epoch, loss=mean_loss, lr=lr,
+                                  step_time=step_time, throughput=window_samples / window_seconds)
+                    window_seconds, window_steps, window_samples = 0.0, 0, 0
+                    window_loss.zero_()
+
+                progress = state.step / steps_per_epoch
+                test_due = (state.step % cfg.test_freq == 0) if cfg.test_freq else epoch_done
+                if test_source is not None and progress >= cfg.test_after and (test_due or last):
+                    run_eval()
+                    if cfg.auc_threshold is not None and state.best_auc >= cfg.auc_threshold:
+                        stop_reason = "auc_threshold"
+                if cfg.save_checkpoint_path and cfg.checkpoint_freq and state.step % cfg.checkpoint_freq == 0:
+                    run_checkpoint()
+                if stop_reason == "completed" and should_stop():
+                    stop_reason = "interrupted"
+                if stop_reason != "completed":
+                    break
+        finally:
+            loader.close()
+
+    account()
+    if cfg.save_checkpoint_path and last_ckpt_step != state.step:
+        run_checkpoint()
+
+    summary = {
+        "stop_reason": stop_reason,
+        "steps": state.step,
+        "epochs": state.step / steps_per_epoch,
+        "best_auc": state.best_auc,
+        "average_train_throughput": measured_samples / measured_seconds if measured_seconds > 0 else float("nan"),
+        "average_test_throughput": eval_samples / eval_seconds if eval_seconds > 0 else float("nan"),
+        "train_seconds": measured_seconds,
+        "last_lr": lr,
+    }
+    logger.record("summary", **summary)
+    logger.print(
+        f"Finished ({stop_reason}) after {state.step} steps: best auc {state.best_auc:.6f}  "
+        f"average train throughput {summary['average_train_throughput']:,.0f} samples/s  "
+        f"average test throughput {summary['average_test_throughput']:,.0f} samples/s"
+    )
+    return summary
