@@ -205,3 +205,13 @@ def test_validate_without_yaml():
     spec.feature_spec["cat_0.bin"]["cardinality"] = 1000  # int8 can't hold id 999
     with pytest.raises(FeatureSpecError, match=r"cat_0.bin.*int16"):
         spec.validate()
+
+
+def test_to_yaml_is_readable_by_others(tmp_path):
+    old = os.umask(0o022)
+    try:
+        spec = FeatureSpec.default(2, [5, 6], base_directory=str(tmp_path))
+        spec.to_yaml(str(tmp_path / "feature_spec.yaml"))
+    finally:
+        os.umask(old)
+    assert os.stat(tmp_path / "feature_spec.yaml").st_mode & 0o777 == 0o644

@@ -168,6 +168,9 @@ class FeatureSpec:
                 f.write(text)
                 f.flush()
                 os.fsync(f.fileno())
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a dataset is usually shared
             os.replace(tmp, path)
         except BaseException:
             if os.path.exists(tmp):

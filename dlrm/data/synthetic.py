@@ -7,15 +7,17 @@ layout) and is shared by all splits, so a model trained on 'train' can be scored
 
 The hidden model (see docs/synthetic_data.md) is
 
-    logit = bias + scale * (a * linear(x) + b * id_effects(ids) + c * interactions(ids, x))
+    logit = bias + a * linear(x) + b * id_effects(ids) + c * interactions(ids, x)
 
-where per-id quantities come from an integer hash of (table, id) computed in torch: no per-id
-tables are stored, so tables with tens of millions of rows cost no memory.
+where per-id quantities (a random effect, a 4-dim vector) come from an integer hash of
+(table, id) computed in torch: no per-id tables are stored, so tables with tens of millions of
+rows cost no memory.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 import os
 import shutil
 import tempfile
@@ -39,7 +41,9 @@ _MASK64 = (1 << 64) - 1
 # Odd multiplier below 2**31: a 32-bit value times it stays below 2**63, so int64 arithmetic
 # never overflows and CPU and CUDA agree bit for bit.
 _HASH_MULTIPLIER = 0x45D9F3B
-_ZIPF_EXPONENT = 1.2  # id frequencies fall like (rank + 1) ** -1.2
+# Id frequencies fall like (id + 1) ** -1.2 = (id + 1) ** -(1 + 1 / _ZIPF_POWER); the inverse CDF
+# then takes a fifth power, which a few multiplications compute faster than pow().
+_ZIPF_POWER = 5
 _VECTOR_DIM = 4  # dimension of the hidden per-id vectors used by pairwise interactions
 _MAX_INTERACTION_TABLES = 8
 _MAX_TABLE_PAIRS = 8
@@ -59,7 +63,7 @@ def _derive(*parts: int | str) -> int:
     """A 63-bit seed from a tuple of ints and strings (strings through crc32, stable across runs)."""
     state = 0
     for part in parts:
-        value = zlib.crc32(part.encode()) if isinstance(part, str) else part
+        value = zlib.crc32(part.encode()) if isinstance(part, str) else int(part)
         state = _splitmix64(state ^ (value & _MASK64))
     return state >> 1
 
@@ -147,31 +151,33 @@ class HiddenModel:
         table_pairs = [(*candidates[p], float(s)) for p, s in zip(picks, signs)]
         used = sorted({t for a, b, _ in table_pairs for t in (a, b)} | set(numerical_pairs))
         self.layout = _Layout(table_pairs, numerical_pairs, used)
+        # Maps standardised numerical features to one 4-dim vector per numerical pair: [N, Q*4].
         self.projection = torch.randn(
-            len(numerical_pairs), _VECTOR_DIM, num_numerical, generator=gen
+            num_numerical, len(numerical_pairs) * _VECTOR_DIM, generator=gen
         ) / math.sqrt(max(num_numerical, 1))
 
-        # Calibration: normalise each part on a fixed sample, then fix the overall scale and bias.
         self._device_cache: dict[str, dict[str, torch.Tensor]] = {}
-        self.num_mean = torch.zeros(num_numerical)
-        self.num_std = torch.ones(num_numerical)
+        self._calibrate(logit_std, positive_rate, weights)
+
+    def _calibrate(self, logit_std: float, positive_rate: float, weights: tuple[float, float, float]) -> None:
+        """Fix feature standardisation, part scales and bias on a fixed CPU sample."""
+        self.num_mean = torch.zeros(self.num_numerical)
+        self.num_std = torch.ones(self.num_numerical)
         self.part_scale = torch.zeros(3)
         self.bias = 0.0
-        calib_gen = torch.Generator().manual_seed(_derive(seed, "calibration"))
-        numerical, categorical = self.sample_features(_CALIBRATION_ROWS, calib_gen)
-        x = numerical.float()
-        if num_numerical:
-            self.num_mean = x.mean(0)
-            self.num_std = x.std(0).clamp_min(1e-3)
-        self._device_cache.clear()
+        gen = torch.Generator().manual_seed(_derive(self.seed, "calibration"))
+        numerical, categorical = self.sample_features(_CALIBRATION_ROWS, gen)
+        if self.num_numerical:
+            self.num_mean = numerical.float().mean(0)
+            self.num_std = numerical.float().std(0).clamp_min(1e-3)
+        self._device_cache.clear()  # constants changed
         parts = self._parts(numerical, categorical)  # [3, rows]
         stds = parts.std(1)
-        present = stds > 1e-6
+        present = stds > 1e-6  # e.g. no interactions when every table has one row
         w = torch.where(present, torch.tensor(weights, dtype=torch.float32), 0.0)
         if w.sum() > 0:
             self.part_scale = (w / w.sum()).sqrt() / stds.clamp_min(1e-6)
-            spread = (self.part_scale @ parts).std()
-            self.part_scale *= logit_std / spread.clamp_min(1e-6)
+            self.part_scale *= logit_std / (self.part_scale @ parts).std().clamp_min(1e-6)
         self._device_cache.clear()
         self.bias = self._bias_for_rate(self.part_scale @ parts, positive_rate)
 
@@ -185,11 +191,11 @@ class HiddenModel:
         c = self._constants(device)
         # Categorical: a continuous Zipf (bounded Pareto) law on [1, size + 1) by inverse CDF,
         # floored and shifted to [0, size): id 0 is the most frequent, like frequency-ranked ids.
-        # float32 is exact enough below 2**24 rows; larger tables need float64 to reach every id.
-        dtype = torch.float64 if max(self.table_sizes, default=1) > 2**24 else torch.float32
-        u = torch.rand(rows, len(self.table_sizes), generator=gen, device=device, dtype=dtype)
-        x = u.mul_(c["zipf_span"]).neg_().add_(1.0).pow_(1.0 / (1.0 - _ZIPF_EXPONENT)).sub_(1.0)
-        categorical = torch.minimum(x.long(), c["max_id"])  # min() guards float rounding
+        u = torch.rand(rows, len(self.table_sizes), generator=gen, device=device, dtype=c["max_id"].dtype)
+        base = u.mul_(c["neg_zipf_span"]).add_(1.0)  # in ((size + 1) ** -0.2, 1]
+        x = base.square().square_().mul_(base).reciprocal_().sub_(1.0)  # base ** -5 - 1, fast
+        # Rounding can give x == size for the largest draws; max ids are exact in this dtype.
+        categorical = torch.minimum(x, c["max_id"], out=x).long()
         # Numerical: log1p of floor(lognormal) counts, with missing values as 0 (Criteo-like).
         g = torch.randn(rows, self.num_numerical, generator=gen, device=device)
         missing = torch.rand(rows, self.num_numerical, generator=gen, device=device) < c["num_missing"]
@@ -214,20 +220,17 @@ class HiddenModel:
 
         # One 32-bit hash per (table, id); as a centred uniform it is that id's random effect.
         h = hash_ids(categorical.long(), c["salts"], wide=max(self.table_sizes, default=1) > 2**32)
-        id_effects = (h - 2**31).float() @ c["table_weight"]
+        id_effects = h.float().sub_(2**31) @ c["table_weight"]
 
         interactions = torch.zeros(rows, device=numerical.device)
-        layout = self.layout
-        if layout.vector_tables:
+        if self.layout.vector_tables:
             # A second hash gives 4 bytes per (table, id): the id's hidden vector.
             hv = _mix32(h.index_select(1, c["vector_tables"]).bitwise_xor_(c["vector_salts"]))
             bytes_ = hv.unsqueeze(-1).bitwise_right_shift(c["byte_shifts"]).bitwise_and_(0xFF)
-            vectors = bytes_.float().sub_(127.5).mul_(1 / 73.9)  # [B, T, 4], mean 0, variance 1
-            slot = {t: i for i, t in enumerate(layout.vector_tables)}
-            for a, b, sign in layout.table_pairs:
-                interactions.add_((vectors[:, slot[a]] * vectors[:, slot[b]]).sum(-1), alpha=sign)
-            for q, t in enumerate(layout.numerical_pairs):
-                interactions.add_((vectors[:, slot[t]] * (x @ c["projection"][q].T)).sum(-1))
+            v = bytes_.view(rows, -1).float().sub_(127.5).mul_(1 / 73.9)  # [B, T*4], mean 0, var 1
+            # All pair terms as one quadratic form: sum_p sign_p <v_a, v_b> + sum_q <v_t, P_q x>
+            # = v . (v @ pair_matrix + x @ numerical_matrix), with block matrices built once.
+            interactions = (v * (v @ c["pair_matrix"] + x @ c["numerical_matrix"])).sum(1)
         return torch.stack([linear, id_effects, interactions])
 
     def _constants(self, device: torch.device | str) -> dict[str, torch.Tensor]:
@@ -235,9 +238,12 @@ class HiddenModel:
         key = str(torch.device(device))
         if key not in self._device_cache:
             sizes = torch.tensor(self.table_sizes, dtype=torch.float64)
+            # Ids are drawn in float32, exact enough below 2**24 rows; larger tables need float64
+            # to reach every id.
+            dtype = torch.float64 if max(self.table_sizes, default=1) > 2**24 else torch.float32
             tensors = {
-                "zipf_span": 1.0 - (sizes + 1.0).pow(1.0 - _ZIPF_EXPONENT),  # float64
-                "max_id": torch.tensor(self.table_sizes, dtype=torch.int64) - 1,
+                "neg_zipf_span": ((sizes + 1.0).pow(-1.0 / _ZIPF_POWER) - 1.0).to(dtype),
+                "max_id": (sizes - 1.0).to(dtype),  # exact in that dtype
                 "num_missing": self.num_missing,
                 "num_mu": self.num_mu,
                 "num_sigma": self.num_sigma,
@@ -249,17 +255,35 @@ class HiddenModel:
                 "vector_salts": self.vector_salts[self.layout.vector_tables],
                 "vector_tables": torch.tensor(self.layout.vector_tables, dtype=torch.int64),
                 "byte_shifts": torch.arange(0, 8 * _VECTOR_DIM, 8),
-                "projection": self.projection,
+                "pair_matrix": self._pair_matrix(),
+                "numerical_matrix": self._numerical_matrix(),
                 "part_scale": self.part_scale,
             }
             self._device_cache[key] = {k: v.to(device) for k, v in tensors.items()}
         return self._device_cache[key]
 
+    def _pair_matrix(self) -> torch.Tensor:
+        """[T*4, T*4]: sign_p * I_4 in the block (slot a, slot b) of every table pair p."""
+        slot = {t: i for i, t in enumerate(self.layout.vector_tables)}
+        signs = torch.zeros(len(slot), len(slot))
+        for a, b, sign in self.layout.table_pairs:
+            signs[slot[a], slot[b]] += sign
+        return torch.kron(signs, torch.eye(_VECTOR_DIM))
+
+    def _numerical_matrix(self) -> torch.Tensor:
+        """[N, T*4]: projection q in the columns of the vector it meets."""
+        slot = {t: i for i, t in enumerate(self.layout.vector_tables)}
+        out = torch.zeros(self.num_numerical, len(slot) * _VECTOR_DIM)
+        for q, t in enumerate(self.layout.numerical_pairs):
+            d = _VECTOR_DIM
+            out[:, slot[t] * d : (slot[t] + 1) * d] += self.projection[:, q * d : (q + 1) * d]
+        return out
+
     @staticmethod
     def _bias_for_rate(logits: torch.Tensor, rate: float) -> float:
         """The bias b with mean(sigmoid(logits + b)) == rate, by bisection."""
         lo, hi = -30.0, 30.0
-        for _ in range(60):
+        for _ in range(40):  # brackets the bias to 60 / 2**40
             mid = (lo + hi) / 2
             if torch.sigmoid(logits + mid).mean().item() < rate:
                 lo = mid
@@ -302,6 +326,7 @@ class SyntheticDataset:
         return -(-self.num_samples // self.batch_size)
 
     def read_batch(self, index: int) -> Batch:
+        index = operator.index(index)  # numpy integers from a shuffled batch order are fine too
         if not 0 <= index < len(self):
             raise IndexError(f"batch {index} out of range for {len(self)} batches")
         rows = min(self.batch_size, self.num_samples - index * self.batch_size)

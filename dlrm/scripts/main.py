@@ -17,10 +17,11 @@ import threading
 import torch
 from absl import app, flags
 
+from dlrm.data.errors import DatasetError
 from dlrm.data.sources import SPLIT_BINARY_TYPES, SYNTHETIC_TYPES, DataConfig, load_feature_spec, make_source, table_sizes
 from dlrm.inference.benchmark import benchmark_inference, format_table
 from dlrm.model.dlrm import DLRM, DLRMConfig
-from dlrm.training.checkpoint import load_checkpoint
+from dlrm.training.checkpoint import CheckpointError, load_checkpoint
 from dlrm.training.logger import RunLogger
 from dlrm.training.lr_schedule import LRSchedule
 from dlrm.training.precision import Precision
@@ -146,6 +147,14 @@ def _stop_on_signals() -> threading.Event:
 
 
 def main(argv: list[str]) -> None:
+    try:
+        _main(argv)
+    except (DatasetError, CheckpointError) as e:  # bad input: say what and how to fix, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     _validate_flags()

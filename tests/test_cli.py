@@ -1,0 +1,156 @@
+"""The main entry point run as a user runs it: one subprocess per mode."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import roc_auc_score
+
+from dlrm.data.batch import Batch
+from dlrm.data.feature_spec import FeatureSpec
+from dlrm.data.split_binary import SplitBinaryReader, SplitBinaryWriter
+from dlrm.data.synthetic import SyntheticDataset
+from dlrm.model.dlrm import DLRM, DLRMConfig
+from dlrm.training.checkpoint import load_checkpoint
+
+TABLES = [30, 300, 4, 1000, 70]
+SMALL_MODEL = ["--embedding_dim", "8", "--bottom_mlp_sizes", "16,8", "--top_mlp_sizes", "32,16,1"]
+FAST = ["--base_device", "cpu", "--lr", "0.5", "--warmup_steps", "10", "--decay_start_step", "0",
+        "--decay_steps", "0", "--print_freq", "20"]
+
+
+def records(path, kind):
+    return [r for r in map(json.loads, open(path)) if r["type"] == kind]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """A small split-binary dataset with learnable labels, written with the project's writer."""
+    root = str(tmp_path_factory.mktemp("data"))
+    spec = FeatureSpec.default(4, TABLES, splits=("train", "test"), base_directory=root)
+    for split, rows in (("train", 20_000), ("test", 5_000)):
+        source = SyntheticDataset(4, TABLES, rows, 4096, seed=7, split=split)
+        with SplitBinaryWriter(spec, split) as writer:
+            for i in range(len(source)):
+                writer.write(source.read_batch(i))
+    spec.to_yaml(os.path.join(root, "feature_spec.yaml"))
+    return root
+
+
+def test_help_lists_nvidia_flags(cli):
+    out = cli("dlrm.scripts.main", "--helpfull", check=False).stdout  # absl exits 1 after help
+    for flag in ["mode", "seed", "batch_size", "test_batch_size", "lr", "epochs", "max_steps", "warmup_factor",
+                 "warmup_steps", "decay_steps", "decay_start_step", "decay_power", "decay_end_lr", "embedding_type",
+                 "embedding_dim", "top_mlp_sizes", "bottom_mlp_sizes", "interaction_op", "dataset", "feature_spec",
+                 "dataset_type", "shuffle_batch_order", "max_table_size", "hash_indices",
+                 "synthetic_dataset_num_entries", "synthetic_dataset_table_sizes",
+                 "synthetic_dataset_numerical_features", "load_checkpoint_path", "save_checkpoint_path", "log_path",
+                 "test_freq", "test_after", "print_freq", "benchmark_warmup_steps", "base_device", "amp",
+                 "inference_benchmark_batch_sizes", "inference_benchmark_steps", "auc_threshold"]:
+        assert f"--{flag}" in out or f"--[no]{flag}" in out, flag
+
+
+def test_train_then_test_then_benchmark(cli, dataset, tmp_path):
+    ckpt, log = str(tmp_path / "ckpt"), str(tmp_path / "train.json")
+    out = cli("dlrm.scripts.main", "--dataset", dataset, "--batch_size", "256", "--test_batch_size", "1000",
+              "--epochs", "2", "--shuffle_batch_order", "--save_checkpoint_path", ckpt, "--log_path", log,
+              *SMALL_MODEL, *FAST).stdout
+    assert "Epoch:[0/2] [20/79]" in out and "eta:" in out and "step_time:" in out
+    (flags_record,) = records(log, "flags")
+    assert flags_record["dataset"] == dataset and flags_record["batch_size"] == 256
+    assert "verbosity" not in flags_record  # only the program's own flags
+    (summary,) = records(log, "summary")
+    assert summary["steps"] == 158 and summary["best_auc"] > 0.65
+    assert [e["step"] for e in records(log, "eval")] == [79, 158]  # once per epoch by default
+
+    # --mode test: the AUC of the saved weights, checked against sklearn on an in-process forward
+    test_log = str(tmp_path / "test.json")
+    cli("dlrm.scripts.main", "--mode", "test", "--dataset", dataset, "--load_checkpoint_path", ckpt,
+        "--test_batch_size", "999", "--log_path", test_log, *SMALL_MODEL, "--base_device", "cpu")
+    (test_summary,) = records(test_log, "summary")
+    spec = FeatureSpec.from_yaml(os.path.join(dataset, "feature_spec.yaml"))
+    model = DLRM(DLRMConfig(4, TABLES, 8, [16, 8], [32, 16, 1]))
+    load_checkpoint(ckpt, model)
+    reader = SplitBinaryReader(spec, "test", 5000)
+    batch = reader.read_batch(0)
+    with torch.no_grad():
+        scores = model(batch.numerical, batch.categorical).numpy()
+    assert test_summary["samples"] == 5000
+    assert test_summary["auc"] == pytest.approx(roc_auc_score(batch.label.numpy(), scores), abs=1e-6)
+    assert test_summary["auc"] == pytest.approx(records(log, "eval")[-1]["auc"], abs=1e-6)
+
+    # --mode inference_benchmark on the trained checkpoint
+    bench_log = str(tmp_path / "bench.json")
+    out = cli("dlrm.scripts.main", "--mode", "inference_benchmark", "--dataset", dataset,
+              "--load_checkpoint_path", ckpt, "--inference_benchmark_batch_sizes", "1,64,512",
+              "--inference_benchmark_steps", "30", "--log_path", bench_log, *SMALL_MODEL, "--base_device", "cpu").stdout
+    assert "p99 ms" in out and "none (cpu)" in out
+    rows = records(bench_log, "inference_benchmark")
+    assert [r["batch_size"] for r in rows] == [1, 64, 512]
+    for r in rows:
+        assert 0 < r["p50_ms"] <= r["p90_ms"] <= r["p99_ms"]
+        assert r["throughput"] == pytest.approx(r["batch_size"] / (r["mean_ms"] / 1e3))
+
+
+def test_synthetic_default_with_amp_and_resume(cli, tmp_path):
+    ckpt, log = str(tmp_path / "ckpt"), str(tmp_path / "log.json")
+    common = ["--synthetic_dataset_table_sizes", ",".join(map(str, TABLES)), "--synthetic_dataset_numerical_features",
+              "13", "--synthetic_dataset_num_entries", "16384", "--synthetic_dataset_num_test_entries", "4096",
+              "--batch_size", "512", "--test_batch_size", "4096", "--amp", "--log_path", log, *SMALL_MODEL, *FAST]
+    cli("dlrm.scripts.main", *common, "--max_steps", "12", "--save_checkpoint_path", ckpt)
+    out = cli("dlrm.scripts.main", *common, "--load_checkpoint_path", ckpt, "--save_checkpoint_path", ckpt).stdout
+    assert "precision bfloat16" in out and "Resuming from" in out and "at step 12" in out
+    summaries = records(log, "summary")
+    assert [s["steps"] for s in summaries] == [12, 32]
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--max_table_size", "10"], "--max_table_size needs --hash_indices"),
+        (["--mode", "test"], "--load_checkpoint_path"),
+        (["--dataset_type", "split_binary"], "needs --dataset"),
+        (["--dataset", "/nonexistent/dir"], "feature_spec.yaml not found"),
+        (["--bottom_mlp_sizes", "16,4", "--embedding_dim", "8"], "bottom_mlp_sizes"),
+        (["--top_mlp_sizes", "16,x"], "comma-separated list of integers"),
+        (["--load_checkpoint_path", "/nonexistent/ckpt"], "No checkpoint at /nonexistent/ckpt"),
+    ],
+)
+def test_bad_flags_give_clear_errors(cli, args, needle):
+    proc = cli("dlrm.scripts.main", *args, "--base_device", "cpu", "--log_path", os.devnull,
+               "--synthetic_dataset_table_sizes", "10,10", check=False)
+    assert proc.returncode != 0
+    assert needle in proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_out_of_range_ids_are_refused_unless_hashed(cli, tmp_path):
+    root = str(tmp_path)
+    spec = FeatureSpec.default(2, [10, 10], splits=("train", "test"), base_directory=root)
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        with SplitBinaryWriter(spec, split) as w:
+            w.write(Batch(torch.rand(256, 2).half(), torch.from_numpy(rng.integers(0, 10, (256, 2))).to(torch.int8),
+                          torch.from_numpy(rng.random(256) < 0.5)))
+    spec.to_yaml(os.path.join(root, "feature_spec.yaml"))
+    # Declare a smaller cardinality than the data holds: the ids no longer fit.
+    spec.feature_spec["cat_1.bin"]["cardinality"] = 5
+    spec.to_yaml(os.path.join(root, "feature_spec.yaml"))
+    args = ["dlrm.scripts.main", "--dataset", root, "--batch_size", "64", "--log_path", os.devnull, *FAST,
+            "--embedding_dim", "4", "--bottom_mlp_sizes", "4", "--top_mlp_sizes", "4,1"]
+    proc = cli(*args, check=False)
+    assert proc.returncode == 2 and "cat_1.bin" in proc.stderr and "--hash_indices" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    cli(*args, "--hash_indices")
+
+
+def test_checkpoint_of_another_model_is_refused(cli, dataset, tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    base = ["dlrm.scripts.main", "--dataset", dataset, "--batch_size", "2048", "--max_steps", "2",
+            "--log_path", os.devnull, *FAST]
+    cli(*base, *SMALL_MODEL, "--save_checkpoint_path", ckpt)
+    proc = cli(*base, "--embedding_dim", "8", "--bottom_mlp_sizes", "16,8", "--top_mlp_sizes", "64,16,1",
+               "--load_checkpoint_path", ckpt, check=False)
+    assert proc.returncode == 2 and "top_mlp.layers.0.weight" in proc.stderr
