@@ -194,11 +194,12 @@ def train(
         last_eval_step = state.step
         if math.isnan(state.best_auc) or result.auc > state.best_auc:
             state.best_auc = result.auc
+        epochs_done = state.step / steps_per_epoch
         logger.print(
-            f"Epoch {state.epoch} step {state.step}: test auc {result.auc:.6f}  loss {result.loss:.6f}  "
+            f"Test at step {state.step} (epoch {epochs_done:.2f}): auc {result.auc:.6f}  loss {result.loss:.6f}  "
             f"throughput {result.throughput:,.0f} samples/s"
         )
-        logger.record("eval", step=state.step, epoch=state.epoch, auc=result.auc, loss=result.loss,
+        logger.record("eval", step=state.step, epoch=epochs_done, auc=result.auc, loss=result.loss,
                       throughput=result.throughput, samples=result.samples)
         clock.restart()
 
