@@ -21,3 +21,15 @@ def run_cli(module: str, *args: str, timeout: float = 300, check: bool = True) -
 @pytest.fixture
 def cli():
     return run_cli
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` skip themselves on machines without CUDA."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
