@@ -195,9 +195,11 @@ class _Column:
             )
         self.rows = size // self.row_bytes
 
-    def read(self, start: int, count: int) -> np.ndarray:
-        """Rows [start, start+count) with one positional read into a fresh, writable buffer."""
-        out = np.empty((count, self.width) if self.width != 1 else (count,), dtype=self.dtype)
+    def read(self, start: int, count: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows [start, start+count) with one positional read into ``out`` (contiguous, of this
+        column's dtype and shape) or into a fresh, writable buffer."""
+        if out is None:
+            out = np.empty((count, self.width) if self.width != 1 else (count,), dtype=self.dtype)
         nbytes = count * self.row_bytes
         got = os.preadv(self.fd, [memoryview(out).cast("B")], start * self.row_bytes) if nbytes else 0
         if got != nbytes:
@@ -312,13 +314,18 @@ class SplitBinaryReader:
         else:
             numerical_t = torch.empty((count, 0), dtype=torch.float16)
 
-        categorical = np.empty((count, len(self._categorical)), dtype=self._categorical_dtype)
+        # Feature-major, so every column lands contiguously (read straight into place when its
+        # dtype is the common one); the batch gets the [B, F] transposed view.
+        categorical = np.empty((len(self._categorical), count), dtype=self._categorical_dtype)
         for j, col in enumerate(self._categorical):
-            ids = col.read(start, count)
+            if col.dtype == categorical.dtype:
+                ids = col.read(start, count, out=categorical[j])
+            else:
+                ids = col.read(start, count)
+                categorical[j] = ids
             if self.check_ids and count:
                 self._check_ids(ids, col, self._cardinalities[j], start)
-            categorical[:, j] = ids
-        return Batch(numerical=numerical_t, categorical=torch.from_numpy(categorical), label=label_t)
+        return Batch(numerical=numerical_t, categorical=torch.from_numpy(categorical).t(), label=label_t)
 
     @staticmethod
     def _check_ids(ids: np.ndarray, col: _Column, cardinality: int, start: int) -> None:
