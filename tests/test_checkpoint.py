@@ -145,3 +145,15 @@ def test_scaler_and_optimizer_state_round_trip(tmp_path):
     load_checkpoint(str(tmp_path / "c"), m2, opt2, scaler2)
     assert scaler2.get_scale() == 1024.0
     assert [g["lr"] for g in opt2.param_groups] == [0.5, 0.5]
+
+
+def test_optimizer_of_another_layout_restores_hyperparameters(tmp_path):
+    """joint -> multi_table changes the embedding group's parameter count; SGD has no state to lose."""
+    src = DLRM(small_config(embedding_type="joint"))
+    opt = make_optimizer(src, 0.25)
+    save_checkpoint(str(tmp_path / "c"), src, opt, None, TrainState())
+    dst = DLRM(small_config(embedding_type="multi_table"))
+    opt2 = make_optimizer(dst, 9.0)
+    load_checkpoint(str(tmp_path / "c"), dst, opt2)
+    assert [g["lr"] for g in opt2.param_groups] == [0.25, 0.25]
+    assert [len(g["params"]) for g in opt2.param_groups] == [len(dst.dense_parameters()), 3]

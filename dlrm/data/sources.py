@@ -12,6 +12,7 @@ from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import FeatureSpec
 from dlrm.data.split_binary import SplitBinaryReader
 from dlrm.data.synthetic import SyntheticDataset
+from dlrm.distributed.data import RankSource
 
 SPLIT_BINARY_TYPES = ("split_binary", "parametric")  # "parametric" is NVIDIA's name for it
 SYNTHETIC_TYPES = ("synthetic", "synthetic_gpu")  # generated in the base device's memory
@@ -68,6 +69,24 @@ def make_source(
     return SplitBinaryReader(
         spec, split, batch_size, categorical_features=categorical_features, check_ids=not cfg.hash_indices
     )
+
+
+def make_rank_source(
+    cfg: DataConfig, spec: FeatureSpec, split: str, batch_size: int, device: torch.device,
+    tables: Sequence[int], rank: int, world_size: int,
+) -> Any | None:
+    """One process's share of a split in hybrid-parallel training (see ``RankSource``)."""
+    if not cfg.synthetic and split not in spec.splits:
+        return None
+
+    def make_reader(categorical_features: Sequence[int], read_numerical: bool, read_label: bool) -> Any:
+        if cfg.synthetic:
+            return make_source(cfg, spec, split, batch_size, device)
+        return SplitBinaryReader(spec, split, batch_size, categorical_features=categorical_features,
+                                 read_numerical=read_numerical, read_label=read_label,
+                                 check_ids=not cfg.hash_indices)
+
+    return RankSource(make_reader, tables, rank, world_size)
 
 
 def table_sizes(spec: FeatureSpec, max_table_size: int | None) -> list[int]:

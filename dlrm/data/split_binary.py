@@ -299,7 +299,12 @@ class SplitBinaryReader:
         if not 0 <= index < len(self):
             raise IndexError(f"batch {index} out of range for {len(self)} batches of split '{self.split}'")
         start = index * self.batch_size
-        count = min(self.batch_size, self.num_samples - start)
+        return self.read_rows(start, min(self.batch_size, self.num_samples - start))
+
+    def read_rows(self, start: int, count: int) -> Batch:
+        """Rows [start, start+count) of every column this reader reads (one read per file)."""
+        if start < 0 or count < 0 or start + count > self.num_samples:
+            raise IndexError(f"rows {start}..{start + count} out of range for {self.num_samples} rows of split '{self.split}'")
 
         if self._label is not None:
             label = self._label.read(start, count)

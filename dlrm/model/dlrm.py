@@ -1,12 +1,14 @@
 """The DLRM model: embeddings and bottom MLP, an interaction, and a top MLP emitting a logit.
 
-``forward`` is ``dense_forward(numerical, embed(categorical))``. Hybrid parallelism keeps this
-module as is and replaces only what happens between the two halves: each rank looks up its own
-tables, an all-to-all delivers ``[local batch, F, D]``, and ``dense_forward`` runs unchanged.
+``forward`` is ``dense_forward(numerical, exchange(embed(categorical)))``. On one device the
+exchange is the identity. Hybrid parallelism keeps this module as is: each process builds only
+its own tables (``tables=``), and the exchange is an all-to-all that delivers
+``[local batch, F, D]`` to ``dense_forward``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -84,13 +86,22 @@ def _check_positive_list(name: str, values: list[int]) -> None:
 class DLRM(nn.Module):
     """Click-through model: logits ``[B]`` from numerical ``[B, N]`` and categorical ``[B, F]``."""
 
-    def __init__(self, config: DLRMConfig, device: torch.device | str | None = None) -> None:
+    def __init__(
+        self, config: DLRMConfig, device: torch.device | str | None = None, tables: Sequence[int] | None = None
+    ) -> None:
+        """``tables``: global indices of the embedding tables to build (all by default). Hybrid
+        parallelism builds each process's share; ``embed`` then takes those columns only."""
         super().__init__()
         config.validate()
         self.config = config
+        tables = list(range(config.num_categorical_features)) if tables is None else list(tables)
+        bad = [t for t in tables if not 0 <= t < config.num_categorical_features]
+        if bad:
+            raise ValueError(f"table indices {bad} out of range for {config.num_categorical_features} tables")
         embedding_cls = JointEmbedding if config.embedding_type == "joint" else MultiTableEmbedding
         self.embeddings = embedding_cls(
-            config.table_sizes, config.embedding_dim, hash_indices=config.hash_indices, device=device
+            [config.table_sizes[t] for t in tables], config.embedding_dim, hash_indices=config.hash_indices,
+            device=device, table_indices=tables,
         )
         self.bottom_mlp = MLP(config.num_numerical_features, config.bottom_mlp_sizes, relu_last=True, device=device)
         num_features = config.num_categorical_features + 1  # the bottom output is one more feature
@@ -100,12 +111,14 @@ class DLRM(nn.Module):
             self.interaction = CatInteraction(num_features, config.embedding_dim, config.bottom_mlp_sizes[-1])
         self.interaction.to(torch.get_default_device() if device is None else device)  # its buffers
         self.top_mlp = MLP(self.interaction.num_outputs, config.top_mlp_sizes, relu_last=False, device=device)
+        # Between the halves: nothing on one device; hybrid parallelism puts its all-to-all here.
+        self.exchange: nn.Module = nn.Identity()
 
     def forward(self, numerical: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
-        return self.dense_forward(numerical, self.embed(categorical))
+        return self.dense_forward(numerical, self.exchange(self.embed(categorical)))
 
     def embed(self, categorical: torch.Tensor) -> torch.Tensor:
-        """Ids ``[B, F]`` (any integer dtype) -> embeddings ``[B, F, D]``."""
+        """Ids ``[B, T]`` of the tables built here (any integer dtype) -> embeddings ``[B, T, D]``."""
         return self.embeddings(categorical)
 
     def dense_forward(self, numerical: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:

@@ -20,16 +20,23 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import skip_init
 
-from dlrm.nn.init import init_embedding_table_
+from dlrm.nn.init import init_embedding_table_, table_generator
 
 
 class EmbeddingTables(nn.Module):
     """What both layouts share: table bookkeeping, id preparation, per-table weight access."""
 
-    def __init__(self, table_sizes: Sequence[int], embedding_dim: int, hash_indices: bool) -> None:
+    def __init__(
+        self,
+        table_sizes: Sequence[int],
+        embedding_dim: int,
+        hash_indices: bool,
+        table_indices: Sequence[int] | None = None,
+        init_seed: int | None = None,
+    ) -> None:
         super().__init__()
         table_sizes = [int(rows) for rows in table_sizes]
-        if not table_sizes or any(rows < 1 for rows in table_sizes):
+        if any(rows < 1 for rows in table_sizes) or (not table_sizes and table_indices is None):
             raise ValueError(f"table_sizes must be a non-empty list of positive row counts, got {table_sizes}")
         if embedding_dim < 1:
             raise ValueError(f"embedding_dim must be positive, got {embedding_dim}")
@@ -37,6 +44,13 @@ class EmbeddingTables(nn.Module):
         self.num_tables = len(table_sizes)
         self.embedding_dim = embedding_dim
         self.hash_indices = hash_indices
+        # Global indices of the tables held here (all of them unless hybrid parallelism splits them).
+        self.table_indices = list(range(len(table_sizes))) if table_indices is None else [int(t) for t in table_indices]
+        if len(self.table_indices) != len(table_sizes):
+            raise ValueError(f"{len(table_sizes)} table sizes but {len(self.table_indices)} table indices")
+        # One draw from the global generator whatever the tables, so layers built after the
+        # embeddings get the same weights in every process.
+        self.init_seed = int(torch.randint(0, 2**62, ())) if init_seed is None else init_seed
         self.register_buffer("rows", torch.tensor(table_sizes, dtype=torch.int64), persistent=False)
 
     def _prepare_ids(self, ids: torch.Tensor) -> torch.Tensor:
@@ -50,6 +64,10 @@ class EmbeddingTables(nn.Module):
     def table_weight(self, i: int) -> torch.Tensor:
         """Table ``i`` as a ``[rows_i, D]`` view of the storage (detached), e.g. for checkpoints."""
         raise NotImplementedError
+
+    def _init_table_(self, i: int) -> None:
+        weight = self.table_weight(i)
+        init_embedding_table_(weight, table_generator(self.init_seed, self.table_indices[i], weight.device))
 
     def load_table_(self, i: int, weight: torch.Tensor) -> None:
         """Copy ``weight`` into table ``i``; its shape must be exactly ``[rows_i, D]``."""
@@ -82,8 +100,10 @@ class JointEmbedding(EmbeddingTables):
         embedding_dim: int,
         hash_indices: bool = False,
         device: torch.device | str | None = None,
+        table_indices: Sequence[int] | None = None,
+        init_seed: int | None = None,
     ) -> None:
-        super().__init__(table_sizes, embedding_dim, hash_indices)
+        super().__init__(table_sizes, embedding_dim, hash_indices, table_indices, init_seed)
         starts = [0]
         for rows in self.table_sizes:
             starts.append(starts[-1] + rows)
@@ -92,7 +112,7 @@ class JointEmbedding(EmbeddingTables):
         device = torch.get_default_device() if device is None else device
         self.weight = nn.Parameter(torch.empty(starts[-1], embedding_dim, device=device))
         for i in range(self.num_tables):
-            init_embedding_table_(self.table_weight(i))
+            self._init_table_(i)
         self.to(device)  # the buffers
 
     def table_weight(self, i: int) -> torch.Tensor:
@@ -112,15 +132,17 @@ class MultiTableEmbedding(EmbeddingTables):
         embedding_dim: int,
         hash_indices: bool = False,
         device: torch.device | str | None = None,
+        table_indices: Sequence[int] | None = None,
+        init_seed: int | None = None,
     ) -> None:
-        super().__init__(table_sizes, embedding_dim, hash_indices)
+        super().__init__(table_sizes, embedding_dim, hash_indices, table_indices, init_seed)
         # skip_init: nn.Embedding's default N(0, 1) init would be overwritten anyway.
         device = torch.get_default_device() if device is None else device
         self.tables = nn.ModuleList(
             skip_init(nn.Embedding, rows, embedding_dim, sparse=True, device=device) for rows in self.table_sizes
         )
-        for table in self.tables:
-            init_embedding_table_(table.weight)
+        for i in range(self.num_tables):
+            self._init_table_(i)
         self.to(device)  # the buffers
 
     def table_weight(self, i: int) -> torch.Tensor:

@@ -1,6 +1,7 @@
-"""Train, test and benchmark a DLRM on one device.
+"""Train, test and benchmark a DLRM on one device, or hybrid-parallel on several.
 
     python -m dlrm.scripts.main                                  # synthetic data with signal
+    torchrun --nproc_per_node 8 -m dlrm.scripts.main --dataset /data/criteo_fl15 --amp
     python -m dlrm.scripts.main --dataset /data/criteo_fl15      # a split-binary dataset
     python -m dlrm.scripts.main --mode test --dataset ... --load_checkpoint_path ckpt/
     python -m dlrm.scripts.main --mode inference_benchmark --inference_benchmark_batch_sizes 1,64,4096
@@ -18,7 +19,13 @@ import torch
 from absl import app, flags
 
 from dlrm.data.errors import DatasetError
-from dlrm.data.sources import SPLIT_BINARY_TYPES, SYNTHETIC_TYPES, DataConfig, load_feature_spec, make_source, table_sizes
+from dlrm.data.sources import (
+    SPLIT_BINARY_TYPES, SYNTHETIC_TYPES, DataConfig, load_feature_spec, make_rank_source, make_source, table_sizes,
+)
+from dlrm.distributed.collectives import Collectives, ProcessGroupCollectives
+from dlrm.distributed.exchange import EmbeddingExchange
+from dlrm.distributed.planner import PlanError, format_plan, load_override, plan_tables
+from dlrm.distributed.process_group import DistEnv, device_memory_bytes, dist_env, init_process_group
 from dlrm.inference.benchmark import benchmark_inference, format_table
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.training.checkpoint import CheckpointError, load_checkpoint
@@ -91,6 +98,15 @@ flags.DEFINE_integer("benchmark_warmup_steps", 0,
                      "Steps left out of throughput figures (inference_benchmark uses at least 10 untimed passes).")
 flags.DEFINE_float("auc_threshold", None, "Stop training once a test reaches this AUC.")
 
+# Hybrid parallelism (under torchrun)
+flags.DEFINE_float("device_memory_gb", None,
+                   "Memory per process for embedding tables, in GB. Default: 90% of the GPU's memory, or an equal "
+                   "share of 90% of the host's RAM on CPU.")
+flags.DEFINE_string("table_placement", None,
+                    'Manual table placement instead of the planner: JSON such as {"0": [0, 3], "1": [1, 2]} '
+                    "(rank -> global table indices), or a path to a file holding it.")
+flags.DEFINE_float("dist_timeout", 300, "Seconds a collective may wait for a peer before every process stops with an error.")
+
 # Inference benchmark
 flags.DEFINE_list("inference_benchmark_batch_sizes", ["1", "64", "4096"], "Batch sizes for --mode inference_benchmark.")
 flags.DEFINE_integer("inference_benchmark_steps", 200, "Timed forward passes per batch size.")
@@ -115,9 +131,11 @@ def _validate_flags() -> None:
         raise app.UsageError(f"--dataset_type {FLAGS.dataset_type} needs --dataset")
 
 
-def _device() -> torch.device:
+def _device(env: DistEnv | None) -> torch.device:
     name = FLAGS.base_device or ("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
+    if env is not None and device.type == "cuda":
+        device = torch.device("cuda", env.local_rank)  # one GPU per process
     if device.type == "cuda" and not torch.cuda.is_available():
         raise app.UsageError(f"--base_device {name}: CUDA is not available on this machine; use --base_device cpu")
     return device
@@ -147,18 +165,43 @@ def _stop_on_signals() -> threading.Event:
 
 
 def main(argv: list[str]) -> None:
+    env = dist_env()
+    where = f"rank {env.rank}: " if env is not None else ""
     try:
-        _main(argv)
-    except (DatasetError, CheckpointError) as e:  # bad input: say what and how to fix, no traceback
-        print(f"error: {e}", file=sys.stderr)
+        _main(argv, env)
+    except (DatasetError, CheckpointError, PlanError) as e:  # bad input: say what and how to fix, no traceback
+        print(f"{where}error: {e}", file=sys.stderr)
         sys.exit(2)
+    except Exception as e:
+        if env is not None:  # say which process failed; the launcher stops the others
+            print(f"{where}failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        raise
 
 
-def _main(argv: list[str]) -> None:
+def _plan(model_cfg: DLRMConfig, env: DistEnv, device: torch.device, logger: RunLogger) -> list[list[int]]:
+    """Tables per rank: from --table_placement, or the memory-balancing planner."""
+    if FLAGS.device_memory_gb is not None:
+        capacity = int(FLAGS.device_memory_gb * 2**30)
+    else:
+        capacity = int(0.9 * device_memory_bytes(device, env.local_world_size))
+    override = load_override(FLAGS.table_placement) if FLAGS.table_placement else None
+    plan = plan_tables(model_cfg.table_sizes, model_cfg.embedding_dim, env.world_size, capacity, override=override)
+    logger.print(format_plan(plan))
+    logger.record("plan", tables=plan.tables, bytes=[plan.rank_bytes(r) for r in range(env.world_size)])
+    return plan.tables
+
+
+def _main(argv: list[str], env: DistEnv | None) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     _validate_flags()
-    device = _device()
+    device = _device(env)
+    collectives = Collectives()
+    if env is not None:
+        if FLAGS.mode == "inference_benchmark":
+            raise app.UsageError("--mode inference_benchmark runs on one process: start it without torchrun")
+        init_process_group(env, device, FLAGS.dist_timeout)
+        collectives = ProcessGroupCollectives(device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = FLAGS.allow_tf32
@@ -193,12 +236,20 @@ def _main(argv: list[str]) -> None:
         model_cfg.validate()
     except ValueError as e:
         raise app.UsageError(str(e))
-    model = DLRM(model_cfg, device=device)
-
-    with RunLogger(FLAGS.log_path) as logger:
+    with RunLogger(FLAGS.log_path, enabled=collectives.rank == 0) as logger:
         logger.record("flags", **_our_flags())
+        if env is None:
+            model = DLRM(model_cfg, device=device)
+            source = lambda split, batch_size: make_source(data_cfg, spec, split, batch_size, device)  # noqa: E731
+        else:
+            tables = _plan(model_cfg, env, device, logger)
+            model = DLRM(model_cfg, device=device, tables=tables[env.rank])
+            model.exchange = EmbeddingExchange(tables, env.rank).to(device)
+            source = lambda split, batch_size: make_rank_source(  # noqa: E731
+                data_cfg, spec, split, batch_size, device, tables[env.rank], env.rank, env.world_size)
         n_params = sum(p.numel() for p in model.parameters())
-        logger.print(f"DLRM: {len(model_cfg.table_sizes)} tables, {n_params:,} parameters, device {device}, "
+        held = "" if env is None else f" on rank 0 of {env.world_size}"
+        logger.print(f"DLRM: {len(model_cfg.table_sizes)} tables, {n_params:,} parameters{held}, device {device}, "
                      f"precision {precision}, data {dataset_type}{' ' + FLAGS.dataset if FLAGS.dataset else ''}")
 
         if FLAGS.mode == "train":
@@ -217,18 +268,18 @@ def _main(argv: list[str]) -> None:
                 shuffle_batch_order=FLAGS.shuffle_batch_order, seed=FLAGS.seed,
                 save_checkpoint_path=FLAGS.save_checkpoint_path, checkpoint_freq=FLAGS.checkpoint_freq,
             )
-            train_source = make_source(data_cfg, spec, "train", FLAGS.batch_size, device)
-            test_source = make_source(data_cfg, spec, "test", FLAGS.test_batch_size, device)
+            train_source = source("train", FLAGS.batch_size)
+            test_source = source("test", FLAGS.test_batch_size)
             stop = _stop_on_signals()
             train(model, optimizer, scaler, precision, train_source, test_source, train_cfg, device, logger,
-                  state=state, run_config=_our_flags(), should_stop=stop.is_set)
+                  state=state, run_config=_our_flags(), should_stop=stop.is_set, collectives=collectives)
 
         elif FLAGS.mode == "test":
             load_checkpoint(FLAGS.load_checkpoint_path, model)
-            test_source = make_source(data_cfg, spec, "test", FLAGS.test_batch_size, device)
+            test_source = source("test", FLAGS.test_batch_size)
             if test_source is None:
                 raise app.UsageError(f"the dataset at {FLAGS.dataset} has no test split")
-            result = evaluate(model, test_source, device, precision)
+            result = evaluate(model, test_source, device, precision, collectives=collectives)
             logger.print(f"Test: auc {result.auc:.6f}  loss {result.loss:.6f}  samples {result.samples}  "
                          f"throughput {result.throughput:,.0f} samples/s")
             logger.record("summary", auc=result.auc, loss=result.loss, samples=result.samples,
@@ -253,6 +304,10 @@ def _main(argv: list[str]) -> None:
             for r in results:
                 logger.record("inference_benchmark", **r.as_dict())
             logger.record("summary", inference=[r.as_dict() for r in results])
+
+    if env is not None:
+        torch.distributed.barrier()  # tear down together: gloo aborts if peers vanish mid-teardown
+        torch.distributed.destroy_process_group()
 
 
 def run() -> None:

@@ -8,9 +8,12 @@ Layout (independent of the embedding storage and of how tables are placed on dev
     <path>/optimizer.pt       optimizer and gradient-scaler state
     <path>/rng.pt             torch RNG states (CPU and CUDA)
 
-Everything is written into ``<path>.tmp-<pid>`` first, ``meta.json`` last; the finished directory
+Everything is written into ``<path>.tmp`` first, ``meta.json`` last; the finished directory
 then replaces ``<path>`` by two renames. A crash leaves either the previous checkpoint at
 ``<path>``, or (between the renames) the previous one at ``<path>.old``, never a half-written one.
+
+In hybrid-parallel runs every process writes the tables it holds and the first process the
+rest, into one directory on a file system all processes share; any process count loads it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 FORMAT_VERSION = 1
 META = "meta.json"
@@ -64,6 +68,21 @@ def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.cpu() if tensor.device.type != "cpu" else tensor.clone()
 
 
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _barrier() -> None:
+    if _distributed():
+        dist.barrier()
+
+
+def _expected_tables(model: torch.nn.Module) -> list[list[int]]:
+    """Shapes of every table of the model (all ranks' together), in global order."""
+    cfg = model.config
+    return [[rows, cfg.embedding_dim] for rows in cfg.table_sizes]
+
+
 def _fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -80,58 +99,81 @@ def save_checkpoint(
     state: TrainState,
     run_config: dict[str, Any] | None = None,
 ) -> None:
+    """Every process calls this; in a process group each writes its own tables."""
     path = os.path.abspath(path)
     parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    if os.path.exists(tmp):
-        shutil.rmtree(tmp)
-    os.makedirs(tmp)
+    tmp = f"{path}.tmp"
+    first = not _distributed() or dist.get_rank() == 0
+    if first:
+        os.makedirs(parent, exist_ok=True)
+        if os.path.exists(tmp):
+            shutil.rmtree(tmp)
+        os.makedirs(tmp)
+    _barrier()
     try:
         embeddings = model.embeddings
-        tables = []
-        for i in range(embeddings.num_tables):
-            weight = embeddings.table_weight(i)
-            _save_tensor_file(_host_copy(weight), os.path.join(tmp, _table_file(i)))
-            tables.append(list(weight.shape))
-        dense = {k: _host_copy(v) for k, v in _dense_state(model).items()}
-        _save_tensor_file(dense, os.path.join(tmp, "dense.pt"))
-        _save_tensor_file(
-            {
-                "optimizer": optimizer.state_dict() if optimizer is not None else None,
-                "scaler": scaler.state_dict() if scaler is not None and scaler.is_enabled() else None,
-            },
-            os.path.join(tmp, "optimizer.pt"),
-        )
-        rng = {"cpu": torch.get_rng_state()}
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            rng["cuda"] = torch.cuda.get_rng_state_all()
-        _save_tensor_file(rng, os.path.join(tmp, "rng.pt"))
-        meta = {
-            "format_version": FORMAT_VERSION,
-            "model_config": dataclasses.asdict(model.config),
-            "tables": tables,
-            "dense": {k: list(v.shape) for k, v in dense.items()},
-            "train_state": dataclasses.asdict(state),
-            "run_config": run_config or {},
-            "files": {name: os.path.getsize(os.path.join(tmp, name)) for name in sorted(os.listdir(tmp))},
-        }
-        with open(os.path.join(tmp, META), "w") as f:
-            json.dump(meta, f, indent=1, default=str)
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync_dir(tmp)
+        for i, index in enumerate(embeddings.table_indices):
+            _save_tensor_file(_host_copy(embeddings.table_weight(i)), os.path.join(tmp, _table_file(index)))
+        _barrier()
+        if first:
+            _write_rest(tmp, model, optimizer, scaler, state, run_config)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if first:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
-    old = f"{path}.old"
-    if os.path.exists(path):
-        if os.path.exists(old):
-            shutil.rmtree(old)
-        os.rename(path, old)
-    os.rename(tmp, path)
-    _fsync_dir(parent)
-    shutil.rmtree(old, ignore_errors=True)
+    if first:
+        old = f"{path}.old"
+        if os.path.exists(path):
+            if os.path.exists(old):
+                shutil.rmtree(old)
+            os.rename(path, old)
+        os.rename(tmp, path)
+        _fsync_dir(parent)
+        shutil.rmtree(old, ignore_errors=True)
+    _barrier()
+
+
+def _write_rest(
+    tmp: str,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    scaler: torch.amp.GradScaler | None,
+    state: TrainState,
+    run_config: dict[str, Any] | None,
+) -> None:
+    """Dense weights, optimizer, RNG and, last, meta.json (which makes the directory complete)."""
+    tables = _expected_tables(model)
+    missing = [i for i in range(len(tables)) if not os.path.isfile(os.path.join(tmp, _table_file(i)))]
+    if missing:
+        raise CheckpointError(f"{tmp}: tables {missing} were not written by any process")
+    dense = {k: _host_copy(v) for k, v in _dense_state(model).items()}
+    _save_tensor_file(dense, os.path.join(tmp, "dense.pt"))
+    _save_tensor_file(
+        {
+            "optimizer": optimizer.state_dict() if optimizer is not None else None,
+            "scaler": scaler.state_dict() if scaler is not None and scaler.is_enabled() else None,
+        },
+        os.path.join(tmp, "optimizer.pt"),
+    )
+    rng = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    _save_tensor_file(rng, os.path.join(tmp, "rng.pt"))
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "model_config": dataclasses.asdict(model.config),
+        "tables": tables,
+        "dense": {k: list(v.shape) for k, v in dense.items()},
+        "train_state": dataclasses.asdict(state),
+        "run_config": run_config or {},
+        "world_size": dist.get_world_size() if _distributed() else 1,
+        "files": {name: os.path.getsize(os.path.join(tmp, name)) for name in sorted(os.listdir(tmp))},
+    }
+    with open(os.path.join(tmp, META), "w") as f:
+        json.dump(meta, f, indent=1, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dir(tmp)
 
 
 def read_meta(path: str) -> dict[str, Any]:
@@ -159,8 +201,7 @@ def read_meta(path: str) -> dict[str, Any]:
 
 
 def _check_shapes(path: str, meta: dict[str, Any], model: torch.nn.Module) -> None:
-    embeddings = model.embeddings
-    expected_tables = [list(embeddings.table_weight(i).shape) for i in range(embeddings.num_tables)]
+    expected_tables = _expected_tables(model)
     if len(meta["tables"]) != len(expected_tables):
         raise CheckpointError(
             f"{path} holds {len(meta['tables'])} embedding tables, the model has {len(expected_tables)}: "
@@ -188,6 +229,23 @@ def _check_shapes(path: str, meta: dict[str, Any], model: torch.nn.Module) -> No
             )
 
 
+def _load_optimizer(path: str, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
+    """Loads the optimizer state. With a different number of processes the embedding group holds
+    other parameters; that is exact as long as the optimizer keeps no per-parameter state (plain
+    SGD), in which case only the groups' hyperparameters are restored."""
+    sizes = [len(g["params"]) for g in optimizer.param_groups]
+    if sizes == [len(g["params"]) for g in saved["param_groups"]]:
+        optimizer.load_state_dict(saved)
+        return
+    if saved["state"]:
+        raise CheckpointError(
+            f"{path}: the optimizer state has per-parameter entries and was written for another embedding "
+            "layout or number of processes; resume with the same --embedding_type and process count"
+        )
+    for group, saved_group in zip(optimizer.param_groups, saved["param_groups"]):
+        group.update({k: v for k, v in saved_group.items() if k != "params"})
+
+
 def load_checkpoint(
     path: str,
     model: torch.nn.Module,
@@ -205,14 +263,14 @@ def load_checkpoint(
     _check_shapes(path, meta, model)
     embeddings = model.embeddings
     with torch.no_grad():
-        for i in range(embeddings.num_tables):
-            table = torch.load(os.path.join(path, _table_file(i)), map_location="cpu", weights_only=True, mmap=True)
-            embeddings.load_table_(i, table)
+        for i, index in enumerate(embeddings.table_indices):
+            file = os.path.join(path, _table_file(index))
+            embeddings.load_table_(i, torch.load(file, map_location="cpu", weights_only=True, mmap=True))
         dense = torch.load(os.path.join(path, "dense.pt"), map_location="cpu", weights_only=True)
         model.load_state_dict(dense, strict=False)
     extra = torch.load(os.path.join(path, "optimizer.pt"), map_location="cpu", weights_only=True)
     if optimizer is not None and extra["optimizer"] is not None:
-        optimizer.load_state_dict(extra["optimizer"])
+        _load_optimizer(path, optimizer, extra["optimizer"])
     if scaler is not None and scaler.is_enabled() and extra["scaler"] is not None:
         scaler.load_state_dict(extra["scaler"])
     if restore_rng:

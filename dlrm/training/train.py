@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from dlrm.data.batch import Batch
 from dlrm.data.loader import PrefetchLoader, batch_order
+from dlrm.distributed.collectives import Collectives
 from dlrm.training.checkpoint import TrainState, save_checkpoint
 from dlrm.training.logger import RunLogger, format_eta
 from dlrm.training.lr_schedule import LRSchedule
@@ -78,13 +79,20 @@ def train_step(
     optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler,
     precision: Precision,
+    collectives: Collectives = Collectives(),
 ) -> torch.Tensor:
-    """Forward, backward and update on one batch; returns the (detached) mean loss."""
+    """Forward, backward and update on one batch; returns this process's share of the mean loss.
+
+    The loss is the mean over the global batch (``batch.categorical`` has one row per sample of
+    the global batch; ``label`` only this process's rows), so with gradients summed across
+    processes a distributed step equals a single-device step on the same batch.
+    """
     with precision.autocast():
         logits = model(batch.numerical, batch.categorical)
-    loss = bce_loss(logits, batch.label)
+    loss = bce_loss(logits, batch.label, reduction="sum") / batch.categorical.shape[0]
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()
+    collectives.sync_gradients(model, scaler)
     scaler.step(optimizer)  # skipped as a whole when fp16 gradients overflowed
     scaler.update()
     return loss.detach()
@@ -97,9 +105,15 @@ def _sync(device: torch.device) -> None:
 
 @torch.no_grad()
 def evaluate(
-    model: torch.nn.Module, source: Any, device: torch.device, precision: Precision, prefetch: int = 2
+    model: torch.nn.Module,
+    source: Any,
+    device: torch.device,
+    precision: Precision,
+    prefetch: int = 2,
+    collectives: Collectives = Collectives(),
 ) -> EvalResult:
-    """AUC and mean log loss over a whole split; scores stay on the device until the AUC."""
+    """AUC and mean log loss over a whole split; scores stay on the device until the AUC, which
+    every process computes over all processes' samples."""
     was_training = model.training
     model.eval()
     _sync(device)
@@ -112,13 +126,15 @@ def evaluate(
             with precision.autocast():
                 logits = model(batch.numerical, batch.categorical)
             loss_sum += bce_loss(logits, batch.label, reduction="sum").double()
-            scores.append(logits.float())
-            labels.append(batch.label)
+            scores.append(logits.float().reshape(-1))
+            labels.append(batch.label.reshape(-1))
     finally:
         loader.close()
-    samples = sum(len(s) for s in scores)
-    auc = roc_auc(torch.cat(labels), torch.cat(scores)) if samples else float("nan")
-    loss = float(loss_sum) / samples if samples else float("nan")
+    scores = collectives.gather(torch.cat(scores) if scores else torch.zeros(0, device=device))
+    labels = collectives.gather(torch.cat(labels).float() if labels else torch.zeros(0, device=device))
+    samples = scores.numel()
+    auc = roc_auc(labels, scores) if samples else float("nan")
+    loss = float(collectives.sum(loss_sum)) / samples if samples else float("nan")
     _sync(device)
     model.train(was_training)
     return EvalResult(auc=auc, loss=loss, samples=samples, seconds=time.perf_counter() - start)
@@ -155,6 +171,7 @@ def train(
     state: TrainState | None = None,
     run_config: dict[str, Any] | None = None,
     should_stop: Callable[[], bool] = lambda: False,
+    collectives: Collectives = Collectives(),
 ) -> dict[str, Any]:
     """Trains until ``epochs`` or ``max_steps`` are done, the AUC threshold is reached, or
     ``should_stop()`` turns true (checked between steps, so a stop never splits an update).
@@ -188,7 +205,7 @@ def train(
     def run_eval() -> None:
         nonlocal eval_samples, eval_seconds, last_eval_step
         account()
-        result = evaluate(model, test_source, device, precision, cfg.prefetch)
+        result = evaluate(model, test_source, device, precision, cfg.prefetch, collectives)
         eval_samples += result.samples
         eval_seconds += result.seconds
         last_eval_step = state.step
@@ -219,16 +236,17 @@ def train(
         try:
             for batch in loader:
                 lr = cfg.schedule.apply(optimizer, state.step + 1)
-                loss = train_step(model, batch, optimizer, scaler, precision)
+                loss = train_step(model, batch, optimizer, scaler, precision, collectives)
+                samples = batch.categorical.shape[0]  # the global batch
                 step_epoch, step_in_epoch = state.epoch, state.batch_in_epoch + 1
                 state.step += 1
                 state.batch_in_epoch += 1
                 run_steps += 1
                 window_loss += loss
                 window_steps += 1
-                window_samples += len(batch)
+                window_samples += samples
                 if run_steps > cfg.benchmark_warmup_steps:
-                    measured_samples += len(batch)
+                    measured_samples += samples
                 elif run_steps == cfg.benchmark_warmup_steps:
                     account()  # warm-up ends: its time goes to the printed step time only
                 epoch_done = state.batch_in_epoch == steps_per_epoch
@@ -240,7 +258,7 @@ def train(
                 if state.step % cfg.print_freq == 0 or last:
                     account()
                     step_time = window_seconds / window_steps
-                    mean_loss = float(window_loss) / window_steps
+                    mean_loss = float(collectives.sum(window_loss)) / window_steps
                     logger.print(
                         f"Epoch:[{step_epoch}/{cfg.epochs}] [{step_in_epoch}/{steps_per_epoch}]  "
                         f"eta: {format_eta(step_time * (total_steps - state.step))}  loss: {mean_loss:.4f}  "
@@ -259,7 +277,7 @@ def train(
                         stop_reason = "auc_threshold"
                 if cfg.save_checkpoint_path and cfg.checkpoint_freq and state.step % cfg.checkpoint_freq == 0:
                     run_checkpoint()
-                if stop_reason == "completed" and should_stop():
+                if stop_reason == "completed" and collectives.any(should_stop()):
                     stop_reason = "interrupted"
                 if stop_reason != "completed":
                     break

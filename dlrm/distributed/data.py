@@ -1,0 +1,64 @@
+"""Each process's view of a split in hybrid-parallel training.
+
+A process needs the ids of its own tables for the whole global batch (it looks them up for
+everyone) and the label and numerical rows of its own samples only (it trains on those), so it
+reads exactly that: its categorical files for the batch, and a row range of the other files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from dlrm.data.batch import Batch
+from dlrm.distributed.exchange import local_batch_sizes
+
+
+class RankSource:
+    """A batch source (``len`` and ``read_batch``) holding one process's share of each batch.
+
+    ``make_reader(categorical_features, read_numerical, read_label)`` builds a source of the split
+    that reads only the given columns. Sources with ``read_rows`` (the split-binary reader) are
+    read column by column as above; others (synthetic data) are generated whole and sliced.
+    """
+
+    def __init__(self, make_reader: Callable[..., Any], tables: Sequence[int], rank: int, world_size: int):
+        self.rank = rank
+        self.world_size = world_size
+        self.tables = list(tables)
+        probe = make_reader(self.tables, True, True)
+        if hasattr(probe, "read_rows"):
+            probe.close()
+            self._ids = make_reader(self.tables, False, False)
+            self._dense = make_reader([], True, True)
+            self._whole = None
+        else:
+            self._whole = probe
+        base = self._whole if self._whole is not None else self._ids
+        self.batch_size = base.batch_size
+        self.num_samples = base.num_samples
+        self._len = len(base)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _own_rows(self, start: int, count: int) -> tuple[int, int]:
+        sizes = local_batch_sizes(count, self.world_size)
+        return start + sum(sizes[: self.rank]), sizes[self.rank]
+
+    def read_batch(self, index: int) -> Batch:
+        start = index * self.batch_size
+        count = min(self.batch_size, self.num_samples - start)
+        own_start, own_count = self._own_rows(start, count)
+        if self._whole is not None:
+            whole = self._whole.read_batch(index)
+            rows = slice(own_start - start, own_start - start + own_count)
+            return Batch(whole.numerical[rows], whole.categorical[:, self.tables], whole.label[rows])
+        ids = self._ids.read_rows(start, count).categorical
+        dense = self._dense.read_rows(own_start, own_count)
+        return Batch(dense.numerical, ids, dense.label)
+
+    def close(self) -> None:
+        for source in (self._whole, getattr(self, "_ids", None), getattr(self, "_dense", None)):
+            if source is not None and hasattr(source, "close"):
+                source.close()
