@@ -11,7 +11,7 @@ from sklearn.metrics import roc_auc_score
 from dlrm.data.batch import Batch
 from dlrm.data.feature_spec import FeatureSpec
 from dlrm.data.split_binary import SplitBinaryReader, SplitBinaryWriter
-from dlrm.data.synthetic import SyntheticDataset
+from dlrm.data.synthetic import write_synthetic_dataset
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.training.checkpoint import load_checkpoint
 
@@ -29,13 +29,7 @@ def records(path, kind):
 def dataset(tmp_path_factory):
     """A small split-binary dataset with learnable labels, written with the project's writer."""
     root = str(tmp_path_factory.mktemp("data"))
-    spec = FeatureSpec.default(4, TABLES, splits=("train", "test"), base_directory=root)
-    for split, rows in (("train", 20_000), ("test", 5_000)):
-        source = SyntheticDataset(4, TABLES, rows, 4096, seed=7, split=split)
-        with SplitBinaryWriter(spec, split) as writer:
-            for i in range(len(source)):
-                writer.write(source.read_batch(i))
-    spec.to_yaml(os.path.join(root, "feature_spec.yaml"))
+    write_synthetic_dataset(root, 4, TABLES, {"train": 20_000, "test": 5_000}, batch_size=4096, seed=7)
     return root
 
 

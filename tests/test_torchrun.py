@@ -9,9 +9,7 @@ import time
 
 import pytest
 
-from dlrm.data.feature_spec import FeatureSpec
-from dlrm.data.split_binary import SplitBinaryWriter
-from dlrm.data.synthetic import SyntheticDataset
+from dlrm.data.synthetic import write_synthetic_dataset
 
 from conftest import REPO
 
@@ -43,13 +41,7 @@ def launch(nproc, *args, launcher="torchrun", timeout=300):
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("data"))
-    spec = FeatureSpec.default(6, TABLES, splits=("train", "test"), base_directory=root)
-    for split, rows in (("train", 6000), ("test", 3000)):
-        source = SyntheticDataset(6, TABLES, rows, 1000, seed=5, split=split)
-        with SplitBinaryWriter(spec, split) as writer:
-            for i in range(len(source)):
-                writer.write(source.read_batch(i))
-    spec.to_yaml(os.path.join(root, "feature_spec.yaml"))
+    write_synthetic_dataset(root, 6, TABLES, {"train": 6000, "test": 3000}, batch_size=1000, seed=5)
     return root
 
 
