@@ -1,0 +1,232 @@
+"""Get a trained model out of a checkpoint and into files a server runs: TorchScript and ONNX.
+
+Both formats hold the same graph, ``ExportableDLRM``: numerical ``[B, N]`` float32 and
+categorical ``[B, F]`` int64 in, click probabilities ``[B, 1]`` out (the sigmoid of the
+model's logit, which is what a serving client wants; training keeps the raw logit). Embedding
+lookups are plain gathers, never EmbeddingBag, which ONNX exporters lower to a per-sample loop
+that is an order of magnitude slower in ONNX Runtime.
+
+Files are written to a temporary name in the target directory and moved into place with
+``os.replace``, so a failed export never leaves a half-written file or damages an older one.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dlrm.model.dlrm import DLRM, DLRMConfig
+from dlrm.training.checkpoint import load_checkpoint, read_meta
+
+INPUT_NAMES = ("numerical", "categorical")
+OUTPUT_NAME = "click_probability"
+ONNX_MAX_BYTES = 2**31 - 1  # protobuf's limit for one file; beyond it ONNX needs external data
+
+
+def build_inference_model(checkpoint: str, device: torch.device | str = "cpu") -> DLRM:
+    """The DLRM described by ``checkpoint``'s ``meta.json``, with its weights, in eval mode.
+
+    The config comes from the checkpoint itself, so exporting needs no training flags.
+    """
+    meta = read_meta(os.path.abspath(checkpoint))  # raises CheckpointError when missing or damaged
+    config = DLRMConfig(**meta["model_config"])
+    model = DLRM(config, device=device)
+    load_checkpoint(checkpoint, model)
+    return model.eval()
+
+
+class ExportableDLRM(nn.Module):
+    """A DLRM as a server runs it: ``(numerical, categorical) -> click_probability [B, 1]``.
+
+    Shares the wrapped model's parameters (nothing is copied). The joint layout is one gather
+    of ``ids + offsets`` from the joint weight; the per-table layout one gather per table.
+    With ``hash_indices`` the floor modulo is kept in the graph.
+    """
+
+    def __init__(self, model: DLRM) -> None:
+        super().__init__()
+        embeddings = model.embeddings
+        if embeddings.num_tables != model.config.num_categorical_features:
+            raise ValueError("only a model holding all of its tables can be exported (got a hybrid-parallel shard)")
+        self.joint = model.config.embedding_type == "joint"
+        if self.joint:
+            self.weight = embeddings.weight
+            self.register_buffer("offsets", embeddings.offsets.clone(), persistent=False)
+        else:
+            self.tables = nn.ParameterList([table.weight for table in embeddings.tables])
+        self.hash_indices = model.config.hash_indices
+        self.register_buffer("rows", embeddings.rows.clone(), persistent=False)
+        self.bottom_mlp = model.bottom_mlp
+        self.interaction = model.interaction
+        self.top_mlp = model.top_mlp
+
+    def forward(self, numerical: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
+        ids = categorical.to(torch.int64)
+        if self.hash_indices:
+            ids = torch.remainder(ids, self.rows)  # floor modulo, as in training
+        if self.joint:
+            embedded = F.embedding(ids + self.offsets, self.weight)
+        else:
+            embedded = torch.stack([F.embedding(ids[:, i], w) for i, w in enumerate(self.tables)], dim=1)
+        bottom = self.bottom_mlp(numerical.to(torch.float32))
+        return torch.sigmoid(self.top_mlp(self.interaction(bottom, embedded)))
+
+
+def sample_inputs(config: DLRMConfig, batch_size: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random valid inputs: float32 numerical values and int64 ids within every table."""
+    generator = torch.Generator().manual_seed(seed)
+    numerical = torch.randn(batch_size, config.num_numerical_features, generator=generator)
+    rows = torch.tensor(config.table_sizes, dtype=torch.float64)
+    uniform = torch.rand(batch_size, len(config.table_sizes), generator=generator, dtype=torch.float64)
+    categorical = (uniform * rows).to(torch.int64).clamp_max_(rows.to(torch.int64) - 1)
+    return numerical, categorical
+
+
+def _require_cpu(model: DLRM) -> None:
+    # Files are traced and checked on the CPU; moving the caller's model there behind its back
+    # (the wrapper shares its parameters) would be a surprise, so ask for a CPU model instead.
+    devices = {p.device.type for p in model.parameters()}
+    if devices != {"cpu"}:
+        raise ValueError(f"export needs the model on the CPU, it is on {sorted(devices)}: "
+                         "use build_inference_model(checkpoint, device='cpu')")
+
+
+def _exportable(model: DLRM) -> ExportableDLRM:
+    _require_cpu(model)
+    return ExportableDLRM(model)
+
+
+def _write_atomically(path: str, write: Callable[[str], None]) -> None:
+    """``write(tmp)`` then ``os.replace(tmp, path)``; the temporary file never outlives a failure."""
+    path = os.path.abspath(path)
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def export_torchscript(model: DLRM, path: str) -> None:
+    """Writes ``model`` as a traced TorchScript file (``torch.jit.load``-able, also from C++).
+
+    Tracing, because the model does not script; the traced graph keeps the batch dimension
+    symbolic, so any batch size runs.
+    """
+    wrapper = _exportable(model)
+    example = sample_inputs(model.config, batch_size=8)
+    with torch.no_grad(), warnings.catch_warnings():
+        # Shape checks fold to constants (intended); torch.jit's deprecation notice is in the docs.
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        traced = torch.jit.trace(wrapper, example, check_trace=False)
+        _write_atomically(path, lambda tmp: torch.jit.save(traced, tmp))
+
+
+def export_onnx(model: DLRM, path: str, opset: int = 17) -> None:
+    """Writes ``model`` as one self-contained ONNX file with a dynamic batch axis.
+
+    Uses the ``torch.export``-based exporter (``dynamo=True``, needs ``onnxscript``). The
+    legacy TorchScript-based one (``dynamo=False``) is deprecated, and it mis-exports the dot
+    interaction's padding width: it lowers Python's floor division of a traced shape to a
+    truncating ONNX Div, so ONNX Runtime fails on a negative size. Inputs ``numerical``
+    float32 ``[batch, N]`` and ``categorical`` int64 ``[batch, F]``, output
+    ``click_probability`` ``[batch, 1]``. One file caps the weights at 2 GiB (protobuf);
+    larger models raise a ``ValueError`` and are served with TorchScript.
+    """
+    wrapper = _exportable(model)
+    size = sum(p.numel() * p.element_size() for p in wrapper.parameters())
+    if size >= ONNX_MAX_BYTES:
+        raise ValueError(
+            f"the model's weights take {size / 2**30:.1f} GiB; a single ONNX file holds at most 2 GiB: "
+            "export TorchScript instead"
+        )
+    example = sample_inputs(model.config, batch_size=8)  # not 1: torch.export would specialise on it
+    batch = torch.export.Dim("batch")
+
+    def write(tmp: str) -> None:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # exporter chatter (deprecations, opset conversion notes)
+            torch.onnx.export(
+                wrapper,
+                example,
+                tmp,
+                dynamo=True,
+                external_data=False,  # weights inside the one file
+                input_names=list(INPUT_NAMES),
+                output_names=[OUTPUT_NAME],
+                dynamic_shapes=({0: batch}, {0: batch}),
+                opset_version=opset,
+                verbose=False,
+            )
+
+    _write_atomically(path, write)
+
+
+def _runner(path: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Loads an exported file the way a server would and returns a function that runs it."""
+    if path.endswith(".onnx"):
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+
+        def run_onnx(numerical: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
+            feeds = {INPUT_NAMES[0]: numerical.numpy(), INPUT_NAMES[1]: categorical.numpy()}
+            return torch.from_numpy(session.run([OUTPUT_NAME], feeds)[0])
+
+        return run_onnx
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        module = torch.jit.load(path, map_location="cpu")
+
+    def run_torchscript(numerical: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return module(numerical, categorical)
+
+    return run_torchscript
+
+
+def check_export(
+    model: DLRM,
+    path: str,
+    batch_sizes: Sequence[int] = (1, 64, 4096),
+    rtol: float = 1e-5,
+    atol: float = 1e-6,
+) -> dict[int, float]:
+    """Runs the exported file (ONNX Runtime for ``.onnx``, ``torch.jit.load`` otherwise) against
+    the eager model's ``sigmoid(logits)`` on random valid inputs at each batch size.
+
+    Returns ``{batch_size: max abs error}``; raises ``AssertionError`` with the error when an
+    output is outside ``|got - want| <= atol + rtol * |want|`` or has the wrong shape.
+    """
+    _require_cpu(model)
+    run = _runner(path)
+    errors: dict[int, float] = {}
+    for batch_size in batch_sizes:
+        numerical, categorical = sample_inputs(model.config, batch_size, seed=batch_size)
+        with torch.no_grad():
+            want = torch.sigmoid(model(numerical, categorical)).unsqueeze(1)
+        got = run(numerical, categorical)
+        if tuple(got.shape) != tuple(want.shape):
+            raise AssertionError(f"{path}: batch {batch_size}: output shape {tuple(got.shape)}, expected {tuple(want.shape)}")
+        error = (got - want).abs()
+        errors[batch_size] = float(error.max())
+        if bool((error > atol + rtol * want.abs()).any()):
+            raise AssertionError(
+                f"{path}: batch {batch_size}: max abs error {errors[batch_size]:.3g} exceeds atol={atol} rtol={rtol}"
+            )
+    return errors
+
