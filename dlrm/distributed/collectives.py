@@ -66,7 +66,8 @@ class ProcessGroupCollectives(Collectives):
         flat = torch.cat([g.reshape(-1) for g in grads])
         if scaler.is_enabled():
             sparse = [p.grad for p in model.sparse_parameters() if p.grad is not None]
-            poison = sum((g.coalesce().values().sum() for g in sparse), flat.new_zeros(())) * 0
+            # Summing the uncoalesced values finds inf/NaN as well, without coalescing every step.
+            poison = sum((g._values().sum() for g in sparse), flat.new_zeros(())) * 0
             flat = torch.cat([flat, poison.reshape(1).to(flat.dtype)])
         dist.all_reduce(flat, group=self.group)
         offset = 0
