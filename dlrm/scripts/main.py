@@ -11,6 +11,8 @@ Flags follow NVIDIA's DLRM example where a flag of the same name exists there.
 
 from __future__ import annotations
 
+import logging
+import os
 import signal
 import sys
 import threading
@@ -164,11 +166,25 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
+def _exit_now() -> None:
+    """Ends a finished distributed process without interpreter finalization.
+
+    Everything is written, flushed and the process group destroyed by now. gloo's C++ threads can
+    still abort the process ("terminate called without an active exception") while the
+    interpreter tears down, turning a successful run into a failed job. So leave directly."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(0)
+
+
 def main(argv: list[str]) -> None:
     env = dist_env()
     where = f"rank {env.rank}: " if env is not None else ""
     try:
         _main(argv, env)
+        if env is not None:
+            _exit_now()
     except (DatasetError, CheckpointError, PlanError) as e:  # bad input: say what and how to fix, no traceback
         print(f"{where}error: {e}", file=sys.stderr)
         sys.exit(2)
