@@ -100,6 +100,27 @@ def test_synthetic_default_with_amp_and_resume(cli, tmp_path):
     assert [s["steps"] for s in summaries] == [12, 32]
 
 
+def test_fused_kernels_train_and_their_checkpoint_loads_into_the_plain_model(cli, dataset, tmp_path, monkeypatch):
+    """``joint_fused`` + ``cuda_dot`` learn as the plain path does from the same initial weights,
+    and the checkpoint they write is an ordinary one: ``joint`` + ``dot`` resume from it. The
+    kernels' torch references run here (the interpreter is too slow for a whole run;
+    tests/test_kernel_*.py check the kernels themselves)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    ckpt, fused_log, plain_log = str(tmp_path / "ckpt"), str(tmp_path / "fused.json"), str(tmp_path / "plain.json")
+    common = ["--dataset", dataset, "--batch_size", "512", "--test_batch_size", "5000", "--amp", *SMALL_MODEL, *FAST]
+    cli("dlrm.scripts.main", *common, "--max_steps", "39", "--embedding_type", "joint_fused",
+        "--interaction_op", "cuda_dot", "--save_checkpoint_path", ckpt, "--log_path", fused_log)
+    cli("dlrm.scripts.main", *common, "--max_steps", "39", "--log_path", plain_log)
+    (fused,), (plain,) = records(fused_log, "summary"), records(plain_log, "summary")
+    assert fused["steps"] == plain["steps"] == 39
+    assert plain["best_auc"] > 0.6
+    assert fused["best_auc"] == pytest.approx(plain["best_auc"], abs=0.01)  # bf16 rounding differs, not learning
+    out = cli("dlrm.scripts.main", *common, "--epochs", "2", "--max_steps", "45", "--embedding_type", "joint", "--interaction_op",
+              "dot", "--load_checkpoint_path", ckpt, "--log_path", fused_log).stdout
+    assert "at step 39" in out
+    assert records(fused_log, "summary")[-1]["steps"] == 45
+
+
 @pytest.mark.parametrize(
     "args,needle",
     [
@@ -110,6 +131,7 @@ def test_synthetic_default_with_amp_and_resume(cli, tmp_path):
         (["--bottom_mlp_sizes", "16,4", "--embedding_dim", "8"], "bottom_mlp_sizes"),
         (["--top_mlp_sizes", "16,x"], "comma-separated list of integers"),
         (["--load_checkpoint_path", "/nonexistent/ckpt"], "No checkpoint at /nonexistent/ckpt"),
+        (["--cuda_graphs"], "--cuda_graphs needs a CUDA device"),
     ],
 )
 def test_bad_flags_give_clear_errors(cli, args, needle):

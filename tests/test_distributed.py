@@ -16,7 +16,7 @@ from dlrm.distributed.data import RankSource
 from dlrm.distributed.exchange import EmbeddingExchange, local_batch_sizes
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.training.precision import Precision
-from dlrm.training.train import evaluate, make_optimizer, train_step
+from dlrm.training.train import evaluate, make_optimizer, make_train_step, train_step
 
 CPU = torch.device("cpu")
 STEPS, BATCH, LR = 6, 250, 0.5  # 250 does not divide by 3 or 4: uneven local batches
@@ -28,8 +28,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def config(tables):
-    return DLRMConfig(5, tables, 8, [16, 8], [32, 16, 1])
+def config(tables, embedding_type="joint"):
+    return DLRMConfig(5, tables, 8, [16, 8], [32, 16, 1], embedding_type=embedding_type)
 
 
 def single_device_run(tables):
@@ -44,11 +44,11 @@ def single_device_run(tables):
     return model, losses, evaluate(model, test, CPU, precision).auc
 
 
-def worker(rank, world, port, tables, plan, out_dir):
+def worker(rank, world, port, tables, plan, out_dir, embedding_type="joint"):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = DLRM(config(tables), tables=plan[rank]).double()
+    model = DLRM(config(tables, embedding_type), tables=plan[rank]).double()
     model.exchange = EmbeddingExchange(plan, rank)
     collectives = ProcessGroupCollectives(CPU)
     opt = make_optimizer(model, LR)
@@ -59,9 +59,10 @@ def worker(rank, world, port, tables, plan, out_dir):
                           plan[rank], rank, world)
 
     data = rank_source("train", STEPS * BATCH, BATCH)
+    step = make_train_step(model, opt, precision.grad_scaler(), precision, collectives)
     losses = []
     for i in range(STEPS):
-        loss = train_step(model, data.read_batch(i), opt, precision.grad_scaler(), precision, collectives)
+        loss = step(data.read_batch(i))
         losses.append(float(collectives.sum(loss)))
     auc = evaluate(model, rank_source("test", 600, 128), CPU, precision, collectives=collectives).auc
     torch.save({"tables": {t: model.embeddings.table_weight(i).clone() for i, t in enumerate(plan[rank])},
@@ -85,8 +86,18 @@ def worker(rank, world, port, tables, plan, out_dir):
 )
 def test_distributed_steps_equal_single_device_steps(tmp_path, tables, plan):
     """float64, so the only differences are the order of additions: compared at rtol 1e-10."""
+    check_against_single_device(tmp_path, tables, plan, "joint")
+
+
+def test_distributed_fused_embeddings_equal_single_device_sparse_sgd(tmp_path):
+    """``joint_fused`` tables updating themselves on 3 processes against ``joint`` tables with
+    torch's sparse SGD on one."""
+    check_against_single_device(tmp_path, [3, 1000, 17, 250, 5, 40], [[1], [3, 0], [2, 4, 5]], "joint_fused")
+
+
+def check_against_single_device(tmp_path, tables, plan, embedding_type):
     world = len(plan)
-    mp.spawn(worker, args=(world, free_port(), tables, plan, str(tmp_path)), nprocs=world, join=True)
+    mp.spawn(worker, args=(world, free_port(), tables, plan, str(tmp_path), embedding_type), nprocs=world, join=True)
     reference, ref_losses, ref_auc = single_device_run(tables)
     results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]
     for result in results:

@@ -68,6 +68,8 @@ class ProcessGroupCollectives(Collectives):
             sparse = [p.grad for p in model.sparse_parameters() if p.grad is not None]
             # Summing the uncoalesced values finds inf/NaN as well, without coalescing every step.
             poison = sum((g._values().sum() for g in sparse), flat.new_zeros(())) * 0
+            for embedding in model.fused_embeddings():  # joint_fused tables hold no .grad
+                poison = poison + torch.where(embedding.pending_nonfinite(), float("nan"), 0.0)
             flat = torch.cat([flat, poison.reshape(1).to(flat.dtype)])
         dist.all_reduce(flat, group=self.group)
         offset = 0

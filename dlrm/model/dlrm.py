@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from dlrm.nn.embeddings import JointEmbedding, MultiTableEmbedding
+from dlrm.nn.embeddings import JointEmbedding, JointFusedEmbedding, MultiTableEmbedding
 from dlrm.nn.interactions import CatInteraction, DotInteraction
 from dlrm.nn.mlp import MLP
 
-INTERACTION_OPS = ("dot", "cat")
-EMBEDDING_TYPES = ("joint", "multi_table")
+INTERACTION_OPS = ("dot", "cuda_dot", "cat")  # cuda_dot: the fused Triton kernel where it runs, else dot
+EMBEDDING_TYPES = ("joint", "multi_table", "joint_fused")
+_EMBEDDING_CLASSES = {"joint": JointEmbedding, "multi_table": MultiTableEmbedding, "joint_fused": JointFusedEmbedding}
 
 
 @dataclass
@@ -31,8 +32,10 @@ class DLRMConfig:
     embedding_dim: int = 128
     bottom_mlp_sizes: list[int] = field(default_factory=lambda: [512, 256, 128])
     top_mlp_sizes: list[int] = field(default_factory=lambda: [1024, 1024, 512, 256, 1])
-    interaction_op: str = "dot"  # "dot" | "cat"
-    embedding_type: str = "joint"  # "joint" (one table + offsets) | "multi_table" (one per feature)
+    interaction_op: str = "dot"  # "dot" | "cuda_dot" (same result, fused kernel) | "cat"
+    # "joint" (one table + offsets) | "multi_table" (one per feature) | "joint_fused" (joint, with
+    # a fused gather and an in-place SGD update kernel instead of sparse gradients)
+    embedding_type: str = "joint"
     hash_indices: bool = False  # ids -> id % table_size inside the model
 
     @property
@@ -62,10 +65,10 @@ class DLRMConfig:
             raise ValueError(f"interaction_op must be one of {INTERACTION_OPS}, got {self.interaction_op!r}")
         if self.embedding_type not in EMBEDDING_TYPES:
             raise ValueError(f"embedding_type must be one of {EMBEDDING_TYPES}, got {self.embedding_type!r}")
-        if self.interaction_op == "dot" and self.bottom_mlp_sizes[-1] != self.embedding_dim:
+        if self.interaction_op in ("dot", "cuda_dot") and self.bottom_mlp_sizes[-1] != self.embedding_dim:
             raise ValueError(
                 f"bottom_mlp_sizes[-1] ({self.bottom_mlp_sizes[-1]}) must equal embedding_dim "
-                f"({self.embedding_dim}) for interaction_op='dot': the bottom output is dotted with "
+                f"({self.embedding_dim}) for interaction_op={self.interaction_op!r}: the bottom output is dotted with "
                 f"every embedding; make the last bottom layer {self.embedding_dim} wide or set "
                 f"embedding_dim={self.bottom_mlp_sizes[-1]}"
             )
@@ -98,15 +101,15 @@ class DLRM(nn.Module):
         bad = [t for t in tables if not 0 <= t < config.num_categorical_features]
         if bad:
             raise ValueError(f"table indices {bad} out of range for {config.num_categorical_features} tables")
-        embedding_cls = JointEmbedding if config.embedding_type == "joint" else MultiTableEmbedding
-        self.embeddings = embedding_cls(
+        self.embeddings = _EMBEDDING_CLASSES[config.embedding_type](
             [config.table_sizes[t] for t in tables], config.embedding_dim, hash_indices=config.hash_indices,
             device=device, table_indices=tables,
         )
         self.bottom_mlp = MLP(config.num_numerical_features, config.bottom_mlp_sizes, relu_last=True, device=device)
         num_features = config.num_categorical_features + 1  # the bottom output is one more feature
-        if config.interaction_op == "dot":
-            self.interaction = DotInteraction(num_features, config.embedding_dim)
+        if config.interaction_op in ("dot", "cuda_dot"):
+            use_kernel = config.interaction_op == "cuda_dot"
+            self.interaction = DotInteraction(num_features, config.embedding_dim, use_kernel=use_kernel)
         else:
             self.interaction = CatInteraction(num_features, config.embedding_dim, config.bottom_mlp_sizes[-1])
         self.interaction.to(torch.get_default_device() if device is None else device)  # its buffers
@@ -132,6 +135,11 @@ class DLRM(nn.Module):
     def sparse_parameters(self) -> list[nn.Parameter]:
         """Embedding weights: their gradients are sparse and need a sparse-capable optimizer."""
         return list(self.embeddings.parameters())
+
+    def fused_embeddings(self) -> list[JointFusedEmbedding]:
+        """Embedding modules that apply their own SGD update (``embedding_type='joint_fused'``):
+        their weights get no gradient, ``fused_train_step`` updates them."""
+        return [self.embeddings] if isinstance(self.embeddings, JointFusedEmbedding) else []
 
     def dense_parameters(self) -> list[nn.Parameter]:
         """Every parameter that is not an embedding weight."""

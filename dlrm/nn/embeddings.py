@@ -4,6 +4,9 @@
 ids by its table's row offset: one gather for the whole batch. ``MultiTableEmbedding`` keeps
 one ``nn.Embedding`` per feature: one gather per table, but each table is its own tensor
 (easier to place, shard or give its own dtype). Both map ids ``[B, F]`` to ``[B, F, D]``.
+``JointFusedEmbedding`` is the joint layout on the fused kernels of ``dlrm.kernels.embedding``:
+its lookup writes the compute dtype directly, and its SGD update is applied in place from the
+pending gradients instead of through a sparse ``weight.grad`` and ``torch.optim``.
 
 Ids are expected in ``[0, rows)`` per table. Nothing here checks that (a check would cost a
 device sync per batch); the data layer does. With ``hash_indices`` the model maps any id to
@@ -20,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import skip_init
 
+from dlrm.kernels.embedding import gather, sgd_update
 from dlrm.nn.init import init_embedding_table_, table_generator
 
 
@@ -152,3 +156,107 @@ class MultiTableEmbedding(EmbeddingTables):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         ids = self._prepare_ids(ids)
         return torch.stack([table(ids[:, i]) for i, table in enumerate(self.tables)], dim=1)
+
+
+PendingUpdate = tuple[torch.Tensor, torch.Tensor]  # (joint rows [N] int64, gradient rows [N, D])
+
+
+class _FusedLookup(torch.autograd.Function):
+    """``gather`` forward; the backward queues ``(rows, grad)`` on the module instead of
+    returning a weight gradient, so no dense or COO gradient is ever built."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, rows: torch.Tensor, out_dtype: torch.dtype,
+                pending: list[PendingUpdate]) -> torch.Tensor:
+        ctx.save_for_backward(rows)
+        ctx.pending = pending
+        return gather(weight, rows, out_dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        (rows,) = ctx.saved_tensors
+        # contiguous: upstream gradients may be expanded views (stride 0) the kernel cannot read
+        ctx.pending.append((rows, grad_out.reshape(rows.shape[0], -1).contiguous()))
+        return None, None, None, None
+
+
+class JointFusedEmbedding(JointEmbedding):
+    """``JointEmbedding`` (same constructor, init, ``table_weight``/``load_table_`` and state
+    dict) on fused kernels: the lookup writes ``[B, F, D]`` in the compute dtype (the autocast
+    dtype when autocast is on for the weight's device, else the weight's), and SGD updates
+    the used rows in place with their duplicates summed, from a deferred update.
+
+    The backward leaves ``weight.grad`` as ``None`` and queues ``(rows, grad_out)``; the
+    training step then calls ``apply_update_(lr, grad_scale, skip)``. Deferred, not applied
+    inside the backward, because with fp16 loss scaling the step is skipped when any gradient
+    of the model overflowed, which is known only once the whole backward has run: the step
+    calls ``apply_update_(lr, 1 / scale, skip=found_inf)`` (``pending_nonfinite()`` adds this
+    module's share to ``found_inf``). Several forward/backward passes before one update
+    accumulate (one queued item each). Only plain SGD (no momentum, no weight decay), which
+    is what the sparse path supports too.
+    """
+
+    def __init__(
+        self,
+        table_sizes: Sequence[int],
+        embedding_dim: int,
+        hash_indices: bool = False,
+        device: torch.device | str | None = None,
+        table_indices: Sequence[int] | None = None,
+        init_seed: int | None = None,
+    ) -> None:
+        super().__init__(table_sizes, embedding_dim, hash_indices, device, table_indices, init_seed)
+        self._pending: list[PendingUpdate] = []
+
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype of the lookup's output: what autocast would compute in, else the weight's."""
+        device_type = self.weight.device.type
+        if torch.is_autocast_enabled(device_type):
+            return torch.get_autocast_dtype(device_type)
+        return self.weight.dtype
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = (self._prepare_ids(ids) + self.offsets).reshape(-1)
+        out = _FusedLookup.apply(self.weight, rows, self.compute_dtype(), self._pending)
+        return out.view(ids.shape[0], self.num_tables, self.embedding_dim)
+
+    @property
+    def has_pending_update(self) -> bool:
+        return bool(self._pending)
+
+    def pending_nonfinite(self) -> torch.Tensor:
+        """0-dim bool on the weight's device: whether any queued gradient value is inf/NaN
+        (no host sync, so it can join the step's ``found_inf``)."""
+        flags = [torch.isfinite(grad).all().logical_not() for _, grad in self._pending]
+        if not flags:
+            return torch.zeros((), dtype=torch.bool, device=self.weight.device)
+        return torch.stack(flags).any()
+
+    def apply_update_(
+        self,
+        lr: float | torch.Tensor,
+        grad_scale: float | torch.Tensor = 1.0,
+        skip: bool | torch.Tensor | None = None,
+    ) -> None:
+        """``weight[r] -= lr * grad_scale * (sum of queued gradients of row r)`` for every queued
+        item, none of it when ``skip`` is true (the queue is cleared either way). Each argument
+        is a Python number or a one-element tensor (e.g. a GradScaler's ``found_inf``); tensors
+        already on the weight's device keep the whole update free of host syncs."""
+        device = self.weight.device
+        lr_t = _device_scalar(lr, torch.float32, device)
+        scale_t = _device_scalar(grad_scale, torch.float32, device)
+        skip_t = _device_scalar(False if skip is None else skip, torch.bool, device)
+        for rows, grad in self._pending:
+            sgd_update(self.weight, rows, grad, lr_t, scale_t, skip_t)
+        self._pending.clear()
+
+    def discard_pending_(self) -> None:
+        """Drops the queued gradients (e.g. after an evaluation pass that ran a backward)."""
+        self._pending.clear()
+
+
+def _device_scalar(value: float | bool | torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A 0-dim tensor on ``device``; from a Python number by a fill (no blocking copy)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device=device, dtype=dtype).reshape(())
+    return torch.full((), value, dtype=dtype, device=device)

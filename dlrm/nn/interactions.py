@@ -58,24 +58,35 @@ def dot_interaction_reference(
 
 
 class DotInteraction(nn.Module):
-    """Dot interaction with its triangle indices precomputed once, on the module's device."""
+    """Dot interaction with its triangle indices precomputed once, on the module's device.
 
-    def __init__(self, num_features: int, embedding_dim: int) -> None:
+    ``use_kernel`` runs the fused Triton kernels (``dlrm.kernels.dot_interaction``), which take
+    the reference themselves on inputs they do not support; otherwise the reference runs.
+    """
+
+    def __init__(self, num_features: int, embedding_dim: int, use_kernel: bool = False) -> None:
         super().__init__()
         if num_features < 1 or embedding_dim < 1:
             raise ValueError(f"need num_features >= 1 and embedding_dim >= 1, got {num_features}, {embedding_dim}")
         self.num_features = num_features  # bottom output + one per embedding table
         self.embedding_dim = embedding_dim
+        self.use_kernel = use_kernel
         self.num_outputs = dot_interaction_width(num_features, embedding_dim)
         # Derived from the shape alone, so kept out of the state dict.
         self.register_buffer("triangle_index", lower_triangle_index(num_features), persistent=False)
 
     def forward(self, bottom: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
         _check_features(self.num_features, embedded)
+        if self.use_kernel:
+            # Imported here: the kernel module imports this one for its reference and fallback.
+            from dlrm.kernels.dot_interaction import dot_interaction
+
+            return dot_interaction(bottom, embedded, self.triangle_index)
         return dot_interaction_reference(bottom, embedded, self.triangle_index)
 
     def extra_repr(self) -> str:
-        return f"num_features={self.num_features}, embedding_dim={self.embedding_dim}, num_outputs={self.num_outputs}"
+        text = f"num_features={self.num_features}, embedding_dim={self.embedding_dim}, num_outputs={self.num_outputs}"
+        return text + (", use_kernel=True" if self.use_kernel else "")
 
 
 class CatInteraction(nn.Module):

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 import threading
 
 import torch
@@ -28,9 +29,11 @@ from dlrm.distributed.collectives import Collectives, ProcessGroupCollectives
 from dlrm.distributed.exchange import EmbeddingExchange
 from dlrm.distributed.planner import PlanError, format_plan, load_override, plan_tables
 from dlrm.distributed.process_group import DistEnv, device_memory_bytes, dist_env, init_process_group
-from dlrm.inference.benchmark import benchmark_inference, format_table
+from dlrm.inference.benchmark import benchmark_inference, exported_forward, format_table
+from dlrm.inference.graphed import GraphedInference
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.training.checkpoint import CheckpointError, load_checkpoint
+from dlrm.training.cuda_graphs import check_cuda_graphs_supported
 from dlrm.training.logger import RunLogger
 from dlrm.training.lr_schedule import LRSchedule
 from dlrm.training.precision import Precision
@@ -65,12 +68,19 @@ flags.DEFINE_float("decay_power", 2, "Power of the polynomial decay.")
 flags.DEFINE_float("decay_end_lr", 0, "Learning rate at the end of the decay and after it.")
 
 # Model
-flags.DEFINE_enum("embedding_type", "joint", ["joint", "multi_table"],
-                  "joint: one table for all features with offsets; multi_table: one table per feature.")
+flags.DEFINE_enum("embedding_type", "joint", ["joint", "multi_table", "joint_fused"],
+                  "joint: one table for all features with offsets; multi_table: one table per feature; "
+                  "joint_fused: joint, with a fused gather and an in-place SGD update kernel (no sparse gradient; "
+                  "needed by --cuda_graphs).")
 flags.DEFINE_integer("embedding_dim", 128, "Embedding dimension (the bottom MLP's last size must equal it for dot).")
 flags.DEFINE_list("top_mlp_sizes", ["1024", "1024", "512", "256", "1"], "Top MLP layer sizes; the last must be 1.")
 flags.DEFINE_list("bottom_mlp_sizes", ["512", "256", "128"], "Bottom MLP layer sizes.")
-flags.DEFINE_enum("interaction_op", "dot", ["dot", "cat"], "Feature interaction: pairwise dot products, or concatenation.")
+flags.DEFINE_enum("interaction_op", "auto", ["auto", "cuda_dot", "dot", "cat"],
+                  "Feature interaction: pairwise dot products (cuda_dot: the fused Triton kernel, falling back to dot "
+                  "where it cannot run), or concatenation. auto: cuda_dot on CUDA, dot elsewhere.")
+flags.DEFINE_boolean("cuda_graphs", False,
+                     "Capture the training step and the test forward as CUDA graphs (CUDA, one process, "
+                     "--embedding_type joint_fused).")
 
 # Data
 flags.DEFINE_string("dataset", None, "Split-binary dataset directory. Without it, trains on synthetic data.")
@@ -112,6 +122,9 @@ flags.DEFINE_float("dist_timeout", 300, "Seconds a collective may wait for a pee
 # Inference benchmark
 flags.DEFINE_list("inference_benchmark_batch_sizes", ["1", "64", "4096"], "Batch sizes for --mode inference_benchmark.")
 flags.DEFINE_integer("inference_benchmark_steps", 200, "Timed forward passes per batch size.")
+flags.DEFINE_enum("inference_benchmark_backend", "eager", ["eager", "onnxruntime", "torchscript"],
+                  "What --mode inference_benchmark times: the eager model (with --cuda_graphs: its CUDA graphs), or "
+                  "the model exported and loaded as a server would (onnxruntime: CPU only; both float32, no --amp).")
 
 
 def _ints(values: list[str], flag: str) -> list[int]:
@@ -119,6 +132,12 @@ def _ints(values: list[str], flag: str) -> list[int]:
         return [int(v) for v in values]
     except ValueError:
         raise app.UsageError(f"--{flag} must be a comma-separated list of integers, got {','.join(values)}")
+
+
+def _interaction_op(flag: str, device: torch.device) -> str:
+    if flag != "auto":
+        return flag
+    return "cuda_dot" if device.type == "cuda" else "dot"
 
 
 def _validate_flags() -> None:
@@ -244,7 +263,7 @@ def _main(argv: list[str], env: DistEnv | None) -> None:
         embedding_dim=FLAGS.embedding_dim,
         bottom_mlp_sizes=_ints(FLAGS.bottom_mlp_sizes, "bottom_mlp_sizes"),
         top_mlp_sizes=_ints(FLAGS.top_mlp_sizes, "top_mlp_sizes"),
-        interaction_op=FLAGS.interaction_op,
+        interaction_op=_interaction_op(FLAGS.interaction_op, device),
         embedding_type=FLAGS.embedding_type,
         hash_indices=FLAGS.hash_indices,
     )
@@ -268,6 +287,15 @@ def _main(argv: list[str], env: DistEnv | None) -> None:
         logger.print(f"DLRM: {len(model_cfg.table_sizes)} tables, {n_params:,} parameters{held}, device {device}, "
                      f"precision {precision}, data {dataset_type}{' ' + FLAGS.dataset if FLAGS.dataset else ''}")
 
+        if FLAGS.cuda_graphs:
+            try:
+                if FLAGS.mode == "train":
+                    check_cuda_graphs_supported(model, device, collectives.world_size)
+                elif device.type != "cuda":
+                    raise ValueError(f"--cuda_graphs needs a CUDA device, the run uses {device}: drop --cuda_graphs")
+            except ValueError as e:
+                raise app.UsageError(str(e))
+
         if FLAGS.mode == "train":
             optimizer = make_optimizer(model, FLAGS.lr)
             scaler = precision.grad_scaler()
@@ -283,6 +311,7 @@ def _main(argv: list[str], env: DistEnv | None) -> None:
                 benchmark_warmup_steps=FLAGS.benchmark_warmup_steps, auc_threshold=FLAGS.auc_threshold,
                 shuffle_batch_order=FLAGS.shuffle_batch_order, seed=FLAGS.seed,
                 save_checkpoint_path=FLAGS.save_checkpoint_path, checkpoint_freq=FLAGS.checkpoint_freq,
+                cuda_graphs=FLAGS.cuda_graphs,
             )
             train_source = source("train", FLAGS.batch_size)
             test_source = source("test", FLAGS.test_batch_size)
@@ -295,7 +324,8 @@ def _main(argv: list[str], env: DistEnv | None) -> None:
             test_source = source("test", FLAGS.test_batch_size)
             if test_source is None:
                 raise app.UsageError(f"the dataset at {FLAGS.dataset} has no test split")
-            result = evaluate(model, test_source, device, precision, collectives=collectives)
+            forward = GraphedInference(model, precision) if FLAGS.cuda_graphs else None
+            result = evaluate(model, test_source, device, precision, collectives=collectives, forward=forward)
             logger.print(f"Test: auc {result.auc:.6f}  loss {result.loss:.6f}  samples {result.samples}  "
                          f"throughput {result.throughput:,.0f} samples/s")
             logger.record("summary", auc=result.auc, loss=result.loss, samples=result.samples,
@@ -312,13 +342,28 @@ def _main(argv: list[str], env: DistEnv | None) -> None:
                 full = [i for i in range(len(source)) if i < len(source) - 1 or source.num_samples % batch_size == 0]
                 return [source.read_batch(i) for i in full[:8]]
 
-            results = benchmark_inference(
-                model, batches_for, _ints(FLAGS.inference_benchmark_batch_sizes, "inference_benchmark_batch_sizes"),
-                FLAGS.inference_benchmark_steps, max(FLAGS.benchmark_warmup_steps, 10), device, precision,
-            )
+            backend = FLAGS.inference_benchmark_backend
+            if backend != "eager" and (FLAGS.amp or FLAGS.cuda_graphs):
+                raise app.UsageError(f"--inference_benchmark_backend {backend} runs the exported float32 graph: "
+                                     "drop --amp and --cuda_graphs")
+            with tempfile.TemporaryDirectory(prefix="dlrm-benchmark-") as export_dir:
+                if backend != "eager":
+                    try:
+                        forward = exported_forward(model, backend, export_dir, device)
+                    except ValueError as e:
+                        raise app.UsageError(str(e))
+                elif FLAGS.cuda_graphs:
+                    forward, backend = GraphedInference(model, precision), "cuda_graphs"
+                else:
+                    forward = None
+                results = benchmark_inference(
+                    model, batches_for, _ints(FLAGS.inference_benchmark_batch_sizes, "inference_benchmark_batch_sizes"),
+                    FLAGS.inference_benchmark_steps, max(FLAGS.benchmark_warmup_steps, 10), device, precision,
+                    forward=forward, backend=backend,
+                )
             logger.print(f"Inference benchmark ({precision}, device {device}):\n{format_table(results)}")
             for r in results:
-                logger.record("inference_benchmark", **r.as_dict())
+                logger.record("inference_benchmark", precision=str(precision), device=str(device), **r.as_dict())
             logger.record("summary", inference=[r.as_dict() for r in results])
 
     if env is not None:

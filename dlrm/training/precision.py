@@ -28,10 +28,12 @@ class Precision:
             raise ValueError(f"--amp_dtype must be one of auto, float16, bfloat16; got {amp_dtype!r}")
         return Precision(device.type, dtypes[amp_dtype])
 
-    def autocast(self) -> contextlib.AbstractContextManager:
+    def autocast(self, cache_enabled: bool = True) -> contextlib.AbstractContextManager:
+        """``cache_enabled=False`` inside CUDA graph capture: autocast's weight-cast cache would
+        otherwise hold tensors from the capture that a replay never refreshes."""
         if self.dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(self.device_type, dtype=self.dtype)
+        return torch.autocast(self.device_type, dtype=self.dtype, cache_enabled=cache_enabled)
 
     def grad_scaler(self, init_scale: float = 2.0**16) -> torch.amp.GradScaler:
         """Enabled for fp16 only: bf16 has fp32's range and needs no loss scaling."""

@@ -17,7 +17,9 @@ import torch.nn.functional as F
 from dlrm.data.batch import Batch
 from dlrm.data.loader import PrefetchLoader, batch_order
 from dlrm.distributed.collectives import Collectives
+from dlrm.inference.graphed import GraphedInference
 from dlrm.training.checkpoint import TrainState, save_checkpoint
+from dlrm.training.cuda_graphs import GraphedTrainStep, check_cuda_graphs_supported
 from dlrm.training.logger import RunLogger, format_eta
 from dlrm.training.lr_schedule import LRSchedule
 from dlrm.training.metrics import roc_auc
@@ -39,6 +41,7 @@ class TrainConfig:
     save_checkpoint_path: str | None = None
     checkpoint_freq: int | None = None  # steps between checkpoints (besides the final one)
     prefetch: int = 2
+    cuda_graphs: bool = False  # capture the training step and the test forward (CUDA, joint_fused)
 
 
 @dataclass
@@ -57,11 +60,13 @@ def make_optimizer(model: torch.nn.Module, lr: float) -> torch.optim.SGD:
     """One SGD over two groups, so a GradScaler's skipped step skips the embedding update too.
 
     SGD applies the embeddings' sparse gradients to the rows a batch used and nothing else.
+    ``joint_fused`` embeddings update themselves (``fused_train_step``), so their group is empty.
     """
+    fused = {id(p) for module in model.fused_embeddings() for p in module.parameters()}
     return torch.optim.SGD(
         [
             {"params": model.dense_parameters(), "name": "dense"},
-            {"params": model.sparse_parameters(), "name": "embeddings"},
+            {"params": [p for p in model.sparse_parameters() if id(p) not in fused], "name": "embeddings"},
         ],
         lr=lr,
     )
@@ -98,6 +103,95 @@ def train_step(
     return loss.detach()
 
 
+def fused_train_step(
+    model: torch.nn.Module,
+    batch: Batch,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    precision: Precision,
+    collectives: Collectives = Collectives(),
+    lr: torch.Tensor | None = None,
+    autocast_cache: bool = True,
+) -> torch.Tensor:
+    """The same update as ``train_step`` for models with ``joint_fused`` embeddings, with no host
+    synchronisation and no data-dependent shape: what ``--cuda_graphs`` captures.
+
+    The embeddings update their own rows (fused kernels, no sparse gradient); plain SGD on the
+    dense weights is written out with device-side tensors; with fp16 loss scaling the overflow
+    check, the skip of every update and the scale update happen on the device too, with the
+    GradScaler's own state, so checkpoints and the ``train_step`` path stay interchangeable.
+    ``lr`` is a 0-dim float32 device tensor (defaults to the dense group's current lr);
+    ``autocast_cache=False`` while a CUDA graph captures the step.
+    """
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    device = params[0].device
+    if lr is None:
+        lr = torch.tensor(optimizer.param_groups[0]["lr"], dtype=torch.float32, device=device)
+    fused = model.fused_embeddings()
+    with precision.autocast(cache_enabled=autocast_cache):
+        logits = model(batch.numerical, batch.categorical)
+    loss = bce_loss(logits, batch.label, reduction="sum") / batch.categorical.shape[0]
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    collectives.sync_gradients(model, scaler)
+    with torch.no_grad():  # the updates below are in place on leaf weights
+        with_grad = [p for p in params if p.grad is not None]
+        grads = [p.grad for p in with_grad]
+        if scaler.is_enabled():
+            found_inf = torch.zeros(1, dtype=torch.float32, device=device)
+            inv_scale = scaler._scale.double().reciprocal().float()  # as GradScaler.unscale_ computes it
+            if grads:
+                torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
+            for embedding in fused:
+                found_inf += embedding.pending_nonfinite().float()
+            skip = found_inf.reshape(()) > 0
+            for p, g in zip(with_grad, grads):
+                p.sub_(torch.where(skip, 0.0, g * lr))  # where, not 0 * g: g may hold inf/NaN
+            for embedding in fused:
+                embedding.apply_update_(lr, inv_scale.reshape(()), skip)
+            torch._amp_update_scale_(
+                scaler._scale, scaler._growth_tracker, found_inf,
+                scaler.get_growth_factor(), scaler.get_backoff_factor(), scaler.get_growth_interval(),
+            )
+        else:
+            if grads:
+                torch._foreach_add_(with_grad, torch._foreach_mul(grads, lr.neg()))
+            for embedding in fused:
+                embedding.apply_update_(lr)
+    return loss.detach()
+
+
+def make_train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    precision: Precision,
+    collectives: Collectives = Collectives(),
+    cuda_graphs: bool = False,
+) -> Callable[[Batch], torch.Tensor]:
+    """``step(batch) -> loss``: ``train_step`` for sparse-gradient embeddings, ``fused_train_step``
+    for ``joint_fused`` ones, captured in a CUDA graph with ``cuda_graphs``."""
+    if not model.fused_embeddings():
+        if cuda_graphs:
+            check_cuda_graphs_supported(model, next(model.parameters()).device, collectives.world_size)
+        return lambda batch: train_step(model, batch, optimizer, scaler, precision, collectives)
+    device = next(model.parameters()).device
+    if cuda_graphs:
+        check_cuda_graphs_supported(model, device, collectives.world_size)
+    lr = torch.zeros((), dtype=torch.float32, device=device)
+
+    def fused(batch: Batch, capturing: bool = False) -> torch.Tensor:
+        return fused_train_step(model, batch, optimizer, scaler, precision, collectives, lr, not capturing)
+
+    run = GraphedTrainStep(fused) if cuda_graphs else fused
+
+    def step(batch: Batch) -> torch.Tensor:
+        lr.fill_(optimizer.param_groups[0]["lr"])  # outside any graph: the schedule moves it every step
+        return run(batch)
+
+    return step
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -111,9 +205,11 @@ def evaluate(
     precision: Precision,
     prefetch: int = 2,
     collectives: Collectives = Collectives(),
+    forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> EvalResult:
     """AUC and mean log loss over a whole split; scores stay on the device until the AUC, which
-    every process computes over all processes' samples."""
+    every process computes over all processes' samples. ``forward`` replaces ``model``'s own
+    (e.g. a ``GraphedInference`` of it); autocast is then up to it."""
     was_training = model.training
     model.eval()
     _sync(device)
@@ -123,8 +219,11 @@ def evaluate(
     loader = PrefetchLoader(source, range(len(source)), device, prefetch)
     try:
         for batch in loader:
-            with precision.autocast():
-                logits = model(batch.numerical, batch.categorical)
+            if forward is not None:
+                logits = forward(batch.numerical, batch.categorical)
+            else:
+                with precision.autocast():
+                    logits = model(batch.numerical, batch.categorical)
             loss_sum += bce_loss(logits, batch.label, reduction="sum").double()
             scores.append(logits.float().reshape(-1))
             labels.append(batch.label.reshape(-1))
@@ -192,6 +291,8 @@ def train(
     last_eval_step, last_ckpt_step = -1, state.step
     stop_reason = "completed"
     lr = cfg.schedule.lr_at(state.step + 1)
+    step_fn = make_train_step(model, optimizer, scaler, precision, collectives, cfg.cuda_graphs)
+    eval_forward = GraphedInference(model, precision) if cfg.cuda_graphs else None
     clock = _Clock(device)
     model.train()
 
@@ -205,7 +306,7 @@ def train(
     def run_eval() -> None:
         nonlocal eval_samples, eval_seconds, last_eval_step
         account()
-        result = evaluate(model, test_source, device, precision, cfg.prefetch, collectives)
+        result = evaluate(model, test_source, device, precision, cfg.prefetch, collectives, eval_forward)
         eval_samples += result.samples
         eval_seconds += result.seconds
         last_eval_step = state.step
@@ -236,7 +337,7 @@ def train(
         try:
             for batch in loader:
                 lr = cfg.schedule.apply(optimizer, state.step + 1)
-                loss = train_step(model, batch, optimizer, scaler, precision, collectives)
+                loss = step_fn(batch)
                 samples = batch.categorical.shape[0]  # the global batch
                 step_epoch, step_in_epoch = state.epoch, state.batch_in_epoch + 1
                 state.step += 1

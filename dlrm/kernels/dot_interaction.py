@@ -1,0 +1,306 @@
+"""Fused dot interaction: one Triton kernel forward, one backward.
+
+The forward reads ``bottom [B, D]`` and ``embedded [B, F, D]`` once and writes the whole
+``[B, padded_width(D + n(n-1)/2)]`` row of ``dot_interaction_reference`` (``n = F + 1``): the
+bottom vector, the strictly-lower triangle of the Gram matrix of ``[bottom, embeddings]`` in
+row-major order, and the zero padding. The concatenation and the ``[B, n, n]`` Gram matrix
+never exist in memory, which is what makes it faster than the reference (three extra passes).
+
+The backward turns ``grad_out`` into ``d_features = (S + S^T) @ features``, with ``S`` the
+``[n, n]`` matrix holding the triangle's gradients at their ``(i, j)`` positions, and adds
+``grad_out[:, :D]`` to the bottom row; ``S`` is gathered straight from ``grad_out``.
+
+Tiling: one program per (sample, tile of the Gram matrix) forward and per (sample, block of
+feature rows) backward. Feature rows are padded to ``BLOCK_N`` (a power of two, at least 16,
+as ``tl.dot`` needs; at most 64 so the fp32 accumulator stays in registers: more features
+mean more tiles), and the embedding dimension is walked in ``BLOCK_D`` steps, so any ``F``
+and ``D`` run. Products accumulate in fp32.
+
+``dot_interaction`` falls back to the reference whenever ``supports`` says no.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dlrm.kernels.backend import interpreting, tf32_allowed, triton_installed, triton_usable
+from dlrm.nn.interactions import dot_interaction_reference, padded_width
+
+if triton_installed():
+    import triton
+    import triton.language as tl
+else:  # the reference runs instead; nothing below is reached without Triton
+    triton = None
+
+# Kernels are built for the interpreter or for the GPU when they are defined (triton.jit reads
+# TRITON_INTERPRET then): CPU tensors may only go to interpreted ones, CUDA tensors to compiled.
+_KERNELS_INTERPRETED = interpreting()
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_BLOCK_N = 64  # feature rows per tile: a 64x64 fp32 accumulator is 32 registers a thread
+MAX_BLOCK_D = 128  # embedding columns per step
+_INT32_MAX = 2**31 - 1
+
+
+if triton is not None:
+
+    @triton.jit
+    def _cast(x, DTYPE: tl.constexpr, INTERPRETER: tl.constexpr):
+        """``x.to(DTYPE)``, rounding to nearest even as compiled kernels (and torch) do. The
+        interpreter truncates fp32 -> bf16 (Triton 3.x), so there the rounding is spelled out:
+        after adding half an ulp (ties to even) the truncation is exact."""
+        if INTERPRETER:
+            if DTYPE == tl.bfloat16:
+                if x.dtype == tl.float32:
+                    bits = x.to(tl.uint32, bitcast=True)
+                    bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+                    x = bits.to(tl.float32, bitcast=True)
+        return x.to(DTYPE)
+
+    @triton.jit
+    def _load_features(bottom_ptr, embedded_ptr, sample, rows, cols, n, dim,
+                       stride_bb, stride_bd, stride_eb, stride_ef, stride_ed, DTYPE: tl.constexpr,
+                       INTERPRETER: tl.constexpr):
+        """Tile ``features[sample, rows, cols]`` of ``[bottom, embedded]`` in ``DTYPE``, zeros
+        outside; the concatenation is a select between two masked loads, never a copy."""
+        col_ok = cols < dim
+        bottom = tl.load(bottom_ptr + sample * stride_bb + cols * stride_bd, mask=col_ok, other=0.0)
+        emb_rows = tl.maximum(rows - 1, 0)  # row 0 is the bottom vector; keep masked offsets in range
+        emb_mask = ((rows >= 1) & (rows < n))[:, None] & col_ok[None, :]
+        emb = tl.load(embedded_ptr + sample * stride_eb + emb_rows[:, None] * stride_ef + cols[None, :] * stride_ed,
+                      mask=emb_mask, other=0.0)
+        return tl.where((rows == 0)[:, None], _cast(bottom, DTYPE, INTERPRETER)[None, :],
+                        _cast(emb, DTYPE, INTERPRETER))
+
+    @triton.jit
+    def _mma(a, b, PRECISION: tl.constexpr, INTERPRETER: tl.constexpr):
+        """``a @ b`` accumulated in fp32. The interpreter's ``tl.dot`` gets bf16 operands wrong
+        (Triton 3.x), so there they go in as fp32 copies: exact, and the same products."""
+        if INTERPRETER:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        return tl.dot(a, b, input_precision=PRECISION, out_dtype=tl.float32)
+
+    @triton.jit
+    def _forward_kernel(bottom_ptr, embedded_ptr, out_ptr, n, dim, width, tiles_per_side,
+                        stride_bb, stride_bd, stride_eb, stride_ef, stride_ed,
+                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SINGLE_TILE: tl.constexpr,
+                        PRECISION: tl.constexpr, INTERPRETER: tl.constexpr):
+        """Program ``(sample, tile)``: Gram tile ``(bi, bj)`` with ``bj <= bi``; tile 0 also
+        copies the bottom vector and writes the padding. Tiles above the diagonal do nothing."""
+        DTYPE = out_ptr.dtype.element_ty
+        pid = tl.program_id(0).to(tl.int64)
+        tiles = tiles_per_side * tiles_per_side
+        sample = pid // tiles
+        tile = (pid % tiles).to(tl.int32)
+        bi = tile // tiles_per_side
+        bj = tile % tiles_per_side
+        out_row = out_ptr + sample * width
+        if bj <= bi:
+            rows_i = bi * BLOCK_N + tl.arange(0, BLOCK_N)
+            rows_j = bj * BLOCK_N + tl.arange(0, BLOCK_N)
+            acc = tl.zeros([BLOCK_N, BLOCK_N], dtype=tl.float32)
+            for d0 in range(0, dim, BLOCK_D):
+                cols = d0 + tl.arange(0, BLOCK_D)
+                a = _load_features(bottom_ptr, embedded_ptr, sample, rows_i, cols, n, dim,
+                                   stride_bb, stride_bd, stride_eb, stride_ef, stride_ed, DTYPE, INTERPRETER)
+                if SINGLE_TILE:
+                    b = a
+                else:
+                    b = _load_features(bottom_ptr, embedded_ptr, sample, rows_j, cols, n, dim,
+                                       stride_bb, stride_bd, stride_eb, stride_ef, stride_ed, DTYPE, INTERPRETER)
+                acc += _mma(a, tl.trans(b), PRECISION, INTERPRETER)
+            i = rows_i[:, None]
+            j = rows_j[None, :]
+            position = dim + i * (i - 1) // 2 + j  # row-major strictly-lower triangle
+            tl.store(out_row + position, _cast(acc, DTYPE, INTERPRETER), mask=(i > j) & (i < n))
+            if tile == 0:
+                for d0 in range(0, dim, BLOCK_D):
+                    cols = d0 + tl.arange(0, BLOCK_D)
+                    value = tl.load(bottom_ptr + sample * stride_bb + cols * stride_bd, mask=cols < dim)
+                    tl.store(out_row + cols, _cast(value, DTYPE, INTERPRETER), mask=cols < dim)
+                pad = dim + n * (n - 1) // 2 + tl.arange(0, 8)  # fewer than 8 padding columns
+                tl.store(out_row + pad, tl.zeros([8], dtype=DTYPE), mask=pad < width)
+
+    @triton.jit
+    def _backward_kernel(grad_ptr, bottom_ptr, embedded_ptr, d_bottom_ptr, d_embedded_ptr, n, dim, tiles_per_side,
+                         stride_gb, stride_gw, stride_bb, stride_bd, stride_eb, stride_ef, stride_ed,
+                         BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+                         INTERPRETER: tl.constexpr):
+        """Program ``(sample, row block)``: ``d_features[rows] = sum_k (S + S^T)[rows, k] @
+        features[k]``, plus ``grad_out[:, :D]`` on the bottom row, stored in each input's dtype."""
+        DTYPE = grad_ptr.dtype.element_ty
+        pid = tl.program_id(0).to(tl.int64)
+        sample = pid // tiles_per_side
+        block = (pid % tiles_per_side).to(tl.int32)
+        rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
+        grad_row = grad_ptr + sample * stride_gb
+        d_bottom_row = d_bottom_ptr + sample * dim
+        d_embedded_row = d_embedded_ptr + sample * (n - 1) * dim
+        emb_rows = tl.maximum(rows - 1, 0)
+        for d0 in range(0, dim, BLOCK_D):
+            cols = d0 + tl.arange(0, BLOCK_D)
+            acc = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+            for bk in range(0, tiles_per_side):
+                ks = bk * BLOCK_N + tl.arange(0, BLOCK_N)
+                hi = tl.maximum(rows[:, None], ks[None, :])
+                lo = tl.minimum(rows[:, None], ks[None, :])
+                # (S + S^T)[i, k] is the triangle entry of (max, min); the diagonal is not in it.
+                s = tl.load(grad_row + (dim + hi * (hi - 1) // 2 + lo) * stride_gw, mask=(hi != lo) & (hi < n),
+                            other=0.0)
+                f = _load_features(bottom_ptr, embedded_ptr, sample, ks, cols, n, dim,
+                                   stride_bb, stride_bd, stride_eb, stride_ef, stride_ed, DTYPE, INTERPRETER)
+                acc += _mma(s.to(DTYPE), f, PRECISION, INTERPRETER)
+            col_ok = cols < dim
+            direct = tl.load(grad_row + cols * stride_gw, mask=col_ok, other=0.0)
+            is_bottom = (rows == 0)[:, None]
+            acc += tl.where(is_bottom, direct.to(tl.float32)[None, :], 0.0)
+            tl.store(d_bottom_row + rows[:, None] * 0 + cols[None, :],
+                     _cast(acc, d_bottom_ptr.dtype.element_ty, INTERPRETER), mask=is_bottom & col_ok[None, :])
+            tl.store(d_embedded_row + emb_rows[:, None] * dim + cols[None, :],
+                     _cast(acc, d_embedded_ptr.dtype.element_ty, INTERPRETER),
+                     mask=((rows >= 1) & (rows < n))[:, None] & col_ok[None, :])
+
+
+def _block_n(num_vectors: int) -> int:
+    """Feature rows per tile: all of them up to 64 (one tile), at least 16 for ``tl.dot``."""
+    return min(max(16, triton.next_power_of_2(num_vectors)), MAX_BLOCK_N)
+
+
+def _block_d(dim: int, block_n: int, element_size: int) -> int:
+    """Embedding columns per step: the whole row up to 128, capped so one ``[BLOCK_N, BLOCK_D]``
+    operand takes at most 8 KiB (the kernels then fit the 64 KiB of shared memory of the
+    smallest GPUs Triton drives, and several programs share an SM)."""
+    cap = min(MAX_BLOCK_D, 8192 // element_size // block_n)
+    return min(max(16, triton.next_power_of_2(dim)), cap)
+
+
+def _precision(dtype: torch.dtype) -> str:
+    """``tl.dot`` input precision: TF32 for fp32 when torch allows it for matmuls (as the
+    reference's bmm would), IEEE otherwise; the interpreter always computes in IEEE fp32."""
+    if dtype == torch.float32 and not _KERNELS_INTERPRETED and tf32_allowed():
+        return "tf32"
+    return "ieee"
+
+
+def _num_warps(block_n: int, block_d: int) -> int:
+    return 4 if block_n * block_d <= 32 * 128 else 8
+
+
+def _forward(bottom: torch.Tensor, embedded: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Launches the forward kernel; the output is allocated in ``dtype`` (the compute dtype)."""
+    batch, num_embedded, dim = embedded.shape
+    n = num_embedded + 1
+    width = padded_width(dim + n * (n - 1) // 2)
+    out = torch.empty(batch, width, dtype=dtype, device=bottom.device)
+    block_n = _block_n(n)
+    block_d = _block_d(dim, block_n, out.element_size())
+    tiles_per_side = triton.cdiv(n, block_n)
+    grid = (batch * tiles_per_side * tiles_per_side,)
+    _forward_kernel[grid](
+        bottom, embedded, out, n, dim, width, tiles_per_side,
+        bottom.stride(0), bottom.stride(1), embedded.stride(0), embedded.stride(1), embedded.stride(2),
+        BLOCK_N=block_n, BLOCK_D=block_d, SINGLE_TILE=tiles_per_side == 1, PRECISION=_precision(dtype),
+        INTERPRETER=_KERNELS_INTERPRETED, num_warps=_num_warps(block_n, block_d),
+    )
+    return out
+
+
+def _backward(
+    grad_out: torch.Tensor, bottom: torch.Tensor, embedded: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launches the backward kernel; gradients come back in the inputs' own dtypes."""
+    batch, num_embedded, dim = embedded.shape
+    n = num_embedded + 1
+    d_bottom = torch.empty(batch, dim, dtype=bottom.dtype, device=bottom.device)
+    d_embedded = torch.empty(batch, num_embedded, dim, dtype=embedded.dtype, device=embedded.device)
+    block_n = _block_n(n)
+    block_d = _block_d(dim, block_n, grad_out.element_size())
+    tiles_per_side = triton.cdiv(n, block_n)
+    _backward_kernel[(batch * tiles_per_side,)](
+        grad_out, bottom, embedded, d_bottom, d_embedded, n, dim, tiles_per_side,
+        grad_out.stride(0), grad_out.stride(1),
+        bottom.stride(0), bottom.stride(1), embedded.stride(0), embedded.stride(1), embedded.stride(2),
+        BLOCK_N=block_n, BLOCK_D=block_d, PRECISION=_precision(grad_out.dtype),
+        INTERPRETER=_KERNELS_INTERPRETED, num_warps=_num_warps(block_n, block_d),
+    )
+    return d_bottom, d_embedded
+
+
+class DotInteractionFunction(torch.autograd.Function):
+    """Autograd wrapper of the two kernels. ``dtype`` is the compute and output dtype (the
+    autocast dtype, or the promotion of the inputs' dtypes); inputs are cast inside the kernel."""
+
+    @staticmethod
+    def forward(ctx, bottom: torch.Tensor, embedded: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        ctx.save_for_backward(bottom, embedded)
+        return _forward(bottom, embedded, dtype)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        bottom, embedded = ctx.saved_tensors
+        if grad_out.stride(1) > 1:  # keeps in-row offsets within int32; expanded (stride 0) grads are fine
+            grad_out = grad_out.contiguous()
+        d_bottom, d_embedded = _backward(grad_out, bottom, embedded)
+        needs_bottom, needs_embedded, _ = ctx.needs_input_grad
+        return (d_bottom if needs_bottom else None), (d_embedded if needs_embedded else None), None
+
+
+def compute_dtype(bottom: torch.Tensor, embedded: torch.Tensor) -> torch.dtype:
+    """Output dtype, as the reference's: the autocast dtype when autocast is on for the
+    tensors' device type (it leaves float64 alone), else ``torch.cat``'s promotion."""
+    device_type = bottom.device.type
+    promoted = torch.promote_types(bottom.dtype, embedded.dtype)
+    if promoted in SUPPORTED_DTYPES and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return promoted
+
+
+def _tracing() -> bool:
+    # TorchScript tracing, torch.export and torch.compile see the reference: plain torch ops
+    # they can record (and fuse), instead of an opaque Python launch.
+    exporting = getattr(torch.compiler, "is_exporting", lambda: False)
+    return torch.jit.is_tracing() or torch.compiler.is_compiling() or exporting()
+
+
+def supports(bottom: torch.Tensor, embedded: torch.Tensor) -> bool:
+    """Whether the Triton kernels take these inputs; ``dot_interaction`` runs the reference
+    otherwise. Refused: no Triton or a device it cannot drive (``triton_usable``), dtypes other
+    than fp32/fp16/bf16 (bf16 also needs compute capability 8.0 for ``tl.dot``), shapes the
+    reference would reject, an empty batch, a sample spanning more than 2^31 elements, and
+    graph capture (tracing, export, ``torch.compile``)."""
+    if _tracing() or triton is None or not triton_usable(bottom, embedded):
+        return False
+    if _KERNELS_INTERPRETED != (bottom.device.type == "cpu"):
+        return False
+    if bottom.dim() != 2 or embedded.dim() != 3:
+        return False
+    batch, num_embedded, dim = embedded.shape
+    if bottom.shape != (batch, dim) or batch == 0 or dim == 0:
+        return False
+    dtypes = {bottom.dtype, embedded.dtype, compute_dtype(bottom, embedded)}
+    if not dtypes <= set(SUPPORTED_DTYPES):
+        return False
+    cuda = bottom.device.type == "cuda"
+    if torch.bfloat16 in dtypes and cuda and torch.cuda.get_device_capability(bottom.device) < (8, 0):
+        return False
+    n = num_embedded + 1
+    # Offsets inside one sample are int32 in the kernels (the sample's base offset is int64).
+    in_sample = max(dim + n * n, (num_embedded - 1) * embedded.stride(1) + (dim - 1) * embedded.stride(2),
+                    (dim - 1) * bottom.stride(1))
+    tiles_per_side = -(-n // MAX_BLOCK_N)
+    return in_sample <= _INT32_MAX and batch * tiles_per_side * tiles_per_side <= _INT32_MAX
+
+
+def dot_interaction(
+    bottom: torch.Tensor,
+    embedded: torch.Tensor,
+    triangle_index: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Same result as ``dot_interaction_reference`` (layout, dtype, gradients), fused in Triton
+    when ``supports`` says so. ``triangle_index`` is only passed on to the reference: the
+    kernels compute positions themselves."""
+    if not supports(bottom, embedded):
+        return dot_interaction_reference(bottom, embedded, triangle_index)
+    return DotInteractionFunction.apply(bottom, embedded, compute_dtype(bottom, embedded))

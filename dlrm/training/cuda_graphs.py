@@ -1,0 +1,79 @@
+"""``--cuda_graphs`` for training: the whole step (forward, backward, every update) recorded
+once as a CUDA graph and replayed for every batch, so a step costs one launch instead of
+hundreds of kernel launches and Python dispatches.
+
+What a graph needs, and so the limits of this mode:
+- static shapes and addresses: batches are copied into buffers owned here; a batch of another
+  size (the last, partial batch of an epoch) runs the same step eagerly;
+- no host synchronisation inside the step: ``fused_train_step`` keeps the learning rate, the
+  fp16 overflow check and the loss scale on the device;
+- no sparse gradients (their size depends on the batch): ``embedding_type='joint_fused'`` only;
+- one process: collectives inside a captured graph need NCCL capture support and are not
+  wired up yet.
+The first ``warmup_steps`` steps run eagerly on a side stream, as PyTorch requires before a
+capture (they are real steps; only their speed differs).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from dlrm.data.batch import Batch
+
+
+def check_cuda_graphs_supported(model: torch.nn.Module, device: torch.device, world_size: int) -> None:
+    """Raise ValueError naming what stands in the way of ``--cuda_graphs`` and the fix."""
+    if device.type != "cuda":
+        raise ValueError(f"--cuda_graphs needs a CUDA device, the run uses {device}: drop --cuda_graphs")
+    if not model.fused_embeddings():
+        raise ValueError(
+            f"--cuda_graphs needs --embedding_type joint_fused (got {model.config.embedding_type!r}): sparse "
+            "gradients change size with every batch, which a captured graph cannot do"
+        )
+    if world_size != 1:
+        raise ValueError(f"--cuda_graphs supports one process only, this run has {world_size}: drop --cuda_graphs")
+
+
+class GraphedTrainStep:
+    """``GraphedTrainStep(step)(batch) -> loss``, where ``step(batch, capturing)`` is a sync-free
+    training step (``fused_train_step`` bound to its model). Device-side inputs the step reads,
+    such as the learning rate, must be updated in place before each call, outside the graph."""
+
+    def __init__(self, step: Callable[[Batch, bool], torch.Tensor], warmup_steps: int = 3) -> None:
+        self.step = step
+        self.warmup_steps = warmup_steps
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.static_batch: Batch | None = None
+        self.static_loss: torch.Tensor | None = None
+        self.calls = 0
+
+    def __call__(self, batch: Batch) -> torch.Tensor:
+        self.calls += 1
+        if self.calls <= self.warmup_steps:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                loss = self.step(batch, False)
+            torch.cuda.current_stream().wait_stream(side)
+            return loss
+        if self.graph is None:
+            self.static_batch = Batch(batch.numerical.clone(), batch.categorical.clone(), batch.label.clone())
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):  # records only: the replay below runs this step
+                self.static_loss = self.step(self.static_batch, True)
+        elif not self._fits(batch):
+            return self.step(batch, False)
+        else:
+            for name in ("numerical", "categorical", "label"):
+                getattr(self.static_batch, name).copy_(getattr(batch, name))
+        self.graph.replay()
+        return self.static_loss.clone()
+
+    def _fits(self, batch: Batch) -> bool:
+        return all(
+            getattr(batch, name).shape == getattr(self.static_batch, name).shape
+            and getattr(batch, name).dtype == getattr(self.static_batch, name).dtype
+            for name in ("numerical", "categorical", "label")
+        )
