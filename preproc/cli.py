@@ -1,0 +1,148 @@
+"""``python -m preproc``: Criteo TSV in, split-binary dataset and feature_spec.yaml out.
+
+    python -m preproc --input_dir /data/criteo --output /data/criteo_fl15 --frequency_threshold 15
+    python -m preproc --input_dir /data/kaggle --layout kaggle --output /data/kaggle_bin
+    python -m preproc --train a.tsv b.tsv --test c.tsv --validation d.tsv --output out/
+    python -m preproc --input_dir /data/criteo --output out/ --engine spark --spark_master spark://host:7077
+
+Both engines write the same bytes. An interrupted run resumes when rerun with the same
+arguments (finished input files are not redone). Exit status: 0 on success, 1 on bad input or
+settings (the message names the file, line or flag), 2 on a usage error, 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import time
+from concurrent.futures.process import BrokenProcessPool
+
+from dlrm.data.errors import DatasetError
+from preproc.job import DEFAULT_MEMORY_LIMIT, Job
+from preproc.layout import detect_layout, file_inputs, kaggle_inputs, parse_days, terabyte_inputs
+from preproc.progress import Progress
+from preproc.reference import column_thresholds, parse_threshold
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m preproc",
+        description="Preprocess Criteo click logs (TSV, plain or .gz) into a split-binary dataset for dlrm.scripts.main.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    src = p.add_argument_group("input (either --input_dir, or --train and --test)")
+    src.add_argument("--input_dir", help="directory with day_0..day_23 (Terabyte) or train.txt (Kaggle)")
+    src.add_argument("--layout", choices=["auto", "terabyte", "kaggle"], default="auto",
+                     help="how --input_dir is split: terabyte (days 0-22 train, day 23 halves test/validation) "
+                          "or kaggle (train.txt as 7 days: 6 train, the 7th halves test/validation)")
+    src.add_argument("--train_days", default="0-22", help="terabyte layout: training days, e.g. 0-22 or 0-3,7")
+    src.add_argument("--train", nargs="+", metavar="FILE", help="explicit train files")
+    src.add_argument("--test", nargs="+", metavar="FILE", help="explicit test files")
+    src.add_argument("--validation", nargs="+", metavar="FILE", help="explicit validation files (optional)")
+
+    out = p.add_argument_group("output and transform")
+    out.add_argument("--output", required=True, help="dataset directory to write")
+    out.add_argument("--frequency_threshold", default="0",
+                     help="keep values seen at least this often in train: '15', or per column as NVIDIA's "
+                          "--frequency_limit, e.g. '14:3,15' (field 14 = C1 -> 3, the others 15); 0 keeps all")
+    out.add_argument("--on_error", choices=["fail", "skip"], default="fail",
+                     help="malformed lines: stop at the first (fail) or leave them out and report counts (skip)")
+    out.add_argument("--shuffle_seed", type=int, default=None, help="shuffle the train rows with this seed (default: input order)")
+
+    run = p.add_argument_group("execution")
+    run.add_argument("--engine", choices=["local", "spark"], default="local", help="single-machine engine or Spark")
+    run.add_argument("--work_dir", default=None, help="for intermediate files and resume state (default: <output>/.preproc_work)")
+    run.add_argument("--keep_work_dir", action="store_true", help="keep the work directory after success")
+    run.add_argument("--fresh", action="store_true", help="discard an unfinished run in the work directory instead of resuming")
+    run.add_argument("--memory_limit_gb", type=float, default=DEFAULT_MEMORY_LIMIT / 2**30,
+                     help="local engine: memory to stay within, besides the vocabulary (sizes spills, buckets and workers)")
+    run.add_argument("--workers", default="auto", help="local engine: parsing processes ('auto': CPUs, capped by the memory limit)")
+    run.add_argument("--progress", choices=["auto", "bar", "log", "off"], default="auto",
+                     help="progress on stderr: a live line on a terminal (bar), periodic lines (log), or none")
+
+    spark = p.add_argument_group("spark engine")
+    spark.add_argument("--spark_master", default="local[*]", help="Spark master URL: local[N], spark://host:port, yarn, k8s://...")
+    spark.add_argument("--spark_conf", action="append", default=[], metavar="KEY=VALUE",
+                       help="extra Spark setting, repeatable (e.g. spark.executor.memory=16g)")
+    spark.add_argument("--spark_group_mb", type=int, default=1024,
+                       help="input files are processed (and resumed) in groups of at least this many MB; a day of the "
+                            "Terabyte dataset is always its own group")
+    return p
+
+
+def _inputs(args: argparse.Namespace, parser: argparse.ArgumentParser):
+    if args.input_dir and (args.train or args.test or args.validation):
+        parser.error("give either --input_dir or --train/--test/--validation, not both")
+    if args.input_dir:
+        layout = detect_layout(args.input_dir) if args.layout == "auto" else args.layout
+        if layout == "terabyte":
+            return terabyte_inputs(args.input_dir, parse_days(args.train_days))
+        return kaggle_inputs(args.input_dir)
+    if not args.train or not args.test:
+        parser.error("give --input_dir, or both --train and --test")
+    return file_inputs(args.train, args.test, args.validation)
+
+
+def _spark_conf(items: list[str], parser: argparse.ArgumentParser) -> dict[str, str]:
+    conf = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            parser.error(f"--spark_conf {item!r}: expected KEY=VALUE")
+        conf[key.strip()] = value.strip()
+    return conf
+
+
+def _peak_rss_mb() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return max(own, children) / 1024
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        inputs = _inputs(args, parser)
+        thresholds = column_thresholds(parse_threshold(args.frequency_threshold))
+        job = Job(
+            inputs, args.output, thresholds, on_error=args.on_error, shuffle_seed=args.shuffle_seed,
+            work_dir=args.work_dir, memory_limit=int(args.memory_limit_gb * 2**30), keep_work_dir=args.keep_work_dir,
+            fresh=args.fresh,
+        )
+        progress = Progress(args.progress)
+        start = time.monotonic()
+        if args.engine == "local":
+            from preproc.local_engine import preprocess_local
+
+            workers = None if args.workers == "auto" else int(args.workers)
+            result = preprocess_local(job, progress, workers=workers)
+        else:
+            from preproc.spark_engine import preprocess_spark
+
+            result = preprocess_spark(job, progress, master=args.spark_master, conf=_spark_conf(args.spark_conf, parser),
+                                      group_bytes=args.spark_group_mb << 20)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; rerun the same command to resume (finished input files are kept in "
+              f"{args.work_dir or os.path.join(args.output, '.preproc_work')})", file=sys.stderr)
+        return 130
+    except (DatasetError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except BrokenProcessPool:
+        print("error: a worker process died (out of memory? try a lower --memory_limit_gb or fewer --workers); "
+              "rerun the same command to resume", file=sys.stderr)
+        return 1
+    seconds = time.monotonic() - start
+    total = sum(result.rows.values())
+    print(f"wrote {args.output}: " + ", ".join(f"{s} {n:,} rows" for s, n in result.rows.items()))
+    print(f"cardinalities: {result.spec.cardinalities}")
+    print(f"{total:,} rows in {seconds:.1f} s ({total / max(seconds, 1e-9):,.0f} rows/s end to end, engine {args.engine}"
+          f"{', resumed' if result.resumed else ''}); peak RSS of this process {_peak_rss_mb():,.0f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

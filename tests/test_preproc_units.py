@@ -1,0 +1,272 @@
+"""The building blocks of the preprocessing engines, each against an independent reference.
+
+Parsing and numericals against ``preproc.reference``; the hash index and counting against
+plain dicts and Counters; the shuffle key against an XXH64 written out in plain Python here;
+layouts and resume bookkeeping by hand.
+"""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import json
+import os
+
+import numpy as np
+import pytest
+
+from dlrm.data.errors import DatasetError
+from preproc.counting import CountWriter, count_chunk, merge_counts
+from preproc.generate import generate_criteo_tsv
+from preproc.layout import DAY23, KAGGLE, file_inputs, kaggle_inputs, parse_days, split_ranges, terabyte_inputs
+from preproc.numeric import build_log_table, log_counts_float16, long_count_float16
+from preproc.order import bucket_of, shuffle_key
+from preproc.parse import parse_chunk
+from preproc.reference import log_transform, parse_line
+from preproc.report import classify_bad
+from preproc.textio import count_lines, numbered_chunks
+from preproc.vocab import Vocabulary
+from preproc.workdir import WorkDir
+
+
+def tsv_line(label: str, nums: dict[int, str] | None = None, cats: dict[int, str] | None = None) -> str:
+    fields = [label] + [""] * 39
+    for k, v in (nums or {}).items():
+        fields[1 + k] = v
+    for k, v in (cats or {}).items():
+        fields[14 + k] = v
+    return "\t".join(fields)
+
+
+# Lines the fast parser must treat exactly as the reference: odd but valid, and malformed.
+EDGE_LINES = [
+    tsv_line("1"),
+    tsv_line("0", {0: "-0", 1: "007", 2: "-1", 3: "-2", 4: "-3", 5: "-99999999999999999"}),
+    tsv_line("1", {0: "999999999999999999", 1: "99999999999999999999", 2: "-999999999999999999999", 12: "123456789"}),
+    tsv_line("1", {0: "0000000000000000000000005"}, {0: "ABCDEF01", 1: "abcdef01", 25: "00000000"}),
+    tsv_line("0", {}, {0: "ffffffff", 12: "FfFfFfFf"}),
+    tsv_line("2"),  # label
+    tsv_line(""),
+    tsv_line("01"),
+    tsv_line("1", {0: "1.5"}),  # numerical
+    tsv_line("1", {0: "+5"}),
+    tsv_line("1", {0: "-"}),
+    tsv_line("1", {0: "5-"}),
+    tsv_line("1", {0: "1e5"}),
+    tsv_line("1", {0: "a"}),
+    tsv_line("1", {12: " 5"}),
+    tsv_line("1", {0: "12345678901234567890a"}),
+    tsv_line("1", {}, {0: "1234567"}),  # categorical
+    tsv_line("1", {}, {0: "123456789"}),
+    tsv_line("1", {}, {0: "-1234567"}),
+    tsv_line("1", {}, {0: "1234567g"}),
+    tsv_line("1", {}, {25: "abcdef0\r"}),
+    tsv_line("1", {}, {3: "abcdéf01"}),
+    "",  # field count
+    "\t".join(["1"] * 39),
+    "\t".join(["1"] + [""] * 40),
+    tsv_line("1") + "\r",
+    "1\t\t\t" + "\t".join([""] * 36) + "\t\t",
+    "\x00" + tsv_line("1")[1:],
+]
+
+
+def reference_rows(lines: list[str]):
+    out = []
+    for line in lines:
+        try:
+            out.append(parse_line(line))
+        except Exception as e:  # the reference's own exception type
+            out.append((e.reason, e.detail))  # type: ignore[attr-defined]
+    return out
+
+
+def test_parse_chunk_agrees_with_the_reference_line_by_line(tmp_path):
+    path = tmp_path / "gen.tsv"
+    generate_criteo_tsv(str(path), 3000, seed=5)
+    generated = path.read_text().splitlines()
+    lines = generated[:1500] + EDGE_LINES + generated[1500:]
+    data = "".join(line + "\n" for line in lines).encode("utf-8")
+    table = build_log_table()
+    chunk = parse_chunk(data, 1)
+    expected = reference_rows([line.encode("utf-8").decode("ascii", errors="replace") for line in lines])
+    bad = {line: (reason, detail) for line, reason, detail in classify_bad(chunk.bad)}
+    rows = chunk.rows
+    numerical = rows.numerical(table)
+    assert chunk.lines == len(lines)
+    good_index = 0
+    for n, exp in enumerate(expected, start=1):
+        if len(exp) == 2:
+            assert bad[n] == exp, (n, lines[n - 1])
+            continue
+        label, counts, hashes = exp
+        assert rows.line[good_index] == n
+        assert rows.label[good_index] == label
+        assert numerical[good_index].tolist() == np.array([log_transform(c) for c in counts]).astype(np.float16).tolist()
+        assert rows.hashes[good_index].tolist() == [0 if h is None else int(h, 16) for h in hashes]
+        assert rows.hash_present[good_index].tolist() == [h is not None for h in hashes]
+        good_index += 1
+    assert good_index == len(rows)
+    assert len(bad) == sum(len(e) == 2 for e in expected) == 23
+
+
+def test_chunks_split_only_at_newlines_and_keep_line_numbers(tmp_path):
+    path = tmp_path / "a.tsv"
+    generate_criteo_tsv(str(path), 2000, seed=1)
+    raw = path.read_bytes()
+    path.write_bytes(raw + b"0\tlast line without newline")  # a last line without \n still counts
+    chunks = list(numbered_chunks(str(path), chunk_bytes=10_000))
+    assert len(chunks) > 20
+    assert b"".join(c[0] for c in chunks) == raw + b"0\tlast line without newline\n"
+    assert [c[1] for c in chunks] == [1] + list(np.cumsum([c[2] for c in chunks])[:-1] + 1)
+    assert count_lines(str(path)) == 2001
+    gz = tmp_path / "a.tsv.gz"
+    gz.write_bytes(gzip.compress(raw))
+    assert b"".join(c[0] for c in numbered_chunks(str(gz), chunk_bytes=7_000)) == raw
+    assert count_lines(str(gz)) == 2000 and count_lines(str(tmp_path / "a.tsv")) == 2001
+    (tmp_path / "empty").write_bytes(b"")
+    assert list(numbered_chunks(str(tmp_path / "empty"))) == [] and count_lines(str(tmp_path / "empty")) == 0
+
+
+def test_log_table_equals_the_reference_on_every_boundary():
+    table = build_log_table()
+    rng = np.random.default_rng(0)
+    boundaries = table.thresholds.astype(np.int64)
+    xs = np.concatenate([
+        np.arange(-10, 200_000), boundaries - 3, boundaries - 4, rng.integers(0, 10**18 - 1, 20_000),
+        (10 ** np.arange(1, 19, dtype=np.int64)) - 4, np.array([10**18 - 1]),
+    ])
+    got = log_counts_float16(xs, np.ones(len(xs), bool), table)
+    expected = np.array([log_transform(int(x)) for x in xs]).astype(np.float16)
+    assert got.view(np.uint16).tolist() == expected.view(np.uint16).tolist()
+    assert np.isfinite(got).all() and (got >= 0).all()
+    missing = log_counts_float16(np.array([5, 5]), np.array([True, False]), table)
+    assert missing.tolist() == [np.float16(np.log(8)), 0.0]
+    for text in ("99999999999999999999", "-99999999999999999999", "1" + "0" * 30):
+        assert long_count_float16(text) == np.float16(log_transform(int(text)))
+
+
+def _xxh64_long(value: int, seed: int) -> int:
+    """XXH64 of one 8-byte little-endian value, written out from the algorithm's definition."""
+    m = (1 << 64) - 1
+    p1, p2, p3, p4, p5 = (0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x85EBCA77C2B2AE63,
+                          0x27D4EB2F165667C5)
+    rotl = lambda x, r: ((x << r) | (x >> (64 - r))) & m  # noqa: E731
+    h = (seed + p5 + 8) & m
+    h ^= rotl((value & m) * p2 & m, 31) * p1 & m
+    h = (rotl(h, 27) * p1 + p4) & m
+    h ^= h >> 33
+    h = h * p2 & m
+    h ^= h >> 29
+    h = h * p3 & m
+    h ^= h >> 32
+    return h - (1 << 64) if h >> 63 else h
+
+
+def test_shuffle_key_is_chained_xxh64_and_buckets_follow_signed_order():
+    positions = np.array([0, 1, (3 << 40) | 17, 2**62 + 5, -1], dtype=np.int64)
+    for seed in (0, 7, -3):
+        expected = [_xxh64_long(int(p), _xxh64_long(seed, 42)) for p in positions]
+        assert shuffle_key(seed, positions).tolist() == expected
+    keys = np.sort(np.random.default_rng(0).integers(-2**63, 2**63 - 1, 10_000, dtype=np.int64))
+    for bits in (0, 1, 3):
+        b = bucket_of(keys, bits)
+        assert (np.diff(b) >= 0).all() and b.min() >= 0 and b.max() < 2**bits
+    assert bucket_of(np.array([-2**63, -1, 0, 2**63 - 1]), 1).tolist() == [0, 0, 1, 1]
+
+
+def test_vocabulary_lookup_matches_a_dict(tmp_path):
+    rng = np.random.default_rng(1)
+    sizes = [0, 1, 4, 1000, 50_000] + [300] * 21
+    values = [rng.choice(2**32, size=k, replace=False).astype(np.uint32) for k in sizes]
+    values[2][:] = [0, 1, 0xFFFFFFFF, 0x80000000]  # extremes of the value range
+    vocab = Vocabulary.build(values)
+    vocab.save(str(tmp_path / "v"))
+    loaded = Vocabulary.load(str(tmp_path / "v"))
+    assert loaded.cardinalities == [k + 1 for k in sizes]
+    n = 20_000
+    queries = np.empty((n, 26), np.uint32)
+    for j, v in enumerate(values):
+        pool = np.concatenate([v, rng.integers(0, 2**32, 50, dtype=np.uint32)])
+        queries[:, j] = pool[rng.integers(0, len(pool), n)]
+    present = rng.random((n, 26)) < 0.9
+    ids = loaded.lookup(queries, present)
+    for j, v in enumerate(values):
+        d = {int(x): i + 1 for i, x in enumerate(v)}
+        assert ids[:, j].tolist() == [d.get(int(q), 0) if p else 0 for q, p in zip(queries[:, j], present[:, j])]
+
+
+@pytest.mark.parametrize("partition_bits,budget", [(0, 10**9), (2, 1500)])
+def test_counts_spill_and_merge_to_the_reference_ranking(tmp_path, partition_bits, budget):
+    rng = np.random.default_rng(2)
+    n = 30_000
+    hashes = (rng.zipf(1.4, (n, 26)) % 3000).astype(np.uint32)
+    hashes[:, 3] = rng.integers(0, 2**32, n, dtype=np.uint32)  # almost all values unique
+    present = rng.random((n, 26)) < 0.85
+    thresholds = [0, 1, 2, 5] + [3] * 22
+    runs = []
+    for f, (a, b) in enumerate([(0, 12_000), (12_000, n)]):
+        writer = CountWriter(str(tmp_path / f"f{f}"), partition_bits, budget)
+        for start in range(a, b, 2_500):
+            writer.add(*count_chunk(hashes[start:min(b, start + 2_500)], present[start:min(b, start + 2_500)]))
+        runs.append((str(tmp_path / f"f{f}"), writer.finish()))
+    if budget < 10**9:
+        assert runs[0][1] > 1  # it did spill
+    ranked = merge_counts(runs, partition_bits, thresholds)
+    for j in range(26):
+        counter = collections.Counter(format(int(v), "08x") for v in hashes[present[:, j], j])
+        kept = sorted((-c, v) for v, c in counter.items() if c >= thresholds[j])
+        assert [format(int(v), "08x") for v in ranked[j]] == [v for _, v in kept], j
+
+
+def test_layouts(tmp_path):
+    days = tmp_path / "days"
+    days.mkdir()
+    for d in range(24):
+        (days / (f"day_{d}.gz" if d % 5 == 0 else f"day_{d}")).write_bytes(b"")
+    inputs = terabyte_inputs(str(days))
+    assert [os.path.basename(f.path) for f in inputs] == [f"day_{d}" + (".gz" if d % 5 == 0 else "") for d in range(24)]
+    assert [f.rule for f in inputs] == ["train"] * 23 + [DAY23]
+    assert [os.path.basename(f.path) for f in terabyte_inputs(str(days), parse_days("0-2,7"))] == [
+        "day_0.gz", "day_1", "day_2", "day_7", "day_23"]
+    with pytest.raises(ValueError, match="day 23"):
+        terabyte_inputs(str(days), [22, 23])
+    os.unlink(days / "day_4")
+    with pytest.raises(ValueError, match="missing Criteo day file.*day_4"):
+        terabyte_inputs(str(days))
+    (days / "day_3.gz").write_bytes(b"")
+    with pytest.raises(ValueError, match="day 3 exists twice"):
+        terabyte_inputs(str(days), [0])
+    assert split_ranges(DAY23, 5) == [("test", 1, 2), ("validation", 3, 5)]
+    # Kaggle: 7 days by line count; the last (n // 7 lines) is cut into test and validation.
+    assert split_ranges(KAGGLE, 100) == [("train", 1, 86), ("test", 87, 93), ("validation", 94, 100)]
+    with pytest.raises(ValueError, match="no train.txt"):
+        kaggle_inputs(str(days))
+    with pytest.raises(ValueError, match="given twice"):
+        file_inputs([str(days / "day_0.gz")], [str(days / "day_0.gz")])
+    for bad in ("x", "3-1", "1,,2"):
+        with pytest.raises(ValueError):
+            parse_days(bad)
+
+
+def test_work_dir_resumes_only_the_same_job(tmp_path):
+    ident = {"inputs": ["a"], "thresholds": [1], "on_error": "fail"}
+    work = WorkDir(str(tmp_path / "w"), ident, {"bits": 3})
+    assert not work.resumed
+    unit = work.begin("rows/f0")
+    (open(os.path.join(unit, "x"), "w")).write("data")
+    assert work.done("rows/f0") is None and not os.path.exists(unit)  # unfinished: removed
+    unit = work.begin("rows/f0")
+    (open(os.path.join(unit, "x"), "w")).write("data")
+    work.commit("rows/f0", {"rows": 1}, depends={"file": (10, 20)})
+    again = WorkDir(str(tmp_path / "w"), {**ident, "on_error": "skip"}, {"bits": 9})  # fail -> skip may resume
+    assert again.resumed and again.settings == {"bits": 3}
+    assert again.done("rows/f0", {"file": [10, 20]}) == {"rows": 1, "depends": {"file": [10, 20]}}
+    assert open(os.path.join(again.file("rows/f0"), "x")).read() == "data"
+    assert again.done("rows/f0", {"file": [10, 21]}) is None  # its input changed: redone
+    assert not os.path.exists(again.file("rows/f0")) and again.done("rows/f0", {"file": [10, 20]}) is None
+    with pytest.raises(DatasetError, match="thresholds differ.*--fresh"):
+        WorkDir(str(tmp_path / "w"), {**ident, "thresholds": [2]}, {})
+    fresh = WorkDir(str(tmp_path / "w"), {**ident, "thresholds": [2]}, {}, fresh=True)
+    assert not fresh.resumed and fresh.done("rows/f0") is None
+    assert json.load(open(tmp_path / "w" / "manifest.json"))["identity"]["thresholds"] == [2]
