@@ -215,3 +215,44 @@ def test_script_errors(tmp_path, cli):
                check=False)
     assert proc.returncode != 0 and "tflite" in proc.stderr
     assert not os.path.exists(tmp_path / "model.onnx")
+
+
+def test_float16_numerical_input(tmp_path):
+    """``numerical_dtype=float16``: the ONNX input is float16 (what datasets store), the file
+    matches eager on the same (rounded) values at every checked batch size."""
+    model = trained_model(make_config("joint", "dot"))
+    path = str(tmp_path / "model.onnx")
+    export_onnx(model, path, numerical_dtype=torch.float16)
+    graph = onnx.load(path).graph
+    assert graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+    assert graph.input[1].type.tensor_type.elem_type == onnx.TensorProto.INT64
+    for batch_size in BATCH_SIZES:
+        numerical, categorical = random_inputs(batch_size, seed=batch_size + 7)
+        numerical = numerical.half()
+        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        got = session.run(None, {"numerical": numerical.numpy(), "categorical": categorical.numpy()})[0]
+        np.testing.assert_allclose(got[:, 0], expected_probability(model, numerical.float(), categorical),
+                                   rtol=1e-5, atol=1e-6)
+    errors = check_export(model, path, numerical_dtype=torch.float16)
+    assert set(errors) == set(BATCH_SIZES)
+    with pytest.raises(ValueError, match="numerical_dtype"):
+        export_onnx(model, path, numerical_dtype=torch.bfloat16)
+
+
+def test_fused_training_layouts_export_as_plain_lookups(tmp_path):
+    """A model trained with the fused kernels (``joint_fused`` embeddings, ``cuda_dot``
+    interaction) exports the pure-torch equivalents (one gather, the reference interaction),
+    so the files hold no kernel call and match the plain model with the same weights."""
+    fused = DLRM(make_config("joint_fused", "cuda_dot"))
+    plain = trained_model(make_config("joint", "dot"))
+    fused.load_state_dict(plain.state_dict())
+    fused.eval()
+    export_onnx(fused, str(tmp_path / "model.onnx"))
+    export_torchscript(fused, str(tmp_path / "model.pt"))
+    assert fused.interaction.use_kernel  # the caller's model is left as it was
+    ops = {node.op_type for node in onnx.load(str(tmp_path / "model.onnx")).graph.node}
+    assert "Gather" in ops and not ops & {"Loop", "Scan", "If"}
+    numerical, categorical = random_inputs(64, seed=3)
+    want = expected_probability(plain, numerical, categorical)
+    for run, name in ((run_onnx, "model.onnx"), (run_torchscript, "model.pt")):
+        np.testing.assert_allclose(run(str(tmp_path / name), numerical, categorical)[:, 0], want, rtol=1e-5, atol=1e-6)

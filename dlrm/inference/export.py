@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dlrm.model.dlrm import DLRM, DLRMConfig
+from dlrm.nn.interactions import DotInteraction
 from dlrm.training.checkpoint import load_checkpoint, read_meta
 
 INPUT_NAMES = ("numerical", "categorical")
@@ -44,9 +45,11 @@ def build_inference_model(checkpoint: str, device: torch.device | str = "cpu") -
 class ExportableDLRM(nn.Module):
     """A DLRM as a server runs it: ``(numerical, categorical) -> click_probability [B, 1]``.
 
-    Shares the wrapped model's parameters (nothing is copied). The joint layout is one gather
-    of ``ids + offsets`` from the joint weight; the per-table layout one gather per table.
-    With ``hash_indices`` the floor modulo is kept in the graph.
+    Shares the wrapped model's parameters (nothing is copied). The joint layouts (one weight
+    plus offsets, fused kernels or not) are one gather of ``ids + offsets`` from the joint
+    weight; the per-table layout one gather per table. With ``hash_indices`` the floor modulo
+    is kept in the graph. A dot interaction that runs a fused Triton kernel in training is
+    replaced by its pure-torch reference (same layout, no weights), which exporters can trace.
     """
 
     def __init__(self, model: DLRM) -> None:
@@ -54,7 +57,7 @@ class ExportableDLRM(nn.Module):
         embeddings = model.embeddings
         if embeddings.num_tables != model.config.num_categorical_features:
             raise ValueError("only a model holding all of its tables can be exported (got a hybrid-parallel shard)")
-        self.joint = model.config.embedding_type == "joint"
+        self.joint = hasattr(embeddings, "offsets") and isinstance(getattr(embeddings, "weight", None), torch.Tensor)
         if self.joint:
             self.weight = embeddings.weight
             self.register_buffer("offsets", embeddings.offsets.clone(), persistent=False)
@@ -64,6 +67,9 @@ class ExportableDLRM(nn.Module):
         self.register_buffer("rows", embeddings.rows.clone(), persistent=False)
         self.bottom_mlp = model.bottom_mlp
         self.interaction = model.interaction
+        if isinstance(model.interaction, DotInteraction) and model.interaction.use_kernel:
+            reference = DotInteraction(model.interaction.num_features, model.interaction.embedding_dim)
+            self.interaction = reference.to(model.interaction.triangle_index.device)
         self.top_mlp = model.top_mlp
 
     def forward(self, numerical: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
@@ -136,7 +142,7 @@ def export_torchscript(model: DLRM, path: str) -> None:
         _write_atomically(path, lambda tmp: torch.jit.save(traced, tmp))
 
 
-def export_onnx(model: DLRM, path: str, opset: int = 17) -> None:
+def export_onnx(model: DLRM, path: str, opset: int = 17, numerical_dtype: torch.dtype = torch.float32) -> None:
     """Writes ``model`` as one self-contained ONNX file with a dynamic batch axis.
 
     Uses the ``torch.export``-based exporter (``dynamo=True``, needs ``onnxscript``). The
@@ -146,6 +152,10 @@ def export_onnx(model: DLRM, path: str, opset: int = 17) -> None:
     float32 ``[batch, N]`` and ``categorical`` int64 ``[batch, F]``, output
     ``click_probability`` ``[batch, 1]``. One file caps the weights at 2 GiB (protobuf);
     larger models raise a ``ValueError`` and are served with TorchScript.
+
+    ``numerical_dtype=torch.float16`` makes the ``numerical`` input float16 (cast to float32
+    first thing in the graph): datasets store numerical features as float16, so a client sends
+    half the bytes and loses nothing.
     """
     wrapper = _exportable(model)
     size = sum(p.numel() * p.element_size() for p in wrapper.parameters())
@@ -154,7 +164,10 @@ def export_onnx(model: DLRM, path: str, opset: int = 17) -> None:
             f"the model's weights take {size / 2**30:.1f} GiB; a single ONNX file holds at most 2 GiB: "
             "export TorchScript instead"
         )
-    example = sample_inputs(model.config, batch_size=8)  # not 1: torch.export would specialise on it
+    if numerical_dtype not in (torch.float32, torch.float16):
+        raise ValueError(f"numerical_dtype must be torch.float32 or torch.float16, got {numerical_dtype}")
+    numerical, categorical = sample_inputs(model.config, batch_size=8)  # not 1: torch.export would specialise on it
+    example = (numerical.to(numerical_dtype), categorical)
     batch = torch.export.Dim("batch")
 
     def write(tmp: str) -> None:
@@ -176,25 +189,37 @@ def export_onnx(model: DLRM, path: str, opset: int = 17) -> None:
     _write_atomically(path, write)
 
 
-def _runner(path: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """Loads an exported file the way a server would and returns a function that runs it."""
+def load_exported(
+    path: str, device: torch.device | str = "cpu", threads: int = 0
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Loads an exported file the way a server would and returns ``run(numerical, categorical)
+    -> click_probability [B, 1]``: ONNX Runtime (CPU) for ``.onnx``, ``torch.jit.load`` on
+    ``device`` otherwise. Inputs of any float / integer dtype are cast to what the file takes
+    (inside the timed work, as a server receiving other dtypes would have to). ``threads``:
+    ONNX Runtime's intra-op threads (0: its default, one per core); TorchScript uses torch's."""
     if path.endswith(".onnx"):
         import onnxruntime as ort
 
-        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        if torch.device(device).type != "cpu":
+            raise ValueError(f"ONNX files run on the CPU here (ONNX Runtime's CPU provider), not on {device}")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        session = ort.InferenceSession(path, sess_options=options, providers=["CPUExecutionProvider"])
+        numerical_type = torch.float16 if session.get_inputs()[0].type == "tensor(float16)" else torch.float32
 
         def run_onnx(numerical: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
-            feeds = {INPUT_NAMES[0]: numerical.numpy(), INPUT_NAMES[1]: categorical.numpy()}
+            feeds = {INPUT_NAMES[0]: numerical.to(numerical_type).numpy(),
+                     INPUT_NAMES[1]: categorical.to(torch.int64).numpy()}
             return torch.from_numpy(session.run([OUTPUT_NAME], feeds)[0])
 
         return run_onnx
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        module = torch.jit.load(path, map_location="cpu")
+        module = torch.jit.load(path, map_location=device)
 
     def run_torchscript(numerical: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            return module(numerical, categorical)
+            return module(numerical, categorical.to(torch.int64))
 
     return run_torchscript
 
@@ -205,23 +230,30 @@ def check_export(
     batch_sizes: Sequence[int] = (1, 64, 4096),
     rtol: float = 1e-5,
     atol: float = 1e-6,
+    numerical_dtype: torch.dtype = torch.float32,
 ) -> dict[int, float]:
     """Runs the exported file (ONNX Runtime for ``.onnx``, ``torch.jit.load`` otherwise) against
     the eager model's ``sigmoid(logits)`` on random valid inputs at each batch size.
+
+    The file gets ``numerical`` in ``numerical_dtype`` (float16 for a file exported with a
+    float16 input); the eager model gets the same values, widened to float32.
 
     Returns ``{batch_size: max abs error}``; raises ``AssertionError`` with the error when an
     output is outside ``|got - want| <= atol + rtol * |want|`` or has the wrong shape.
     """
     _require_cpu(model)
-    run = _runner(path)
+    run = load_exported(path)
     errors: dict[int, float] = {}
     for batch_size in batch_sizes:
         numerical, categorical = sample_inputs(model.config, batch_size, seed=batch_size)
+        numerical = numerical.to(numerical_dtype)
         with torch.no_grad():
-            want = torch.sigmoid(model(numerical, categorical)).unsqueeze(1)
+            want = torch.sigmoid(model(numerical.float(), categorical)).unsqueeze(1)
         got = run(numerical, categorical)
         if tuple(got.shape) != tuple(want.shape):
-            raise AssertionError(f"{path}: batch {batch_size}: output shape {tuple(got.shape)}, expected {tuple(want.shape)}")
+            raise AssertionError(
+                f"{path}: batch {batch_size}: output shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+            )
         error = (got - want).abs()
         errors[batch_size] = float(error.max())
         if bool((error > atol + rtol * want.abs()).any()):

@@ -125,6 +125,9 @@ flags.DEFINE_integer("inference_benchmark_steps", 200, "Timed forward passes per
 flags.DEFINE_enum("inference_benchmark_backend", "eager", ["eager", "onnxruntime", "torchscript"],
                   "What --mode inference_benchmark times: the eager model (with --cuda_graphs: its CUDA graphs), or "
                   "the model exported and loaded as a server would (onnxruntime: CPU only; both float32, no --amp).")
+flags.DEFINE_integer("inference_benchmark_threads", 0,
+                     "CPU threads for --mode inference_benchmark (torch's and ONNX Runtime's intra-op threads); "
+                     "0: the libraries' defaults (one per core).", lower_bound=0)
 
 
 def _ints(values: list[str], flag: str) -> list[int]:
@@ -346,10 +349,13 @@ def _main(argv: list[str], env: DistEnv | None) -> None:
             if backend != "eager" and (FLAGS.amp or FLAGS.cuda_graphs):
                 raise app.UsageError(f"--inference_benchmark_backend {backend} runs the exported float32 graph: "
                                      "drop --amp and --cuda_graphs")
+            if FLAGS.inference_benchmark_threads:
+                torch.set_num_threads(FLAGS.inference_benchmark_threads)
             with tempfile.TemporaryDirectory(prefix="dlrm-benchmark-") as export_dir:
                 if backend != "eager":
                     try:
-                        forward = exported_forward(model, backend, export_dir, device)
+                        forward = exported_forward(model, backend, export_dir, device,
+                                                   FLAGS.inference_benchmark_threads)
                     except ValueError as e:
                         raise app.UsageError(str(e))
                 elif FLAGS.cuda_graphs:
@@ -361,9 +367,11 @@ def _main(argv: list[str], env: DistEnv | None) -> None:
                     FLAGS.inference_benchmark_steps, max(FLAGS.benchmark_warmup_steps, 10), device, precision,
                     forward=forward, backend=backend,
                 )
-            logger.print(f"Inference benchmark ({precision}, device {device}):\n{format_table(results)}")
+            logger.print(f"Inference benchmark ({precision}, device {device}, CPU threads {torch.get_num_threads()}):\n"
+                         f"{format_table(results)}")
             for r in results:
-                logger.record("inference_benchmark", precision=str(precision), device=str(device), **r.as_dict())
+                logger.record("inference_benchmark", precision=str(precision), device=str(device),
+                              threads=torch.get_num_threads(), **r.as_dict())
             logger.record("summary", inference=[r.as_dict() for r in results])
 
     if env is not None:

@@ -1,0 +1,193 @@
+"""Writes a Triton Inference Server model repository from a checkpoint.
+
+    <repository>/<model_name>/config.pbtxt
+    <repository>/<model_name>/<version>/model.onnx | model.pt   (+ model.py for the python backend)
+
+Two flavours. The production one names the platform (``onnxruntime_onnx`` or
+``pytorch_libtorch``) and the server runs the file natively. The ``python`` one runs the same
+file through ``triton_python_model.py`` (ONNX Runtime or TorchScript inside the python
+backend), for servers built without those backends, such as the one ``nvidia-pytriton`` ships.
+
+The exported file is checked against the eager model before the config is written, so a
+repository never advertises a model that computes something else.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from dlrm.inference import triton_python_model
+from dlrm.inference.export import (
+    INPUT_NAMES,
+    OUTPUT_NAME,
+    build_inference_model,
+    check_export,
+    export_onnx,
+    export_torchscript,
+)
+from dlrm.model.dlrm import DLRM
+
+FORMATS = {"onnx": ("model.onnx", "onnxruntime_onnx"), "torchscript": ("model.pt", "pytorch_libtorch")}
+NUMERICAL_TYPES = {"fp32": ("TYPE_FP32", torch.float32), "fp16": ("TYPE_FP16", torch.float16)}
+INSTANCE_KINDS = {"gpu": "KIND_GPU", "cpu": "KIND_CPU"}
+
+
+@dataclass
+class TritonModelConfig:
+    """What ``config.pbtxt`` says about the model besides its tensors.
+
+    ``python_backend`` picks the flavour; ``format`` the file both flavours run.
+    ``preferred_batch_sizes`` and ``max_queue_delay_us`` set dynamic batching: the server
+    waits up to that long to merge requests into one of those sizes.
+    """
+
+    model_name: str = "dlrm"
+    format: str = "onnx"  # "onnx" | "torchscript"
+    python_backend: bool = False
+    numerical_type: str = "fp32"  # "fp32" | "fp16"
+    max_batch_size: int = 65536
+    preferred_batch_sizes: list[int] = field(default_factory=lambda: [4096, 16384])
+    max_queue_delay_us: int = 100
+    instance_kind: str = "gpu"  # "gpu" | "cpu"
+    instance_count: int = 1
+    gpus: list[int] | None = None  # None: every GPU the server sees
+    version: int = 1
+    intra_op_threads: int = 0  # python backend only: CPU threads per instance, 0 = the runtime's default
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field, its value and what is allowed."""
+        if not self.model_name or "/" in self.model_name or self.model_name.startswith("."):
+            raise ValueError(f"model_name must be a plain directory name, got {self.model_name!r}")
+        choices = {"format": FORMATS, "numerical_type": NUMERICAL_TYPES, "instance_kind": INSTANCE_KINDS}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {sorted(allowed)}, got {getattr(self, name)!r}")
+        for name in ("max_batch_size", "instance_count", "version"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        bad = [b for b in self.preferred_batch_sizes if not 1 <= b <= self.max_batch_size]
+        if bad:
+            raise ValueError(f"preferred_batch_sizes {bad} are outside [1, max_batch_size={self.max_batch_size}]")
+        if self.max_queue_delay_us < 0 or self.intra_op_threads < 0:
+            raise ValueError("max_queue_delay_us and intra_op_threads must not be negative")
+        if self.gpus is not None and self.instance_kind != "gpu":
+            raise ValueError("gpus applies to instance_kind 'gpu' only")
+
+    @property
+    def model_file(self) -> str:
+        return FORMATS[self.format][0]
+
+    def tensor_names(self) -> tuple[str, str, str]:
+        """(numerical, categorical, output). TorchScript has no tensor names, so the libtorch
+        backend binds them by position and wants ``<name>__<index>``; the others use the
+        exported names."""
+        if self.format == "torchscript" and not self.python_backend:
+            return f"{INPUT_NAMES[0]}__0", f"{INPUT_NAMES[1]}__1", f"{OUTPUT_NAME}__0"
+        return INPUT_NAMES[0], INPUT_NAMES[1], OUTPUT_NAME
+
+
+def render_config(cfg: TritonModelConfig, num_numerical: int, num_categorical: int) -> str:
+    """``config.pbtxt`` text (protobuf text format of Triton's ``ModelConfig``)."""
+    cfg.validate()
+    numerical, categorical, output = cfg.tensor_names()
+    if cfg.python_backend:
+        runtime = 'backend: "python"'
+    else:
+        runtime = f'platform: "{FORMATS[cfg.format][1]}"\ndefault_model_filename: "{cfg.model_file}"'
+    preferred = ", ".join(str(b) for b in cfg.preferred_batch_sizes)
+    gpus = f"\n    gpus: [ {', '.join(map(str, cfg.gpus))} ]" if cfg.gpus else ""
+    lines = [
+        f'name: "{cfg.model_name}"',
+        runtime,
+        f"max_batch_size: {cfg.max_batch_size}",
+        "input [",
+        f'  {{ name: "{numerical}" data_type: {NUMERICAL_TYPES[cfg.numerical_type][0]} dims: [ {num_numerical} ] }},',
+        f'  {{ name: "{categorical}" data_type: TYPE_INT64 dims: [ {num_categorical} ] }}',
+        "]",
+        "output [",
+        f'  {{ name: "{output}" data_type: TYPE_FP32 dims: [ 1 ] }}',
+        "]",
+        "dynamic_batching {",
+        *([f"  preferred_batch_size: [ {preferred} ]"] if preferred else []),
+        f"  max_queue_delay_microseconds: {cfg.max_queue_delay_us}",
+        "}",
+        "instance_group [",
+        f"  {{\n    kind: {INSTANCE_KINDS[cfg.instance_kind]}\n    count: {cfg.instance_count}{gpus}\n  }}",
+        "]",
+    ]
+    if cfg.python_backend:
+        parameters = {"model_file": cfg.model_file}
+        if cfg.intra_op_threads:
+            parameters["intra_op_threads"] = str(cfg.intra_op_threads)
+        lines += [f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in parameters.items()]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class DeployedModel:
+    model_dir: str  # <repository>/<model_name>
+    files: list[str]  # every file written, absolute paths
+    max_abs_errors: dict[int, float]  # batch size -> error of the exported file against eager
+
+
+def _write_text_atomically(path: str, text: str) -> None:
+    directory = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def deploy_model(
+    model: DLRM,
+    repository: str,
+    cfg: TritonModelConfig,
+    check_batch_sizes: Sequence[int] = (1, 64, 4096),
+) -> DeployedModel:
+    """Exports ``model`` (on the CPU) into ``repository`` as ``cfg`` describes, checks the file
+    against the eager model, then writes the config (and ``model.py`` for the python backend).
+
+    Files of other versions in the model directory are left alone; the ones written here
+    replace earlier ones atomically.
+    """
+    cfg.validate()
+    model_dir = os.path.abspath(os.path.join(repository, cfg.model_name))
+    version_dir = os.path.join(model_dir, str(cfg.version))
+    os.makedirs(version_dir, exist_ok=True)
+    model_path = os.path.join(version_dir, cfg.model_file)
+    numerical_dtype = NUMERICAL_TYPES[cfg.numerical_type][1]
+    if cfg.format == "onnx":
+        export_onnx(model, model_path, numerical_dtype=numerical_dtype)
+    else:
+        export_torchscript(model, model_path)
+    errors = check_export(model, model_path, batch_sizes=check_batch_sizes, numerical_dtype=numerical_dtype)
+    files = [model_path]
+    if cfg.python_backend:
+        script = os.path.join(version_dir, "model.py")
+        shutil.copyfile(triton_python_model.__file__, script + ".tmp")
+        os.replace(script + ".tmp", script)
+        files.append(script)
+    config_path = os.path.join(model_dir, "config.pbtxt")
+    config = model.config
+    text = render_config(cfg, config.num_numerical_features, config.num_categorical_features)
+    _write_text_atomically(config_path, text)
+    files.append(config_path)
+    return DeployedModel(model_dir=model_dir, files=files, max_abs_errors=errors)
+
+
+def deploy_checkpoint(
+    checkpoint: str, repository: str, cfg: TritonModelConfig, check_batch_sizes: Sequence[int] = (1, 64, 4096)
+) -> DeployedModel:
+    """``deploy_model`` for the model a checkpoint directory holds (config from its meta.json)."""
+    return deploy_model(build_inference_model(checkpoint), repository, cfg, check_batch_sizes)

@@ -1,0 +1,92 @@
+"""Write a Triton Inference Server model repository from a checkpoint.
+
+    python -m dlrm.scripts.deploy --checkpoint ckpt/ --model_repository models/ \
+        [--format onnx|torchscript] [--python_backend] [--numerical_type fp32|fp16] [--instance_kind gpu|cpu]
+
+(also ``python triton/deployer.py ...``). Exports the model into
+<model_repository>/<model_name>/<version>/, checks the file against the eager model at each
+--check_batch_sizes, and writes config.pbtxt (and model.py with --python_backend).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from absl import app, flags
+from absl import logging as absl_logging
+
+from dlrm.inference.triton_repository import (
+    FORMATS, INSTANCE_KINDS, NUMERICAL_TYPES, TritonModelConfig, deploy_checkpoint,
+)
+from dlrm.training.checkpoint import CheckpointError
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("checkpoint", None, "Checkpoint directory (as written by training).")
+flags.DEFINE_string("model_repository", None, "Triton model repository directory (created if missing).")
+flags.DEFINE_string("model_name", "dlrm", "Model name: the directory inside the repository, and what clients ask for.")
+flags.DEFINE_enum("format", "onnx", sorted(FORMATS),
+                  "onnx: platform onnxruntime_onnx (one file, weights up to 2 GiB); torchscript: pytorch_libtorch.")
+flags.DEFINE_boolean("python_backend", False,
+                     "Serve the file through Triton's python backend (model.py runs ONNX Runtime or TorchScript), "
+                     "for servers without the onnxruntime or pytorch backends, such as nvidia-pytriton's.")
+flags.DEFINE_enum("numerical_type", "fp32", sorted(NUMERICAL_TYPES),
+                  "Type of the numerical input; fp16 halves its bytes and loses nothing for split-binary data.")
+flags.DEFINE_integer("max_batch_size", 65536, "Largest batch the server accepts (after dynamic batching).")
+flags.DEFINE_list("preferred_batch_sizes", ["4096", "16384"], "Batch sizes dynamic batching aims for (may be empty).")
+flags.DEFINE_integer("max_queue_delay_us", 100, "How long dynamic batching may hold a request to batch it, in µs.")
+flags.DEFINE_enum("instance_kind", "gpu", sorted(INSTANCE_KINDS), "Where model instances run.")
+flags.DEFINE_integer("instance_count", 1, "Model instances per GPU (or in all, on the CPU).")
+flags.DEFINE_list("gpus", None, "GPU indices for the instances (default: every GPU the server sees).")
+flags.DEFINE_integer("version", 1, "Model version directory to write.")
+flags.DEFINE_integer("intra_op_threads", 0, "Python backend: CPU threads per instance (0: the runtime's default).")
+flags.DEFINE_list("check_batch_sizes", ["1", "64", "4096"], "Batch sizes the file is checked at against eager.")
+flags.mark_flags_as_required(["checkpoint", "model_repository"])
+
+
+def _ints(values: list[str] | None, flag: str) -> list[int] | None:
+    if values is None:
+        return None
+    try:
+        return [int(v) for v in values]
+    except ValueError:
+        raise app.UsageError(f"--{flag} must be a comma-separated list of integers, got {','.join(values)}") from None
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    absl_logging.set_verbosity(absl_logging.WARNING)  # the ONNX exporter logs every graph pass at INFO
+    cfg = TritonModelConfig(
+        model_name=FLAGS.model_name, format=FLAGS.format, python_backend=FLAGS.python_backend,
+        numerical_type=FLAGS.numerical_type, max_batch_size=FLAGS.max_batch_size,
+        preferred_batch_sizes=_ints(FLAGS.preferred_batch_sizes, "preferred_batch_sizes"),
+        max_queue_delay_us=FLAGS.max_queue_delay_us, instance_kind=FLAGS.instance_kind,
+        instance_count=FLAGS.instance_count, gpus=_ints(FLAGS.gpus, "gpus"), version=FLAGS.version,
+        intra_op_threads=FLAGS.intra_op_threads,
+    )
+    try:
+        cfg.validate()
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
+    try:
+        deployed = deploy_checkpoint(FLAGS.checkpoint, FLAGS.model_repository, cfg,
+                                     _ints(FLAGS.check_batch_sizes, "check_batch_sizes"))
+    except CheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    flavour = "python backend" if cfg.python_backend else f"platform {FORMATS[cfg.format][1]}"
+    print(f"deployed {cfg.model_name!r} ({flavour}, {cfg.format}, numerical {cfg.numerical_type}) "
+          f"to {deployed.model_dir}")
+    for path in deployed.files:
+        print(f"  wrote {path}")
+    for batch_size, error in deployed.max_abs_errors.items():
+        print(f"  batch {batch_size}: max abs error against eager {error:.3g}")
+    return 0
+
+
+def run() -> None:
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

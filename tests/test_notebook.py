@@ -1,0 +1,48 @@
+"""notebooks/: every notebook runs headless from top to bottom (nbclient, a fresh kernel, the
+repository root as working directory) and draws its plots."""
+
+import glob
+import json
+import os
+import sys
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+pytest.importorskip("matplotlib")
+pytest.importorskip("ipykernel")
+pytest.importorskip("onnxruntime")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NOTEBOOKS = sorted(glob.glob(os.path.join(REPO, "notebooks", "*.ipynb")))
+
+
+def test_there_is_a_notebook():
+    assert [os.path.basename(p) for p in NOTEBOOKS] == ["dlrm_walkthrough.ipynb"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
+def test_notebook_executes(path, tmp_path, monkeypatch):
+    notebook = nbformat.read(path, as_version=4)
+    assert not any(cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code"), \
+        "commit notebooks without outputs (they would hold machine paths and timings)"
+    # The kernel runs in this interpreter, whatever "python" is on the PATH.
+    spec_dir = tmp_path / "jupyter" / "kernels" / "python3"
+    spec_dir.mkdir(parents=True)
+    (spec_dir / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3", "language": "python"}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    monkeypatch.setenv("DLRM_NOTEBOOK_WORKDIR", str(tmp_path / "work"))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    client = nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3",
+                                     resources={"metadata": {"path": REPO}})
+    client.execute()  # raises CellExecutionError with the failing cell's traceback
+    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
+    images = [o for o in outputs if "image/png" in o.get("data", {})]
+    assert len(images) >= 2  # the learning curve / AUC figure, and latency against throughput
+    text = "".join(o.get("text", "") for o in outputs)
+    auc = float(text.split("final test AUC ")[1].split()[0])
+    assert auc > 0.6, text[-2000:]
+    assert os.path.isfile(tmp_path / "work" / "bench.json")
