@@ -189,3 +189,15 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def tsv_line(label: str, nums: dict[int, str] | None = None, cats: dict[int, str] | None = None) -> str:
+    """One Criteo line (no newline) with the given fields, the rest empty: for tests and examples
+    that need exact lines. ``nums`` keys 0..12 (I1..I13), ``cats`` keys 0..25 (C1..C26)."""
+    fields = [label] + [""] * (NUM_NUMERICAL + NUM_CATEGORICAL)
+    for k, v in (nums or {}).items():
+        fields[1 + k] = v
+    for k, v in (cats or {}).items():
+        fields[1 + NUM_NUMERICAL + k] = v
+    return "\t".join(fields)
+

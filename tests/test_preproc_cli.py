@@ -23,20 +23,13 @@ import pytest
 
 from dlrm.data.feature_spec import FeatureSpec
 from preproc.cli import main
-from preproc.generate import generate_criteo_tsv
+from preproc.generate import generate_criteo_tsv, tsv_line
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ["preproc/prepare_dataset.sh", "preproc/run_spark_cpu.sh", "preproc/run_spark_gpu.sh"]
 AUC_BOUND = 0.70
 
 
-def tsv_line(label: str, nums: dict[int, str] | None = None, cats: dict[int, str] | None = None) -> str:
-    fields = [label] + [""] * 39
-    for k, v in (nums or {}).items():
-        fields[1 + k] = v
-    for k, v in (cats or {}).items():
-        fields[14 + k] = v
-    return "\t".join(fields)
 
 
 def test_help_and_bad_flags(cli, tmp_path, capsys):

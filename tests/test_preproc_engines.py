@@ -18,7 +18,7 @@ import pytest
 from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import FeatureSpec
 from preproc import local_engine, spark_engine
-from preproc.generate import generate_criteo_tsv
+from preproc.generate import generate_criteo_tsv, tsv_line
 from preproc.job import Job
 from preproc.layout import file_inputs, kaggle_inputs, split_ranges, terabyte_inputs
 from preproc.local_engine import preprocess_local
@@ -30,13 +30,6 @@ SMALL = {"partition_bits": 2, "count_budget": 1500, "bucket_bits": 2}  # force s
 THRESHOLD = "14:1,15:3,2"  # C1 keeps everything, C2 needs 3, the rest 2
 
 
-def tsv_line(label: str, nums: dict[int, str] | None = None, cats: dict[int, str] | None = None) -> str:
-    fields = [label] + [""] * 39
-    for k, v in (nums or {}).items():
-        fields[1 + k] = v
-    for k, v in (cats or {}).items():
-        fields[14 + k] = v
-    return "\t".join(fields)
 
 
 GOOD = tsv_line("1", {0: "1"}, {0: "aaaaaaaa"})

@@ -18,21 +18,13 @@ from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import FeatureSpec
 from dlrm.data.split_binary import SplitBinaryReader
 from preproc import generate
-from preproc.generate import generate_criteo_tsv
+from preproc.generate import generate_criteo_tsv, tsv_line
 from preproc.reference import column_thresholds, criteo_day_split, parse_threshold, reference_preprocess, split_day_23
 
 HEX8 = re.compile(r"[0-9a-f]{8}")
 COUNT = re.compile(r"-?[0-9]+")
 
 
-def tsv_line(label: str, nums: dict[int, str] | None = None, cats: dict[int, str] | None = None) -> str:
-    """40 fields; ``nums`` keys 0..12 (I1..I13), ``cats`` keys 0..25 (C1..C26); the rest empty."""
-    fields = [label] + [""] * 39
-    for k, v in (nums or {}).items():
-        fields[1 + k] = v
-    for k, v in (cats or {}).items():
-        fields[14 + k] = v
-    return "\t".join(fields)
 
 
 def write(path, lines: list[str]) -> str:

@@ -17,7 +17,7 @@ import pytest
 
 from dlrm.data.errors import DatasetError
 from preproc.counting import CountWriter, count_chunk, merge_counts
-from preproc.generate import generate_criteo_tsv
+from preproc.generate import generate_criteo_tsv, tsv_line
 from preproc.layout import DAY23, KAGGLE, file_inputs, kaggle_inputs, parse_days, split_ranges, terabyte_inputs
 from preproc.numeric import build_log_table, log_counts_float16, long_count_float16
 from preproc.order import bucket_of, shuffle_key
@@ -29,13 +29,6 @@ from preproc.vocab import Vocabulary
 from preproc.workdir import WorkDir
 
 
-def tsv_line(label: str, nums: dict[int, str] | None = None, cats: dict[int, str] | None = None) -> str:
-    fields = [label] + [""] * 39
-    for k, v in (nums or {}).items():
-        fields[1 + k] = v
-    for k, v in (cats or {}).items():
-        fields[14 + k] = v
-    return "\t".join(fields)
 
 
 # Lines the fast parser must treat exactly as the reference: odd but valid, and malformed.
