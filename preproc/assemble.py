@@ -103,3 +103,23 @@ def write_dataset(output_dir: str, cardinalities: list[int], splits: dict[str, S
         writer.close()
     spec.to_yaml(output_dir)
     return spec
+
+
+def write_job_dataset(job, cardinalities: list[int], splits: dict[str, SplitFragments], total_rows: int,
+                      skipped: dict, progress) -> FeatureSpec:
+    """``write_dataset`` for a ``Job`` (its output directory, input files and metadata), shown
+    as the ``assemble`` phase of ``progress``; what both engines end with."""
+    progress.begin("assemble", total_rows)
+    done = 0
+
+    def advance(n: int) -> None:
+        nonlocal done
+        done += n
+        progress.update(n, done_bytes=done)
+
+    spec = write_dataset(
+        job.output_dir, cardinalities, splits, {s: job.split_files(s) for s in job.splits},
+        lambda rows: job.metadata(rows, skipped), advance, skipped,
+    )
+    progress.end()
+    return spec

@@ -30,7 +30,7 @@ from typing import Callable, Iterator
 
 from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import FeatureSpec, dtype_for_cardinality
-from preproc.assemble import SplitFragments, write_dataset
+from preproc.assemble import SplitFragments, write_job_dataset
 from preproc.counting import RECORD_BYTES, CountWriter, merge_counts
 from preproc.fragments import FragmentFiles, fragment_name, record_dtype
 from preproc.job import Job, Result
@@ -311,19 +311,7 @@ class LocalEngine:
             ]
             splits[split] = SplitFragments(dtypes[split], files, sort=job.shuffled(split))
         total = sum(sum(m["rows"].values()) for m in fragments)
-        self.progress.begin("assemble", total)
-        done = [0]
-
-        def advance(n: int) -> None:
-            done[0] += n
-            self.progress.update(n, done_bytes=done[0])
-
-        spec = write_dataset(
-            job.output_dir, cardinalities, splits, {s: job.split_files(s) for s in job.splits},
-            lambda rows: job.metadata(rows, skipped), advance, skipped,
-        )
-        self.progress.end()
-        return spec
+        return write_job_dataset(job, cardinalities, splits, total, skipped, self.progress)
 
 
 def preprocess_local(job: Job, progress: Progress | None = None, workers: int | None = None,

@@ -43,7 +43,7 @@ import numpy as np
 
 from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import dtype_for_cardinality
-from preproc.assemble import SplitFragments, write_dataset
+from preproc.assemble import SplitFragments, write_job_dataset
 from preproc.fragments import record_dtype
 from preproc.job import NUM_CATEGORICAL, NUM_NUMERICAL, Job, Result
 from preproc.layout import SPLITS
@@ -544,19 +544,7 @@ class SparkEngine:
                     lists[f["bucket"]].append(work.file(f"spark/rows/g{g}", f["name"]))
             splits[split] = SplitFragments(dtypes[split], lists, sort=job.shuffled(split))
         total = sum(f["rows"] for m in markers for f in m["fragments"])
-        self.progress.begin("assemble", total)
-        done = [0]
-
-        def advance(n: int) -> None:
-            done[0] += n
-            self.progress.update(n, done_bytes=done[0])
-
-        spec = write_dataset(
-            job.output_dir, cardinalities, splits, {s: job.split_files(s) for s in job.splits},
-            lambda rows: job.metadata(rows, skipped), advance, skipped,
-        )
-        self.progress.end()
-        return spec
+        return write_job_dataset(job, cardinalities, splits, total, skipped, self.progress)
 
 
 def preprocess_spark(job: Job, progress: Progress | None = None, spark=None, master: str = "local[*]",

@@ -78,6 +78,14 @@ def bce_loss(logits: torch.Tensor, label: torch.Tensor, reduction: str = "mean")
     return F.binary_cross_entropy_with_logits(logits, label.to(logits.dtype), reduction=reduction)
 
 
+def global_batch_loss(model: torch.nn.Module, batch: Batch, precision: Precision, autocast_cache: bool = True) -> torch.Tensor:
+    """The forward pass and this process's share of the mean loss over the global batch
+    (``batch.categorical`` has one row per sample of the global batch, ``label`` only ours)."""
+    with precision.autocast(cache_enabled=autocast_cache):
+        logits = model(batch.numerical, batch.categorical)
+    return bce_loss(logits, batch.label, reduction="sum") / batch.categorical.shape[0]
+
+
 def train_step(
     model: torch.nn.Module,
     batch: Batch,
@@ -92,9 +100,7 @@ def train_step(
     the global batch; ``label`` only this process's rows), so with gradients summed across
     processes a distributed step equals a single-device step on the same batch.
     """
-    with precision.autocast():
-        logits = model(batch.numerical, batch.categorical)
-    loss = bce_loss(logits, batch.label, reduction="sum") / batch.categorical.shape[0]
+    loss = global_batch_loss(model, batch, precision)
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()
     collectives.sync_gradients(model, scaler)
@@ -128,9 +134,7 @@ def fused_train_step(
     if lr is None:
         lr = torch.tensor(optimizer.param_groups[0]["lr"], dtype=torch.float32, device=device)
     fused = model.fused_embeddings()
-    with precision.autocast(cache_enabled=autocast_cache):
-        logits = model(batch.numerical, batch.categorical)
-    loss = bce_loss(logits, batch.label, reduction="sum") / batch.categorical.shape[0]
+    loss = global_batch_loss(model, batch, precision, autocast_cache)
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()
     collectives.sync_gradients(model, scaler)
