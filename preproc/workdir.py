@@ -15,27 +15,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 
+from dlrm.data.atomic import write_text_atomically
 from dlrm.data.errors import DatasetError
 
 MANIFEST = "manifest.json"
 
 
 def atomic_write_json(path: str, data: dict) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_text_atomically(path, json.dumps(data, indent=1, sort_keys=True))
 
 
 def fsync_dir(path: str) -> None:

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import copy
 import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 import yaml
 
+from dlrm.data.atomic import write_text_atomically
 from dlrm.data.errors import DatasetError, FeatureSpecError
 
 SPEC_FILE_NAME = "feature_spec.yaml"
@@ -160,22 +160,8 @@ class FeatureSpec:
         path = os.fspath(path)
         if os.path.isdir(path):
             path = os.path.join(path, SPEC_FILE_NAME)
-        directory = os.path.dirname(os.path.abspath(path))
         text = yaml.dump(self.to_dict(), Dumper=_NoAliasDumper, sort_keys=False, default_flow_style=False)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a dataset is usually shared
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        write_text_atomically(path, text)
 
     # ------------------------------------------------------------------ validation
 

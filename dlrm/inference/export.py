@@ -13,7 +13,6 @@ Files are written to a temporary name in the target directory and moved into pla
 from __future__ import annotations
 
 import os
-import tempfile
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -21,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dlrm.data.atomic import write_atomically
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.nn.interactions import DotInteraction
 from dlrm.training.checkpoint import load_checkpoint, read_meta
@@ -108,24 +108,6 @@ def _exportable(model: DLRM) -> ExportableDLRM:
     return ExportableDLRM(model)
 
 
-def _write_atomically(path: str, write: Callable[[str], None]) -> None:
-    """``write(tmp)`` then ``os.replace(tmp, path)``; the temporary file never outlives a failure."""
-    path = os.path.abspath(path)
-    directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 def export_torchscript(model: DLRM, path: str) -> None:
     """Writes ``model`` as a traced TorchScript file (``torch.jit.load``-able, also from C++).
 
@@ -139,7 +121,7 @@ def export_torchscript(model: DLRM, path: str) -> None:
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
         traced = torch.jit.trace(wrapper, example, check_trace=False)
-        _write_atomically(path, lambda tmp: torch.jit.save(traced, tmp))
+        write_atomically(path, lambda tmp: torch.jit.save(traced, tmp))
 
 
 def export_onnx(model: DLRM, path: str, opset: int = 17, numerical_dtype: torch.dtype = torch.float32) -> None:
@@ -186,7 +168,7 @@ def export_onnx(model: DLRM, path: str, opset: int = 17, numerical_dtype: torch.
                 verbose=False,
             )
 
-    _write_atomically(path, write)
+    write_atomically(path, write)
 
 
 def load_exported(

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -31,6 +30,7 @@ from dlrm.inference.export import (
     export_onnx,
     export_torchscript,
 )
+from dlrm.data.atomic import write_text_atomically
 from dlrm.model.dlrm import DLRM
 
 FORMATS = {"onnx": ("model.onnx", "onnxruntime_onnx"), "torchscript": ("model.pt", "pytorch_libtorch")}
@@ -136,19 +136,6 @@ class DeployedModel:
     max_abs_errors: dict[int, float]  # batch size -> error of the exported file against eager
 
 
-def _write_text_atomically(path: str, text: str) -> None:
-    directory = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 def deploy_model(
     model: DLRM,
     repository: str,
@@ -181,7 +168,7 @@ def deploy_model(
     config_path = os.path.join(model_dir, "config.pbtxt")
     config = model.config
     text = render_config(cfg, config.num_numerical_features, config.num_categorical_features)
-    _write_text_atomically(config_path, text)
+    write_text_atomically(config_path, text)
     files.append(config_path)
     return DeployedModel(model_dir=model_dir, files=files, max_abs_errors=errors)
 
