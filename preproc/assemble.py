@@ -11,11 +11,13 @@ files are renamed into place, then the new spec is written.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
+from dlrm.data.atomic import pid_alive
 from dlrm.data.batch import Batch
 from dlrm.data.feature_spec import SPEC_FILE_NAME, FeatureSpec
 from dlrm.data.split_binary import SplitBinaryWriter
@@ -66,14 +68,18 @@ def _write_split(writer: SplitBinaryWriter, frags: SplitFragments, advance: Call
             del records
 
 
+_WRITER_TEMP = re.compile(r"\..+\.(?P<pid>\d+)-[0-9a-f]+\.tmp")  # SplitBinaryWriter's .<file>.<pid>-<id>.tmp
+
+
 def _remove_stale_temporaries(output_dir: str, splits: list[str]) -> None:
-    """Temporary files a killed run left in the split directories (``SplitBinaryWriter`` names
-    them ``.<file>.<pid>-<id>.tmp``); never a dataset file."""
+    """Temporary files a killed run left in the split directories; never a dataset file, nor
+    the file of a writer that is still running (its pid is in the name)."""
     for split in splits:
         directory = os.path.join(output_dir, split)
         if os.path.isdir(directory):
             for name in os.listdir(directory):
-                if name.startswith(".") and name.endswith(".tmp"):
+                m = _WRITER_TEMP.fullmatch(name)
+                if m and not pid_alive(int(m["pid"])):
                     os.unlink(os.path.join(directory, name))
 
 

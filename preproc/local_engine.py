@@ -146,6 +146,9 @@ class LocalEngine:
             fragments = self._transform(vocab, settings)
             cardinalities = vocab["cardinalities"]
             spec = self._assemble(cardinalities, fragments, skipped, settings)
+        except BaseException:
+            self.work.remove_partial()  # the unit being written; finished units stay for a resume
+            raise
         finally:
             self.pool.close()
         if skipped:

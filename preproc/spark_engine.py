@@ -41,6 +41,7 @@ from functools import reduce
 
 import numpy as np
 
+from dlrm.data.atomic import write_atomically
 from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import dtype_for_cardinality
 from preproc.assemble import SplitFragments, write_job_dataset
@@ -125,10 +126,11 @@ def _ship_package(spark) -> None:
         return
     path = os.path.join(tempfile.gettempdir(), name)
     if not os.path.exists(path):
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".zip.tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        def write(tmp: str) -> None:
+            with open(tmp, "wb") as f:
+                f.write(data)
+
+        write_atomically(path, write)
     sc.addPyFile(path)
 
 
@@ -255,13 +257,17 @@ class SparkEngine:
         _ship_package(self.spark)
         groups = self.work.settings["groups"]
         self.stamps = [file_stamp(p) for p in job.paths]
-        lines = self._lines_stage(groups)
-        self.ranges = {i: job.ranges(i, lines[i]["lines"]) for i in range(len(job.inputs))}
-        skipped = self._check_rows(lines)
-        vocab = self._vocab_stage(groups, lines)
-        cardinalities = vocab["cardinalities"]
-        fragments = self._rows_stage(groups, lines, vocab)
-        spec = self._assemble(cardinalities, fragments, skipped)
+        try:
+            lines = self._lines_stage(groups)
+            self.ranges = {i: job.ranges(i, lines[i]["lines"]) for i in range(len(job.inputs))}
+            skipped = self._check_rows(lines)
+            vocab = self._vocab_stage(groups, lines)
+            cardinalities = vocab["cardinalities"]
+            fragments = self._rows_stage(groups, lines, vocab)
+            spec = self._assemble(cardinalities, fragments, skipped)
+        except BaseException:
+            self.work.remove_partial()  # the group being written; finished groups stay for a resume
+            raise
         if skipped:
             print(skipped_text(skipped), file=sys.stderr)
         if not job.keep_work_dir:

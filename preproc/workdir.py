@@ -8,6 +8,11 @@ On resume a unit whose marker is there and whose inputs are unchanged is skipped
 of it is deleted and redone, so fixing a bad line in one file redoes that file (and, for a
 training file, the vocabulary and the transform), not the whole run. ``manifest.json`` records
 the job's identity; a work directory of a different job is refused rather than mixed in.
+
+Nothing half-written outlives a run: a failed run removes its partial units (``*.tmp``) before
+it exits, keeping only finished ones. A run killed outright (``kill -9``, power loss) cannot,
+so the manifest also records which process owns the directory; the next run removes every
+``*.tmp`` when that process is gone, and refuses the directory while it still runs.
 """
 
 from __future__ import annotations
@@ -15,8 +20,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 
-from dlrm.data.atomic import write_text_atomically
+from dlrm.data.atomic import pid_alive, write_text_atomically
 from dlrm.data.errors import DatasetError
 
 MANIFEST = "manifest.json"
@@ -54,10 +60,20 @@ class WorkDir:
 
     def __init__(self, path: str, identity: dict, settings: dict, fresh: bool = False):
         self.path = path
+        manifest = self.read(MANIFEST)
+        owner = {"host": socket.gethostname(), "pid": os.getpid()}
+        previous = (manifest or {}).get("owner") or owner
+        if previous["host"] == owner["host"] and previous != owner and pid_alive(previous["pid"]):
+            raise DatasetError(
+                f"{path} is in use by a running preprocessing run (pid {previous['pid']}); wait for it to finish, "
+                f"or, if no such run exists, delete the directory"
+            )
         if fresh and os.path.exists(path):
             shutil.rmtree(path)
+            manifest = None
+        elif previous["host"] == owner["host"]:  # another host's run may be alive; each unit is cleared when redone
+            self.remove_partial()
         os.makedirs(path, exist_ok=True)
-        manifest = self.read(MANIFEST)
         if manifest is None:
             self.settings = dict(settings)
             self.resumed = False
@@ -73,7 +89,8 @@ class WorkDir:
                 )
             self.settings = manifest["settings"]  # keep the partitioning the finished units used
             self.resumed = True
-        atomic_write_json(os.path.join(path, MANIFEST), {"identity": identity, "settings": self.settings})
+        manifest = {"identity": identity, "settings": self.settings, "owner": owner}
+        atomic_write_json(os.path.join(path, MANIFEST), manifest)
 
     def file(self, *parts: str) -> str:
         return os.path.join(self.path, *parts)
@@ -122,6 +139,16 @@ class WorkDir:
             os.replace(tmp, self.file(unit))
             fsync_dir(os.path.dirname(self.file(unit)))
         atomic_write_json(self.file(unit + ".json"), {**marker, "depends": _plain(depends)})
+
+    def remove_partial(self) -> None:
+        """Remove every unit directory or temporary file still being written (``*.tmp``): what a
+        failed run must not leave behind. Finished units and markers stay for a resume."""
+        for directory, dirs, files in os.walk(self.path):
+            for name in dirs + files:
+                if name.endswith(".tmp"):
+                    p = os.path.join(directory, name)
+                    shutil.rmtree(p) if name in dirs else os.unlink(p)
+            dirs[:] = [d for d in dirs if not d.endswith(".tmp")]
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)

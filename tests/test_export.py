@@ -1,6 +1,10 @@
 """Exported files run in ONNX Runtime / torch.jit.load and match the eager model's probabilities."""
 
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -18,6 +22,8 @@ from dlrm.inference.export import (  # noqa: E402
 )
 from dlrm.model.dlrm import DLRM, DLRMConfig  # noqa: E402
 from dlrm.training.checkpoint import CheckpointError, TrainState, save_checkpoint  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TABLES = [5, 300, 17, 2]
 BATCH_SIZES = (1, 64, 4096)
@@ -171,6 +177,29 @@ def test_failed_export_keeps_previous_file(tmp_path, monkeypatch, fmt):
         export(model, str(path))
     assert path.read_bytes() == before
     assert os.listdir(tmp_path) == [path.name]
+
+
+def test_export_killed_mid_write_leaves_a_temporary_the_next_export_removes(tmp_path):
+    """``kill -9`` while ``python -m dlrm.scripts.export`` writes model.onnx leaves its temporary
+    file (nothing can remove it then); the next export to the same path removes it."""
+    model = trained_model(make_config("joint", "dot"))
+    save_checkpoint(str(tmp_path / "ckpt"), model, None, None, TrainState())
+    out = tmp_path / "out"
+    child = subprocess.Popen(
+        [sys.executable, "-m", "dlrm.scripts.export", f"--checkpoint={tmp_path / 'ckpt'}", f"--output={out}",
+         "--format=onnx"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not (out.is_dir() and any(n.endswith(".tmp") for n in os.listdir(out))):
+            assert child.poll() is None and time.monotonic() < deadline, "the export never started writing"
+            time.sleep(0.01)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert [n for n in os.listdir(out) if n.startswith(".model.onnx.")], os.listdir(out)
+    export_onnx(model, str(out / "model.onnx"))
+    assert os.listdir(out) == ["model.onnx"]
 
 
 def test_check_export_reports_errors_and_catches_a_wrong_model(exported):

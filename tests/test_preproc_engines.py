@@ -11,6 +11,10 @@ import filecmp
 import gzip
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -21,10 +25,13 @@ from preproc import local_engine, spark_engine
 from preproc.generate import generate_criteo_tsv, tsv_line
 from preproc.job import Job
 from preproc.layout import file_inputs, kaggle_inputs, split_ranges, terabyte_inputs
-from preproc.local_engine import preprocess_local
+from preproc.local_engine import plan_settings, preprocess_local
 from preproc.order import position, shuffle_key
 from preproc.reference import column_thresholds, criteo_day_split, parse_threshold, reference_preprocess, split_day_23
 from preproc.spark_engine import preprocess_spark, spark_session
+from preproc.workdir import WorkDir
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SMALL = {"partition_bits": 2, "count_budget": 1500, "bucket_bits": 2}  # force spills and shuffle buckets
 THRESHOLD = "14:1,15:3,2"  # C1 keeps everything, C2 needs 3, the rest 2
@@ -362,3 +369,103 @@ def test_spark_engine_resumes_without_redoing_finished_groups(days, spark, tmp_p
     result = preprocess_spark(job(inputs, out, on_error="skip"), spark=spark, group_bytes=1)
     assert result.resumed and calls == [("rows", (2,)), ("rows", (3,))]
     assert_same_dataset(tmp_path / "local", out)
+
+
+# ---------------------------------------------------------------------------- what a failure leaves
+
+
+def _temporaries(root) -> list[str]:
+    """Temporary files and unit directories (``*.tmp``) anywhere under ``root``."""
+    found = []
+    for directory, dirs, files in os.walk(root):
+        found += [os.path.relpath(os.path.join(directory, n), root) for n in dirs + files if n.endswith(".tmp")]
+    return sorted(found)
+
+
+@pytest.mark.parametrize("stage", ["scan", "transform"])
+def test_a_failed_local_run_leaves_no_partial_files(days, tmp_path, monkeypatch, stage):
+    """A malformed line (``--on_error fail``) in the scan, an exception in the transform: the
+    unit being written is removed, the finished ones stay for a resume."""
+    inputs = terabyte_inputs(str(days), [0, 1, 2])  # day 1 has a malformed line 3
+    out = tmp_path / "out"
+    if stage == "scan":
+        with pytest.raises(DatasetError, match="line 3"):
+            preprocess_local(job(inputs, out), workers=1, chunk_bytes=4096)
+    else:
+        real, seen = local_engine.transform_task, []
+
+        def fail_in_file_1(*args):
+            seen.append(args[2])
+            if seen.count(1) == 3:
+                raise RuntimeError("disk full")
+            return real(*args)
+
+        monkeypatch.setattr(local_engine, "transform_task", fail_in_file_1)
+        with pytest.raises(RuntimeError, match="disk full"):
+            preprocess_local(job(inputs, out, on_error="skip"), workers=1, chunk_bytes=4096)
+        assert (out / ".preproc_work" / "rows" / "f0.json").exists()  # resume state is kept
+    assert (out / ".preproc_work" / "manifest.json").exists()
+    assert _temporaries(out) == []
+
+
+_SLOW_SCAN = """
+import glob, os, sys, time
+from preproc import local_engine
+from preproc.job import Job
+from preproc.layout import terabyte_inputs
+from preproc.reference import column_thresholds
+
+real = local_engine.scan_task
+
+def scan_task(*args):
+    if glob.glob(os.path.join(sys.argv[2], ".preproc_work", "scan", "f*.tmp", "*")):  # count runs spilled
+        open(sys.argv[3], "w").close()
+        time.sleep(600)
+    return real(*args)
+
+local_engine.scan_task = scan_task
+job = Job(terabyte_inputs(sys.argv[1], [0, 1]), sys.argv[2], column_thresholds(2), on_error="skip",
+          extra={"partition_bits": 2, "count_budget": 1500, "bucket_bits": 0})
+local_engine.preprocess_local(job, workers=1, chunk_bytes=4096)
+"""
+
+
+def test_a_run_killed_mid_scan_leaves_partial_files_the_next_run_removes(days, tmp_path):
+    """``kill -9`` in the middle of a file's scan leaves its partial count runs; the next run
+    removes them as soon as it opens the work directory, then finishes the job."""
+    out, ready = tmp_path / "out", tmp_path / "ready"
+    child = subprocess.Popen([sys.executable, "-c", _SLOW_SCAN, str(days), str(out), str(ready)], cwd=REPO)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert child.poll() is None and time.monotonic() < deadline, "the run never reached the scan"
+            time.sleep(0.02)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    (partial,) = _temporaries(out)  # the scanned file's spilled count runs: part of its counts
+    assert partial.startswith(os.path.join(".preproc_work", "scan", "f")) and os.listdir(out / partial)
+
+    the_job = Job(terabyte_inputs(str(days), [0, 1]), str(out), column_thresholds(2), on_error="skip",
+                  extra={"partition_bits": 2, "count_budget": 1500, "bucket_bits": 0})
+    work = WorkDir(the_job.work_path, the_job.identity("local"), plan_settings(the_job))
+    assert work.resumed and _temporaries(out) == []
+    preprocess_local(the_job, workers=1)
+    clean = Job(the_job.inputs, str(tmp_path / "clean"), the_job.thresholds, on_error="skip", extra=the_job.extra)
+    preprocess_local(clean, workers=1)
+    assert_same_dataset(tmp_path / "clean", out)
+
+
+def test_a_failed_spark_task_leaves_no_partial_files(spark, tmp_path, monkeypatch):
+    """A rows task that fails in Spark's Python worker (here: its vocabulary is missing) fails
+    the run; the group's partial directory is removed, the finished stages stay for a resume."""
+    inputs, _, _ = _explicit(tmp_path, [GOOD] * 20, [GOOD] * 4)
+    real = spark_engine.make_fragment_writer
+    monkeypatch.setattr(spark_engine, "make_fragment_writer",
+                        lambda directory, splits, dtypes, table, vocab_dir: real(
+                            directory, splits, dtypes, table, str(tmp_path / "no_vocab")))
+    out = tmp_path / "out"
+    with pytest.raises(Exception, match="No such file"):
+        preprocess_spark(job(inputs, out), spark=spark)
+    assert (out / ".preproc_work" / "spark" / "vocab.json").exists()
+    assert _temporaries(out) == []

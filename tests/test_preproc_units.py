@@ -11,11 +11,15 @@ import collections
 import gzip
 import json
 import os
+import socket
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from dlrm.data.errors import DatasetError
+from preproc.assemble import _remove_stale_temporaries
 from preproc.counting import CountWriter, count_chunk, merge_counts
 from preproc.generate import generate_criteo_tsv, tsv_line
 from preproc.layout import DAY23, KAGGLE, file_inputs, kaggle_inputs, parse_days, split_ranges, terabyte_inputs
@@ -263,3 +267,59 @@ def test_work_dir_resumes_only_the_same_job(tmp_path):
     fresh = WorkDir(str(tmp_path / "w"), {**ident, "thresholds": [2]}, {}, fresh=True)
     assert not fresh.resumed and fresh.done("rows/f0") is None
     assert json.load(open(tmp_path / "w" / "manifest.json"))["identity"]["thresholds"] == [2]
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def _own(work: str, pid: int, host: str | None = None) -> None:
+    """Make the manifest of ``work`` say process ``pid`` (on ``host``) owns it."""
+    path = os.path.join(work, "manifest.json")
+    manifest = json.load(open(path))
+    manifest["owner"] = {"host": host or socket.gethostname(), "pid": pid}
+    json.dump(manifest, open(path, "w"))
+
+
+def test_work_dir_removes_a_dead_runs_partial_files_and_refuses_a_live_runs(tmp_path):
+    ident = {"inputs": ["a"], "thresholds": [1], "on_error": "fail"}
+    path = str(tmp_path / "w")
+    work = WorkDir(path, ident, {})
+    work.begin("scan/f0")
+    work.commit("scan/f0", {"lines": 1})
+    partial = [work.begin("scan/f1"), work.file("scan", ".f1.json.123@host.abc.tmp"), work.file(".manifest.json.x.tmp")]
+    for p in partial[1:]:
+        open(p, "w").write("half")
+    keep = sorted(os.listdir(path)), sorted(os.listdir(work.file("scan")))
+
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        _own(path, live.pid)
+        with pytest.raises(DatasetError, match=f"in use by a running preprocessing run \\(pid {live.pid}\\)"):
+            WorkDir(path, ident, {})
+        with pytest.raises(DatasetError, match="in use"):
+            WorkDir(path, ident, {}, fresh=True)
+        assert all(os.path.exists(p) for p in partial)  # a live run's files are not touched
+    finally:
+        live.kill()
+        live.wait()
+    _own(path, live.pid, host="elsewhere")  # cannot tell whether it still runs: its files stay
+    assert WorkDir(path, ident, {}).resumed and all(os.path.exists(p) for p in partial)
+    _own(path, _dead_pid())  # killed: everything it had half written goes, finished units stay
+    again = WorkDir(path, ident, {})
+    assert again.resumed and not any(os.path.exists(p) for p in partial)
+    assert again.done("scan/f0") == {"lines": 1, "depends": None}
+    assert (sorted(os.listdir(path)), sorted(os.listdir(work.file("scan")))) == (
+        sorted(n for n in keep[0] if not n.endswith(".tmp")), ["f0", "f0.json"])
+    assert WorkDir(path, ident, {}).resumed  # this process's own earlier run is no obstacle
+
+
+def test_stale_split_temporaries_are_removed_but_not_a_live_writers(tmp_path):
+    (tmp_path / "train").mkdir()
+    dead, mine = f".label.bin.{_dead_pid()}-0123abcd.tmp", f".label.bin.{os.getpid()}-4567ef01.tmp"
+    for name in (dead, mine, "label.bin", ".notes.tmp"):
+        (tmp_path / "train" / name).write_text("x")
+    _remove_stale_temporaries(str(tmp_path), ["train", "test"])
+    assert sorted(os.listdir(tmp_path / "train")) == sorted([mine, "label.bin", ".notes.tmp"])

@@ -364,3 +364,23 @@ def test_generates_on_the_gpu_with_the_same_hidden_model():
     ids = torch.randint(0, 2**62, (1000, 26))
     salts = torch.randint(0, 2**32, (26,))
     assert torch.equal(hash_ids(ids.cuda(), salts.cuda()).cpu(), hash_ids(ids, salts))
+
+
+def test_staging_left_by_a_killed_writer_is_removed_by_the_next_write(tmp_path):
+    """``kill -9`` mid-write leaves the staging directory; the next write to the same place removes it."""
+    import subprocess
+    import sys
+
+    out = str(tmp_path / "data")
+    script = (
+        "import os, signal\n"
+        "from dlrm.data.synthetic import write_synthetic_dataset\n"
+        "def die(split, done, rows):\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        f"write_synthetic_dataset({out!r}, 2, [10, 20], {{'train': 100}}, batch_size=10, progress=die)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script])
+    assert proc.returncode == -9
+    assert [n for n in os.listdir(tmp_path) if n.startswith(".data.")], "the killed writer left nothing to clean"
+    write_synthetic_dataset(out, 2, [10, 20], {"train": 100}, batch_size=10)
+    assert os.listdir(tmp_path) == ["data"]

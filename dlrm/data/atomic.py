@@ -1,12 +1,69 @@
 """Files that are either the old version or the whole new one, never half written: the data
 goes to a temporary file beside the target, is flushed to disk, and replaces the target with
-one ``os.replace``. Used for specs, exported models, Triton configs and preprocessing state."""
+one ``os.replace``. Used for specs, exported models, Triton configs and preprocessing state.
+
+A writer killed outright (``kill -9``, power loss) cannot remove its temporary file, so the
+name says who wrote it, ``.<target>.<pid>@<host>.<random>.tmp``, and the next write to the
+same target removes those whose writer is gone: same host, pid no longer running. A live
+writer's file (another process, or a thread of this one) and another host's are left alone.
+"""
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import socket
 import tempfile
 from typing import Callable
+
+_OWNED = re.compile(r"(?P<pid>\d+)@(?P<host>.+)\.[A-Za-z0-9_]+\.tmp")  # after ".<target>."
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (a pid we may not signal exists too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def written_by_dead_process(pid: int, host: str) -> bool:
+    """True only when sure: the writer was on this host and its pid is gone."""
+    return host == socket.gethostname() and not pid_alive(pid)
+
+
+def owner_tag() -> str:
+    """``<pid>@<host>``: what a temporary name carries so that a later run can tell it is stale."""
+    return f"{os.getpid()}@{socket.gethostname()}"
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[str]:
+    """Remove the temporary files (or staging directories) of ``path`` that killed writers left;
+    returns their paths."""
+    path = os.path.abspath(os.fspath(path))
+    directory, prefix = os.path.dirname(path), f".{os.path.basename(path)}."
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        m = _OWNED.fullmatch(name[len(prefix):]) if name.startswith(prefix) else None
+        if m and written_by_dead_process(int(m["pid"]), m["host"]):
+            stale = os.path.join(directory, name)
+            try:
+                if os.path.isdir(stale) and not os.path.islink(stale):
+                    shutil.rmtree(stale)
+                else:
+                    os.remove(stale)
+                removed.append(stale)
+            except FileNotFoundError:  # another writer cleaned it first
+                pass
+    return removed
 
 
 def write_atomically(path: str | os.PathLike, write: Callable[[str], None]) -> None:
@@ -16,7 +73,8 @@ def write_atomically(path: str | os.PathLike, write: Callable[[str], None]) -> N
     path = os.path.abspath(os.fspath(path))
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    remove_stale_temporaries(path)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.{owner_tag()}.", suffix=".tmp")
     os.close(fd)
     try:
         write(tmp)

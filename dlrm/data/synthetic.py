@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dlrm.data.atomic import owner_tag, remove_stale_temporaries
 from dlrm.data.batch import Batch
 
 # NVIDIA's preprocessed Criteo 1TB with frequency threshold 15.
@@ -368,7 +369,8 @@ def write_synthetic_dataset(
     _check_writable(output_dir, overwrite)
     parent, name = os.path.split(output_dir)
     os.makedirs(parent, exist_ok=True)
-    staging = os.path.join(parent, f".{name}.tmp-{uuid.uuid4().hex[:8]}")
+    remove_stale_temporaries(output_dir)  # staging left by a run that was killed
+    staging = os.path.join(parent, f".{name}.{owner_tag()}.{uuid.uuid4().hex[:8]}.tmp")
     os.mkdir(staging)  # not mkdtemp: the dataset should get the usual permissions, not 0700
     try:
         spec = FeatureSpec.default(num_numerical, list(table_sizes), splits=tuple(samples), base_directory=staging)
@@ -399,7 +401,8 @@ def _move_into_place(staging: str, output_dir: str, overwrite: bool) -> None:
     _check_writable(output_dir, overwrite)  # again: the directory may have been filled meanwhile
     old = None
     if os.path.isdir(output_dir):
-        old = tempfile.mkdtemp(prefix=f".{os.path.basename(output_dir)}.old-", dir=os.path.dirname(output_dir))
+        old = tempfile.mkdtemp(prefix=f".{os.path.basename(output_dir)}.{owner_tag()}.", suffix=".tmp",
+                               dir=os.path.dirname(output_dir))
         os.replace(output_dir, os.path.join(old, "dataset"))
     os.replace(staging, output_dir)
     if old is not None:

@@ -30,7 +30,7 @@ from dlrm.inference.export import (
     export_onnx,
     export_torchscript,
 )
-from dlrm.data.atomic import write_text_atomically
+from dlrm.data.atomic import write_atomically, write_text_atomically
 from dlrm.model.dlrm import DLRM
 
 FORMATS = {"onnx": ("model.onnx", "onnxruntime_onnx"), "torchscript": ("model.pt", "pytorch_libtorch")}
@@ -162,8 +162,7 @@ def deploy_model(
     files = [model_path]
     if cfg.python_backend:
         script = os.path.join(version_dir, "model.py")
-        shutil.copyfile(triton_python_model.__file__, script + ".tmp")
-        os.replace(script + ".tmp", script)
+        write_atomically(script, lambda tmp: shutil.copyfile(triton_python_model.__file__, tmp))
         files.append(script)
     config_path = os.path.join(model_dir, "config.pbtxt")
     config = model.config
