@@ -6,28 +6,71 @@
     python -m preproc --input_dir /data/criteo --output out/ --engine spark --spark_master spark://host:7077
 
 Both engines write the same bytes. An interrupted run resumes when rerun with the same
-arguments (finished input files are not redone). Exit status: 0 on success, 1 on bad input or
-settings (the message names the file, line or flag), 2 on a usage error, 130 when interrupted.
+arguments (finished input files are not redone). Exit status: 0 on success; 2 on bad input or
+settings, with one line ``error: <message>`` on stderr naming the file, line or flag; 1 when a
+worker process dies; 130 when interrupted. A run that fails before finishing any unit of work
+leaves nothing behind; one that fails later keeps its finished units (in the work directory) for
+the rerun.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import resource
+import shutil
 import sys
 import time
 from concurrent.futures.process import BrokenProcessPool
 
 from dlrm.data.errors import DatasetError
-from preproc.job import DEFAULT_MEMORY_LIMIT, Job
+from preproc.job import DEFAULT_MEMORY_LIMIT, WORK_DIR_NAME, Job
 from preproc.layout import detect_layout, file_inputs, kaggle_inputs, parse_days, terabyte_inputs
 from preproc.progress import Progress
 from preproc.reference import column_thresholds, parse_threshold
 
 
+USAGE_ERROR_EXIT = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a bad argument reported as one line (``error: ...``) instead of usage + error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"error: {message} (see --help)", file=sys.stderr)
+        sys.exit(USAGE_ERROR_EXIT)
+
+
+def _workers(text: str) -> int | None:
+    if text == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a number of processes, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive(kind):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {'number' if kind is float else 'whole number'}, "
+                                             f"got {text!r}") from None
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="python -m preproc",
         description="Preprocess Criteo click logs (TSV, plain or .gz) into a split-binary dataset for dlrm.scripts.main.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -56,9 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--work_dir", default=None, help="for intermediate files and resume state (default: <output>/.preproc_work)")
     run.add_argument("--keep_work_dir", action="store_true", help="keep the work directory after success")
     run.add_argument("--fresh", action="store_true", help="discard an unfinished run in the work directory instead of resuming")
-    run.add_argument("--memory_limit_gb", type=float, default=DEFAULT_MEMORY_LIMIT / 2**30,
+    run.add_argument("--memory_limit_gb", type=_positive(float), default=DEFAULT_MEMORY_LIMIT / 2**30,
                      help="local engine: memory to stay within, besides the vocabulary (sizes spills, buckets and workers)")
-    run.add_argument("--workers", default="auto", help="local engine: parsing processes ('auto': CPUs, capped by the memory limit)")
+    run.add_argument("--workers", type=_workers, default="auto", help="local engine: parsing processes ('auto': CPUs, capped by the memory limit)")
     run.add_argument("--progress", choices=["auto", "bar", "log", "off"], default="auto",
                      help="progress on stderr: a live line on a terminal (bar), periodic lines (log), or none")
 
@@ -66,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     spark.add_argument("--spark_master", default="local[*]", help="Spark master URL: local[N], spark://host:port, yarn, k8s://...")
     spark.add_argument("--spark_conf", action="append", default=[], metavar="KEY=VALUE",
                        help="extra Spark setting, repeatable (e.g. spark.executor.memory=16g)")
-    spark.add_argument("--spark_group_mb", type=int, default=1024,
+    spark.add_argument("--spark_group_mb", type=_positive(int), default=1024,
                        help="input files are processed (and resumed) in groups of at least this many MB; a day of the "
                             "Terabyte dataset is always its own group")
     return p
@@ -101,40 +144,110 @@ def _peak_rss_mb() -> float:
     return max(own, children) / 1024
 
 
+def _missing_dirs(path: str) -> list[str]:
+    """``path`` and its ancestors that do not exist yet, deepest first."""
+    missing = []
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    return missing
+
+
+def _finished_units(work_dir: str) -> bool:
+    """Whether the work directory records a finished unit (a marker besides the manifest)."""
+    for _, _, files in os.walk(work_dir):
+        if any(name.endswith(".json") and name != "manifest.json" for name in files):
+            return True
+    return False
+
+
+def _clean_up(created: list[str], work_dir: str) -> None:
+    """After a failure: remove what this run created, unless it holds finished work to resume."""
+    if os.path.abspath(work_dir) in created and os.path.isdir(work_dir) and not _finished_units(work_dir):
+        shutil.rmtree(work_dir, ignore_errors=True)
+    for path in created:  # deepest first; only those left empty
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    work_dir = args.work_dir or os.path.join(args.output, WORK_DIR_NAME)
+    created = sorted(set(_missing_dirs(work_dir) + _missing_dirs(args.output)), key=len, reverse=True)
     try:
-        inputs = _inputs(args, parser)
-        thresholds = column_thresholds(parse_threshold(args.frequency_threshold))
-        job = Job(
-            inputs, args.output, thresholds, on_error=args.on_error, shuffle_seed=args.shuffle_seed,
-            work_dir=args.work_dir, memory_limit=int(args.memory_limit_gb * 2**30), keep_work_dir=args.keep_work_dir,
-            fresh=args.fresh,
-        )
-        progress = Progress(args.progress)
-        start = time.monotonic()
-        if args.engine == "local":
-            from preproc.local_engine import preprocess_local
-
-            workers = None if args.workers == "auto" else int(args.workers)
-            result = preprocess_local(job, progress, workers=workers)
-        else:
-            from preproc.spark_engine import preprocess_spark
-
-            result = preprocess_spark(job, progress, master=args.spark_master, conf=_spark_conf(args.spark_conf, parser),
-                                      group_bytes=args.spark_group_mb << 20)
+        return _run(args, parser)
     except KeyboardInterrupt:
-        print(f"\ninterrupted; rerun the same command to resume (finished input files are kept in "
-              f"{args.work_dir or os.path.join(args.output, '.preproc_work')})", file=sys.stderr)
+        print(f"\ninterrupted; rerun the same command to resume (finished input files are kept in {work_dir})",
+              file=sys.stderr)
         return 130
-    except (DatasetError, ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    except (DatasetError, ValueError, OSError) as e:
+        _clean_up(created, work_dir)
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        return USAGE_ERROR_EXIT
     except BrokenProcessPool:
         print("error: a worker process died (out of memory? try a lower --memory_limit_gb or fewer --workers); "
               "rerun the same command to resume", file=sys.stderr)
         return 1
+    except BaseException:
+        _clean_up(created, work_dir)
+        raise
+
+
+def _one_line(e: BaseException) -> str:
+    """The message on one line; the system's errors (no such file, no permission) with the file they name."""
+    if isinstance(e, OSError) and e.errno is not None and e.strerror:
+        message = f"{e.filename}: {e.strerror}" if e.filename else e.strerror
+    else:
+        message = str(e)
+    return "; ".join(part.strip() for part in message.splitlines() if part.strip())
+
+
+def _check_directory(flag: str, path: str) -> None:
+    """``path`` must be a directory or creatable as one: no file in its place or on its way."""
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        where = "is a file" if existing == os.path.abspath(path) else f"is under {existing}, which is a file"
+        raise ValueError(f"{flag} {path} {where}; give a directory (created if missing)")
+
+
+def _check_splits_have_data(job: Job) -> None:
+    """Fail before any work when every file of a split is empty (0 bytes)."""
+    for split in job.splits:
+        files = job.split_files(split)
+        if files and all(os.path.getsize(f) == 0 for f in files):
+            raise DatasetError(f"split '{split}' has no rows: its files {files} are empty")
+
+
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    _check_directory("--output", args.output)
+    if args.work_dir:
+        _check_directory("--work_dir", args.work_dir)
+    inputs = _inputs(args, parser)
+    thresholds = column_thresholds(parse_threshold(args.frequency_threshold))
+    job = Job(
+        inputs, args.output, thresholds, on_error=args.on_error, shuffle_seed=args.shuffle_seed,
+        work_dir=args.work_dir, memory_limit=int(args.memory_limit_gb * 2**30), keep_work_dir=args.keep_work_dir,
+        fresh=args.fresh,
+    )
+    job.check_inputs()
+    _check_splits_have_data(job)
+    progress = Progress(args.progress)
+    start = time.monotonic()
+    if args.engine == "local":
+        from preproc.local_engine import preprocess_local
+
+        result = preprocess_local(job, progress, workers=args.workers)
+    else:
+        from preproc.spark_engine import preprocess_spark
+
+        result = preprocess_spark(job, progress, master=args.spark_master, conf=_spark_conf(args.spark_conf, parser),
+                                  group_bytes=args.spark_group_mb << 20)
     seconds = time.monotonic() - start
     total = sum(result.rows.values())
     print(f"wrote {args.output}: " + ", ".join(f"{s} {n:,} rows" for s, n in result.rows.items()))

@@ -36,14 +36,14 @@ def test_help_and_bad_flags(cli, tmp_path, capsys):
     out = cli("preproc", "--help").stdout
     for flag in ("--input_dir", "--frequency_threshold", "--on_error", "--shuffle_seed", "--engine", "--spark_master"):
         assert flag in out
-    assert main(["--train", "a", "--test", "b", "--output", str(tmp_path), "--frequency_threshold", "13:3"]) == 1
+    assert main(["--train", "a", "--test", "b", "--output", str(tmp_path), "--frequency_threshold", "13:3"]) == 2
     assert "error: frequency threshold '13:3': column 13 is not a categorical field" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         main(["--input_dir", str(tmp_path), "--train", "a", "--output", str(tmp_path)])
     assert e.value.code == 2 and "either --input_dir or --train" in capsys.readouterr().err
-    assert main(["--input_dir", str(tmp_path), "--output", str(tmp_path / "o")]) == 1
+    assert main(["--input_dir", str(tmp_path), "--output", str(tmp_path / "o")]) == 2
     assert "found neither Criteo Terabyte day files" in capsys.readouterr().err
-    assert main(["--train", str(tmp_path / "nope.tsv"), "--test", str(tmp_path / "nope.tsv"), "--output", str(tmp_path)]) == 1
+    assert main(["--train", str(tmp_path / "nope.tsv"), "--test", str(tmp_path / "nope.tsv"), "--output", str(tmp_path)]) == 2
     assert "given twice" in capsys.readouterr().err
 
 
@@ -55,7 +55,7 @@ def test_malformed_input_exit_status_messages_and_progress(cli, tmp_path, capsys
     out = tmp_path / "out"
     base = ["--train", str(train), "--test", str(test), "--output", str(out), "--workers", "1"]
     proc = cli("preproc", *base, check=False)  # as a user sees it: exit status and one line, no traceback
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert proc.stderr.startswith(f"error: {train}, line 3: I5 must be empty or an integer, got 'x'")
     assert "Traceback" not in proc.stderr and not (out / "feature_spec.yaml").exists()
 

@@ -137,5 +137,5 @@ def test_script(tmp_path):
 
     bad = write(tmp_path, "bad.tsv", ["1\t2"])
     proc = subprocess.run(cmd[:4] + [bad] + cmd[5:], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert f"{bad}, line 1" in proc.stderr and "Traceback" not in proc.stderr

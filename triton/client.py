@@ -1,4 +1,4 @@
-"""Score a dataset split through a Triton Inference Server, and optionally soak it.
+r"""Score a dataset split through a Triton Inference Server, and optionally soak it.
 
     python triton/client.py --url 127.0.0.1:8000 --model_name dlrm --dataset /data/criteo_fl15 \
         [--protocol http|grpc] [--split test] [--batch_size 4096] [--max_batches N] [--warmup_requests 10] \
@@ -19,6 +19,7 @@ from dlrm.data.errors import DatasetError
 from dlrm.data.sources import DataConfig, load_feature_spec
 from dlrm.data.split_binary import SplitBinaryReader
 from dlrm.inference.triton_client import PROTOCOLS, DLRMTritonClient, TritonClientError, score_split, soak
+from dlrm.scripts import cli
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("url", None, "Server host:port (default: localhost:8000 for http, localhost:8001 for grpc).")
@@ -30,7 +31,8 @@ flags.DEFINE_string("split", "test", "Split to score.")
 flags.DEFINE_integer("batch_size", 4096, "Samples per request.", lower_bound=1)
 flags.DEFINE_integer("max_batches", None, "Score only the first this many batches.", lower_bound=1)
 flags.DEFINE_integer("warmup_requests", 10, "Untimed requests (the first batch) before scoring.", lower_bound=0)
-flags.DEFINE_float("soak_seconds", 0, "After scoring, keep --soak_streams gRPC streams busy this long (0: no soak).")
+flags.DEFINE_float("soak_seconds", 0, "After scoring, keep --soak_streams gRPC streams busy this long (0: no soak).",
+                   lower_bound=0)
 flags.DEFINE_integer("soak_streams", 16, "Concurrent gRPC streams in the soak.", lower_bound=1)
 flags.DEFINE_integer("soak_batch_size", 64, "Samples per soak request (from the split's first batch).", lower_bound=1)
 flags.DEFINE_float("timeout_s", 60, "Seconds to wait for the server per call.")
@@ -45,6 +47,8 @@ def _ms(report) -> str:
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if not FLAGS.timeout_s > 0:
+        raise app.UsageError(f"--timeout_s must be positive, got {FLAGS.timeout_s}")
     if FLAGS.soak_seconds and FLAGS.protocol != "grpc":
         raise app.UsageError("--soak_seconds runs gRPC streams: add --protocol grpc (and the gRPC port in --url)")
     url = FLAGS.url or ("localhost:8000" if FLAGS.protocol == "http" else "localhost:8001")
@@ -73,9 +77,10 @@ def main(argv: list[str]) -> int:
             for message in soak_report.first_errors:
                 print(f"  error: {message}")
             records.append({"type": "soak", "batch_size": rows, **vars(soak_report)})
-    except (TritonClientError, DatasetError) as e:
+    except TritonClientError as e:  # the server: unreachable, no such model, shapes that do not match
         print(f"error: {e}", file=sys.stderr)
         return 1
+    # a bad --dataset raises DatasetError: cli.run prints it as one line and exits 2
     if FLAGS.log_path:
         with open(FLAGS.log_path, "a") as log:
             for record in records:
@@ -84,4 +89,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -9,6 +9,7 @@ prints the HTTP and gRPC addresses (free ports on 127.0.0.1 unless --http_port/-
 given). Logic: dlrm/inference/triton_server.py.
 """
 
+import os
 import signal
 import sys
 import tempfile
@@ -17,19 +18,28 @@ import threading
 from absl import app, flags
 
 from dlrm.inference.triton_server import LocalTritonServer, ServerEnv, TritonServerError
+from dlrm.scripts import cli
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_repository", None, "Model repository to serve.")
 flags.DEFINE_string("server_env", ".venv-tritonserver", "Virtual environment made by triton/setup_server_env.sh.")
 flags.DEFINE_string("workdir", None, "Where the backend directory and tritonserver.log go (default: a temporary one).")
-flags.DEFINE_integer("http_port", None, "HTTP port (default: a free one).")
-flags.DEFINE_integer("grpc_port", None, "gRPC port (default: a free one).")
+flags.DEFINE_integer("http_port", None, "HTTP port (default: a free one).", lower_bound=1, upper_bound=65535)
+flags.DEFINE_integer("grpc_port", None, "gRPC port (default: a free one).", lower_bound=1, upper_bound=65535)
 flags.mark_flag_as_required("model_repository")
 
 
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if not os.path.isdir(FLAGS.model_repository):
+        what = "is not a directory" if os.path.exists(FLAGS.model_repository) else "does not exist"
+        raise app.UsageError(f"--model_repository {FLAGS.model_repository} {what}; write one with "
+                             f"python triton/deployer.py --python_backend --instance_kind cpu")
+    if FLAGS.workdir and os.path.exists(FLAGS.workdir) and not os.path.isdir(FLAGS.workdir):
+        raise app.UsageError(f"--workdir {FLAGS.workdir} is a file; give a directory (created if missing)")
+    if FLAGS.http_port and FLAGS.http_port == FLAGS.grpc_port:
+        raise app.UsageError(f"--http_port and --grpc_port are both {FLAGS.http_port}; give two ports")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -54,4 +64,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -43,6 +43,18 @@ def dtype_for_cardinality(cardinality: int) -> np.dtype:
     raise ValueError(f"cardinality {cardinality} does not fit in int64 (max id {np.iinfo(np.int64).max})")
 
 
+def _first_bad_byte(path: str) -> str:
+    """Where a file stops being UTF-8, for the message (the decoder's offset is within a chunk)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        return f"byte 0x{data[e.start]:02x} at offset {e.start}, line {line}"
+    return "it changed while being read"
+
+
 @dataclass
 class SplitPaths:
     """Absolute file paths of one split; ``categorical`` follows the categorical channel order."""
@@ -85,6 +97,15 @@ class FeatureSpec:
                 f"{path}: feature spec not found; point the data path at a dataset directory that "
                 f"holds {SPEC_FILE_NAME} (create one with `python -m dlrm.scripts.transcode`)"
             ) from None
+        except UnicodeDecodeError:
+            raise FeatureSpecError(
+                f"{path}: not UTF-8 text ({_first_bad_byte(path)}); a feature spec is a YAML text file: "
+                f"save it as UTF-8, or point the data path at the dataset's {SPEC_FILE_NAME}"
+            ) from None
+        except IsADirectoryError:
+            raise FeatureSpecError(f"{path}: is a directory, not a feature spec file") from None
+        except OSError as e:
+            raise DatasetError(f"{path}: cannot read the feature spec: {e.strerror or e}") from None
         except yaml.YAMLError as e:
             raise FeatureSpecError(f"{path}: not valid YAML: {e}") from None
         if not isinstance(raw, dict):

@@ -162,10 +162,18 @@ def _read_chunks(layout: _Layout, chunk_rows: int) -> Iterator[_Chunk]:
         f = open(layout.path, "r", encoding="utf-8")
     except FileNotFoundError:
         raise DatasetError(f"{layout.path}: input file not found; check the path passed for this split") from None
+    except IsADirectoryError:
+        raise DatasetError(f"{layout.path}: is a directory; pass the text file of this split") from None
     with f:
         line_no = 0
         while True:
-            block = list(itertools.islice(f, chunk_rows))
+            try:
+                block = list(itertools.islice(f, chunk_rows))
+            except UnicodeDecodeError as e:
+                raise DatasetError(
+                    f"{layout.path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} in or after line {line_no + 1}); "
+                    f"transcode reads CSV/TSV text of numbers: check the path, or save the file as UTF-8"
+                ) from None
             if not block:
                 return
             lines: list[str] = []
@@ -242,19 +250,38 @@ def transcode(
         except ValueError as e:
             raise DatasetError(f"categorical feature {j}: {e}") from None
 
+    created = _missing_dirs(output_dir, tuple(inputs))  # removed again if a split fails
     os.makedirs(output_dir, exist_ok=True)
     spec = FeatureSpec.default(num_numerical, cards, splits=tuple(inputs), base_directory=os.path.abspath(output_dir))
     card_array = np.asarray(cards, dtype=np.int64)
-    with contextlib.ExitStack() as writers:  # all splits commit together, or none does
-        for split, path in inputs.items():
-            writer = writers.enter_context(SplitBinaryWriter(spec, split))
-            for chunk in _read_chunks(layout(path, card_array), chunk_rows):
-                writer.write(
-                    Batch(
-                        numerical=torch.from_numpy(chunk.numerical),
-                        categorical=torch.from_numpy(chunk.categorical),
-                        label=torch.from_numpy(chunk.label),
+    try:
+        with contextlib.ExitStack() as writers:  # all splits commit together, or none does
+            for split, path in inputs.items():
+                writer = writers.enter_context(SplitBinaryWriter(spec, split))
+                for chunk in _read_chunks(layout(path, card_array), chunk_rows):
+                    writer.write(
+                        Batch(
+                            numerical=torch.from_numpy(chunk.numerical),
+                            categorical=torch.from_numpy(chunk.categorical),
+                            label=torch.from_numpy(chunk.label),
+                        )
                     )
-                )
+                if writer.num_rows == 0:
+                    raise DatasetError(f"{path}: no data lines; each split needs at least one row")
+    except BaseException:
+        for d in created:  # deepest first: only directories this call made, and only if still empty
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
+        raise
     spec.to_yaml(os.path.join(output_dir, SPEC_FILE_NAME))
     return spec
+
+
+def _missing_dirs(output_dir: str, splits: tuple[str, ...]) -> list[str]:
+    """The directories writing ``splits`` under ``output_dir`` would create, deepest first."""
+    missing = [os.path.join(output_dir, s) for s in splits if not os.path.exists(os.path.join(output_dir, s))]
+    d = os.path.abspath(output_dir)
+    while not os.path.exists(d):
+        missing.append(d)
+        d = os.path.dirname(d)
+    return missing

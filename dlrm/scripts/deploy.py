@@ -1,4 +1,4 @@
-"""Write a Triton Inference Server model repository from a checkpoint.
+r"""Write a Triton Inference Server model repository from a checkpoint.
 
     python -m dlrm.scripts.deploy --checkpoint ckpt/ --model_repository models/ \
         [--format onnx|torchscript] [--python_backend] [--numerical_type fp32|fp16] [--instance_kind gpu|cpu]
@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-import sys
+import os
 
 from absl import app, flags
 from absl import logging as absl_logging
@@ -18,7 +18,7 @@ from absl import logging as absl_logging
 from dlrm.inference.triton_repository import (
     FORMATS, INSTANCE_KINDS, NUMERICAL_TYPES, TritonModelConfig, deploy_checkpoint,
 )
-from dlrm.training.checkpoint import CheckpointError
+from dlrm.scripts import cli
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("checkpoint", None, "Checkpoint directory (as written by training).")
@@ -43,13 +43,16 @@ flags.DEFINE_list("check_batch_sizes", ["1", "64", "4096"], "Batch sizes the fil
 flags.mark_flags_as_required(["checkpoint", "model_repository"])
 
 
-def _ints(values: list[str] | None, flag: str) -> list[int] | None:
+def _ints(values: list[str] | None, flag: str, positive: bool = False) -> list[int] | None:
     if values is None:
         return None
     try:
-        return [int(v) for v in values]
+        ints = [int(v) for v in values]
     except ValueError:
         raise app.UsageError(f"--{flag} must be a comma-separated list of integers, got {','.join(values)}") from None
+    if positive and any(i < 1 for i in ints):
+        raise app.UsageError(f"--{flag} must be positive, got {','.join(values)}")
+    return ints
 
 
 def main(argv: list[str]) -> int:
@@ -68,12 +71,12 @@ def main(argv: list[str]) -> int:
         cfg.validate()
     except ValueError as e:
         raise app.UsageError(str(e)) from None
-    try:
-        deployed = deploy_checkpoint(FLAGS.checkpoint, FLAGS.model_repository, cfg,
-                                     _ints(FLAGS.check_batch_sizes, "check_batch_sizes"))
-    except CheckpointError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    check_batch_sizes = _ints(FLAGS.check_batch_sizes, "check_batch_sizes", positive=True)
+    if os.path.exists(FLAGS.model_repository) and not os.path.isdir(FLAGS.model_repository):
+        raise app.UsageError(f"--model_repository {FLAGS.model_repository} is a file; give a directory "
+                             f"(created if missing)")
+    # a bad checkpoint raises CheckpointError: cli.run prints it as one line and exits 2
+    deployed = deploy_checkpoint(FLAGS.checkpoint, FLAGS.model_repository, cfg, check_batch_sizes)
     flavour = "python backend" if cfg.python_backend else f"platform {FORMATS[cfg.format][1]}"
     print(f"deployed {cfg.model_name!r} ({flavour}, {cfg.format}, numerical {cfg.numerical_type}) "
           f"to {deployed.model_dir}")
@@ -85,7 +88,7 @@ def main(argv: list[str]) -> int:
 
 
 def run() -> None:
-    app.run(main)
+    cli.run(main)
 
 
 if __name__ == "__main__":

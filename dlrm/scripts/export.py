@@ -1,4 +1,4 @@
-"""Export a checkpoint for serving and check the files against the eager model.
+r"""Export a checkpoint for serving and check the files against the eager model.
 
     python -m dlrm.scripts.export --checkpoint /ckpt/last --output /models/dlrm \
         [--format onnx,torchscript] [--opset 17]
@@ -10,13 +10,12 @@ each file against the eager model per batch size.
 from __future__ import annotations
 
 import os
-import sys
 
 from absl import app, flags
 from absl import logging as absl_logging
 
 from dlrm.inference.export import build_inference_model, check_export, export_onnx, export_torchscript
-from dlrm.training.checkpoint import CheckpointError
+from dlrm.scripts import cli
 
 FORMATS = {"onnx": "model.onnx", "torchscript": "model.pt"}
 
@@ -40,11 +39,17 @@ def main(argv: list[str]) -> int:
         batch_sizes = [int(b) for b in FLAGS.check_batch_sizes]
     except ValueError:
         raise app.UsageError(f"--check_batch_sizes must be integers, got {FLAGS.check_batch_sizes}") from None
-    try:
-        model = build_inference_model(FLAGS.checkpoint)
-    except CheckpointError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    if any(b < 1 for b in batch_sizes):
+        raise app.UsageError(f"--check_batch_sizes must be positive, got {FLAGS.check_batch_sizes}")
+    if "onnx" in FLAGS.format:
+        import onnx  # the exporter needs it anyway; only here for the highest opset it can write
+
+        if FLAGS.opset > onnx.defs.onnx_opset_version():
+            raise app.UsageError(f"--opset {FLAGS.opset}: the installed onnx writes opsets up to "
+                                 f"{onnx.defs.onnx_opset_version()}")
+    if os.path.exists(FLAGS.output) and not os.path.isdir(FLAGS.output):
+        raise app.UsageError(f"--output {FLAGS.output} is a file; give a directory (created if missing)")
+    model = build_inference_model(FLAGS.checkpoint)  # CheckpointError: one line and exit 2 (cli.run)
     for fmt in FLAGS.format:
         path = os.path.join(FLAGS.output, FORMATS[fmt])
         if fmt == "onnx":
@@ -59,4 +64,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

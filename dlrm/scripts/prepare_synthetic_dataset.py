@@ -1,4 +1,4 @@
-"""Write a synthetic split-binary dataset (labels from a hidden model, so it can be learned).
+r"""Write a synthetic split-binary dataset (labels from a hidden model, so it can be learned).
 
     python -m dlrm.scripts.prepare_synthetic_dataset --synthetic_dataset_dir /data/synthetic
     python -m dlrm.scripts.prepare_synthetic_dataset --synthetic_dataset_dir /data/fl15 \
@@ -16,6 +16,7 @@ import time
 from absl import app, flags
 
 from dlrm.data.synthetic import FL15_CARDINALITIES, write_synthetic_dataset
+from dlrm.scripts import cli
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("synthetic_dataset_dir", None, "Dataset directory to write (must be empty or absent).")
@@ -47,6 +48,9 @@ def main(argv: list[str]) -> int:
             table_sizes = [int(s) for s in FLAGS.synthetic_dataset_table_sizes]
         except ValueError:
             raise app.UsageError(f"--synthetic_dataset_table_sizes must be integers, got {FLAGS.synthetic_dataset_table_sizes}") from None
+        if any(s < 1 for s in table_sizes):
+            raise app.UsageError(f"--synthetic_dataset_table_sizes must be at least 1 (rows per table), "
+                                 f"got {FLAGS.synthetic_dataset_table_sizes}")
     rows = {"train": FLAGS.synthetic_dataset_num_entries, "test": FLAGS.num_test_entries,
             "validation": FLAGS.num_validation_entries}
     samples = {split: n for split, n in rows.items() if n > 0}  # a split of 0 rows is left out
@@ -63,9 +67,14 @@ def main(argv: list[str]) -> int:
         write_synthetic_dataset(FLAGS.synthetic_dataset_dir, FLAGS.num_numerical_features, table_sizes, samples,
                                 batch_size=FLAGS.batch_size, seed=FLAGS.seed, overwrite=FLAGS.overwrite,
                                 progress=progress)
-    except (FileExistsError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    except ValueError as e:  # settings the flags' own checks let through
+        raise app.UsageError(str(e)) from None
+    except OSError as e:
+        if e.errno is None:  # the writer's own: a non-empty directory, or a file in its place
+            raise app.UsageError(str(e)) from None
+        # the system's: a parent that is a file, no permission, disk full
+        raise app.UsageError(f"cannot write --synthetic_dataset_dir {FLAGS.synthetic_dataset_dir}: "
+                             f"{e.strerror}" + (f" ({e.filename})" if e.filename else "")) from None
     seconds = time.perf_counter() - start
     out = FLAGS.synthetic_dataset_dir
     print(f"wrote {out} in {seconds:.1f} s: {FLAGS.num_numerical_features} numerical, {len(table_sizes)} categorical "
@@ -79,4 +88,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -1,4 +1,4 @@
-"""Convert CSV/TSV files of integer-coded features into a split-binary dataset.
+r"""Convert CSV/TSV files of integer-coded features into a split-binary dataset.
 
     python -m dlrm.scripts.transcode --train train.tsv --test test.tsv --output /data/mine \
         --num_numerical 13 --num_categorical 26 [--validation val.tsv] [--delimiter comma] \
@@ -7,12 +7,13 @@
 
 from __future__ import annotations
 
-import sys
+import os
 
 from absl import app, flags
 
 from dlrm.data.errors import DatasetError
 from dlrm.data.transcode import transcode
+from dlrm.scripts import cli
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("train", None, "Text file of the train split.")
@@ -39,6 +40,8 @@ def main(argv: list[str]) -> int:
             cardinalities = [int(c) for c in FLAGS.cardinalities]
         except ValueError:
             raise app.UsageError(f"--cardinalities must be integers, got {FLAGS.cardinalities}") from None
+    if os.path.exists(FLAGS.output) and not os.path.isdir(FLAGS.output):
+        raise app.UsageError(f"--output {FLAGS.output} is a file; give a directory (created if missing)")
     try:
         spec = transcode(
             inputs,
@@ -49,12 +52,13 @@ def main(argv: list[str]) -> int:
             cardinalities=cardinalities,
             chunk_rows=FLAGS.chunk_rows,
         )
-    except (DatasetError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    except DatasetError:
+        raise  # bad input file: cli.run prints the message (file, line, fix) and exits 2
+    except ValueError as e:  # settings the flags' own checks let through
+        raise app.UsageError(str(e)) from None
     print(f"wrote {FLAGS.output}: splits {spec.splits}, cardinalities {spec.cardinalities}")
     return 0
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

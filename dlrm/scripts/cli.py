@@ -1,0 +1,158 @@
+"""One runner for every absl script: help that exits 0, and user errors as one line, exit 2.
+
+    from dlrm.scripts import cli
+    if __name__ == "__main__":
+        cli.run(main)
+
+What a user sees, whatever the script:
+
+- ``--help`` (also ``--helpshort``, ``-h``, ``-?``): the docstring of the module that defines the
+  flags, then its own flags; exit 0. ``--helpfull``: every flag, absl's and the libraries' too;
+  exit 0. (absl alone shows the flags of ``__main__`` only, which for a thin wrapper such as
+  ``triton/deployer.py`` are none, and exits 1.)
+- A bad flag (a value that does not parse or is out of bounds, an unknown flag, a required flag
+  left out): ``error: <message naming the flag>`` on one line of stderr; exit 2.
+- ``app.UsageError`` from main, or an exception of a class in ``errors`` (by default the
+  dataset, checkpoint and placement-plan errors, whose messages name the file and the fix):
+  ``<prefix()>error: <message>`` on one line of stderr; exit 2.
+- Anything else is a bug and keeps its traceback.
+
+main's return value is the exit status (None: 0), as with ``app.run``, whose logging set-up this
+keeps: it is ``app.run`` with a flags parser and a guard around main.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Callable, NoReturn
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+
+# Named, not imported: a class can only have been raised if its module was imported, so a name is
+# looked up in sys.modules when an exception arrives, and a script that never loads torch (which
+# the checkpoint module imports) does not pay for it here.
+DEFAULT_ERRORS: tuple[type[BaseException] | str, ...] = (
+    "dlrm.data.errors.DatasetError",
+    "dlrm.training.checkpoint.CheckpointError",
+    "dlrm.distributed.planner.PlanError",
+)
+USAGE_ERROR_EXIT = 2
+
+_SHORT_HELP = {"-h", "-?", "--help", "-help", "--helpshort", "-helpshort"}
+_FULL_HELP = {"--helpfull", "-helpfull"}
+_REQUIRED = re.compile(r"^flag --(\w+)=None: Flag --\1 must have a value other than None\.?$")
+
+
+def _resolve(errors: tuple[type[BaseException] | str, ...]) -> tuple[type[BaseException], ...]:
+    classes = []
+    for entry in errors:
+        if isinstance(entry, str):
+            module_name, _, class_name = entry.rpartition(".")
+            module = sys.modules.get(module_name)
+            entry = getattr(module, class_name, None) if module is not None else None
+            if entry is None:
+                continue  # not imported: nothing of that class can have been raised
+        classes.append(entry)
+    return tuple(classes)
+
+
+def _one_line(message: object) -> str:
+    """Joins a multi-line message into one line (stripped pieces, separated by '; ')."""
+    return "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
+
+
+def _fail(prefix: Callable[[], str], message: object) -> NoReturn:
+    try:
+        where = prefix()
+    except Exception:  # a prefix that fails must not hide the error being reported
+        where = ""
+    sys.stdout.flush()
+    print(f"{where}error: {_one_line(message)}", file=sys.stderr, flush=True)
+    sys.exit(USAGE_ERROR_EXIT)
+
+
+def _flags_module(main: Callable) -> str:
+    """The name under which absl filed the flags of ``main``'s module.
+
+    absl files the flags a module defines under its import name, or under ``sys.argv[0]`` for
+    ``__main__`` (a script, or ``python -m``). ``main`` lives in the defining module, which may
+    differ from ``__main__`` (``triton/deployer.py`` runs ``dlrm.scripts.deploy``'s main).
+    """
+    module_name = getattr(main, "__module__", None) or "__main__"
+    module = sys.modules.get(module_name)
+    candidates = [module_name]
+    if module_name == "__main__":
+        candidates.append(sys.argv[0])
+    if module is not None and getattr(module, "__file__", None):
+        candidates.append(module.__file__)
+    by_module = FLAGS.flags_by_module_dict()
+    for name in candidates:
+        if name in by_module:
+            return name
+    return sys.argv[0]  # absl's own choice for --help
+
+
+def _help(main: Callable, full: bool) -> NoReturn:
+    module_name = _flags_module(main)
+    module = sys.modules.get(getattr(main, "__module__", "") or "__main__")
+    doc = (getattr(module, "__doc__", None) or "").strip("\n")
+    out = [doc.rstrip() + "\n"] if doc else []
+    if full:
+        out.append("flags:" + FLAGS.get_help().rstrip())
+    else:
+        own = FLAGS.module_help(module_name).strip("\n")
+        # module_help starts with "<module name>:"; the name is an import name or a file path
+        first, _, rest = own.partition("\n")
+        out.append("flags:\n" + rest if first.endswith(":") else own)
+        out.append("\nTry --helpfull to see every flag, absl's and the libraries' too.")
+    print("\n".join(out), flush=True)
+    sys.exit(0)
+
+
+def _parser(main: Callable, prefix: Callable[[], str]) -> Callable[[list[str]], list[str]]:
+    def parse(argv: list[str]) -> list[str]:
+        args = argv[1:]
+        if "--" in args:
+            args = args[: args.index("--")]
+        if any(a in _FULL_HELP for a in args):
+            _help(main, full=True)
+        if any(a in _SHORT_HELP for a in args):
+            _help(main, full=False)
+        try:
+            return FLAGS(argv)
+        except flags.Error as e:
+            message = _one_line(e)
+            required = _REQUIRED.match(message)
+            if required:
+                message = f"--{required.group(1)} is required (see --help)"
+            _fail(prefix, message)
+
+    return parse
+
+
+def run(
+    main: Callable[[list[str]], int | None],
+    errors: tuple[type[BaseException] | str, ...] = DEFAULT_ERRORS,
+    prefix: Callable[[], str] = lambda: "",
+) -> NoReturn:
+    """Parses the flags and runs ``main(argv)``; exits with its return value (None: 0).
+
+    ``errors``: exception classes (or dotted names of them) that are the user's doing; each is
+    reported as one line, exit 2. ``prefix()`` is called when an error is reported and goes in
+    front of ``error:``, e.g. ``"rank 3: "`` in a multi-process job.
+    """
+    def guarded(argv: list[str]) -> int | None:
+        try:
+            return main(argv)
+        except app.UsageError as e:
+            _fail(prefix, e)
+        except Exception as e:
+            if isinstance(e, _resolve(errors)):
+                _fail(prefix, e)
+            raise
+
+    app.run(guarded, flags_parser=_parser(main, prefix))
+    raise AssertionError("app.run returned")  # it always exits
