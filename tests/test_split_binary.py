@@ -289,3 +289,31 @@ def test_writer_exception_keeps_previous_files(tmp_path):
     with pytest.raises(DatasetError):
         write_split(spec, "train", numerical, categorical, label, chunk=20)
     assert {p: (tmp_path / "train" / p).read_bytes() for p in os.listdir(tmp_path / "train")} == before
+
+
+@pytest.mark.parametrize("chunk_rows", [7, 1 << 22])
+def test_validate_finds_every_bad_value_before_reading_batches(tmp_path, chunk_rows):
+    """``validate`` scans whole columns (in chunks) and reports what ``read_batch`` would, up front."""
+    spec, (numerical, categorical, label) = dataset(tmp_path, n=50, cards=(5, 300, 70000))
+    SplitBinaryReader(spec, "train", batch_size=8).validate(chunk_rows=chunk_rows)  # clean data passes
+
+    ids = categorical[:, 2].astype(np.int32)
+    ids[41] = 70000
+    ids.tofile(tmp_path / "train" / "cat_2.bin")
+    with pytest.raises(DatasetError, match=r"cat_2.bin: categorical feature .* has id 70000 at row 41"):
+        SplitBinaryReader(spec, "train", batch_size=8).validate(chunk_rows=chunk_rows)
+    SplitBinaryReader(spec, "train", batch_size=8, check_ids=False).validate(chunk_rows=chunk_rows)  # hashed ids
+    SplitBinaryReader(spec, "train", batch_size=8, categorical_features=[0, 1]).validate(chunk_rows=chunk_rows)
+
+    values = numerical.astype(np.float16)
+    values[33, 2] = np.nan
+    values.tofile(tmp_path / "train" / "numerical.bin")
+    with pytest.raises(DatasetError, match=r"numerical.bin: numerical feature .* is nan at row 33"):
+        SplitBinaryReader(spec, "train", batch_size=8, categorical_features=[]).validate(chunk_rows=chunk_rows)
+
+    labels = label.astype(np.uint8).reshape(-1)
+    labels[48] = 7
+    labels.tofile(tmp_path / "train" / "label.bin")
+    with pytest.raises(DatasetError, match=r"label.bin: label byte 7 at row 48 is not 0 or 1"):
+        SplitBinaryReader(spec, "train", batch_size=8, read_numerical=False,
+                          categorical_features=[]).validate(chunk_rows=chunk_rows)

@@ -32,9 +32,54 @@ def batch_order(num_batches: int, epoch: int, seed: int, shuffle: bool) -> np.nd
 
 
 class BatchSource(Protocol):
+    batch_size: int
+    num_samples: int
+
     def __len__(self) -> int: ...
 
     def read_batch(self, index: int) -> Batch: ...
+
+
+class RowOffsetSource:
+    """The batches of ``source`` that start ``offset`` rows into the split: where a run resumed
+    with another batch size continues, at the exact next sample. ``source`` reads any row range
+    (``read_rows``), as the split-binary reader does."""
+
+    def __init__(self, source: Any, offset: int):
+        self.source = source
+        self.offset = offset
+        self.batch_size = source.batch_size
+        self.num_samples = max(source.num_samples - offset, 0)
+
+    def __len__(self) -> int:
+        return -(-self.num_samples // self.batch_size)
+
+    def read_batch(self, index: int) -> Batch:
+        start = index * self.batch_size
+        return self.source.read_rows(self.offset + start, min(self.batch_size, self.num_samples - start))
+
+
+def remaining_batches(
+    source: Any, epoch: int, samples_done: int, seed: int, shuffle: bool
+) -> tuple[Any, np.ndarray, int]:
+    """What is left of an epoch of which ``samples_done`` samples are trained: ``(source to read,
+    batch indices in order, the sample the first of them starts at)``.
+
+    On a batch boundary of the source's batch size this is the rest of the epoch's batch order.
+    Between boundaries (a resume with another batch size; callers refuse that for a shuffled
+    order, whose batches were of the old size) a source that reads any rows continues at the exact
+    next sample, and one that generates whole batches (synthetic data) at the next boundary."""
+    batch_size, num_samples = source.batch_size, source.num_samples
+    if samples_done >= num_samples:
+        return source, np.zeros(0, dtype=np.int64), num_samples
+    if samples_done % batch_size == 0:
+        order = batch_order(len(source), epoch, seed, shuffle)
+        return source, order[samples_done // batch_size:], samples_done
+    if getattr(source, "reads_any_rows", hasattr(source, "read_rows")):
+        offset = RowOffsetSource(source, samples_done)
+        return offset, np.arange(len(offset), dtype=np.int64), samples_done
+    first = -(-samples_done // batch_size)
+    return source, np.arange(first, len(source), dtype=np.int64), min(first * batch_size, num_samples)
 
 
 class _End:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import BinaryIO, Sequence
 
@@ -331,6 +332,38 @@ class SplitBinaryReader:
             if self.check_ids and count:
                 self._check_ids(ids, col, self._cardinalities[j], start)
         return Batch(numerical=numerical_t, categorical=torch.from_numpy(categorical).t(), label=label_t)
+
+    def validate(self, chunk_rows: int = 1 << 22, threads: int = 4) -> None:
+        """Reads every value of every column this reader reads, before any training, and raises
+        the error that reading it mid-run would raise: label bytes other than 0/1, non-finite
+        numerical values, and (unless ids are hashed) ids outside [0, cardinality). Columns are
+        scanned in parallel in chunks of ``chunk_rows`` rows (vectorised min/max; preadv and numpy
+        release the GIL); docs/data_format.md states the measured speed."""
+
+        def scan(j: int) -> None:
+            col = self._columns()[j]
+            for start in range(0, self.num_samples, chunk_rows):
+                values = col.read(start, min(chunk_rows, self.num_samples - start))
+                if col is self._label:
+                    if values.size and values.view(np.uint8).max() > 1:
+                        row = start + int(np.argmax(values.view(np.uint8) > 1))
+                        raise DatasetError(f"{col.path}: label byte {values.view(np.uint8)[row - start]} at row {row} "
+                                           "is not 0 or 1; re-create the split")
+                elif col is self._numerical:
+                    finite = np.isfinite(values)
+                    if not finite.all():
+                        row, k = (int(v[0]) for v in np.nonzero(~finite))
+                        raise DatasetError(
+                            f"{col.path}: numerical feature '{self.spec.numerical_names[k]}' is "
+                            f"{values[row, k]} at row {start + row}; re-create the split (values must be finite)"
+                        )
+                elif self.check_ids and values.size:
+                    self._check_ids(values, col, self._cardinalities[self._categorical.index(col)], start)
+
+        columns = range(len(self._columns()))
+        with ThreadPoolExecutor(max_workers=max(1, min(threads, len(columns)))) as pool:
+            for _ in pool.map(scan, columns):  # re-raises the first column's error
+                pass
 
     @staticmethod
     def _check_ids(ids: np.ndarray, col: _Column, cardinality: int, start: int) -> None:

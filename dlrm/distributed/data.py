@@ -35,6 +35,7 @@ class RankSource:
         else:
             self._whole = probe
         base = self._whole if self._whole is not None else self._ids
+        self.reads_any_rows = self._whole is None  # generated sources come in whole batches only
         self.batch_size = base.batch_size
         self.num_samples = base.num_samples
         self._len = len(base)
@@ -49,14 +50,27 @@ class RankSource:
     def read_batch(self, index: int) -> Batch:
         start = index * self.batch_size
         count = min(self.batch_size, self.num_samples - start)
-        own_start, own_count = self._own_rows(start, count)
         if self._whole is not None:
+            own_start, own_count = self._own_rows(start, count)
             whole = self._whole.read_batch(index)
             rows = slice(own_start - start, own_start - start + own_count)
             return Batch(whole.numerical[rows], whole.categorical[:, self.tables], whole.label[rows])
+        return self.read_rows(start, count)
+
+    def read_rows(self, start: int, count: int) -> Batch:
+        """The global batch of rows [start, start+count): ids of this process's tables for every
+        row, label and numerical values of its own share of the rows only."""
+        if self._whole is not None:
+            raise TypeError("a generated source is read in whole batches only (read_batch)")
+        own_start, own_count = self._own_rows(start, count)
         ids = self._ids.read_rows(start, count).categorical
         dense = self._dense.read_rows(own_start, own_count)
         return Batch(dense.numerical, ids, dense.label)
+
+    def validate(self) -> None:
+        """Checks every value this process will read (see ``SplitBinaryReader.validate``)."""
+        for source in (self._ids, self._dense) if self._whole is None else ():
+            source.validate()
 
     def close(self) -> None:
         for source in (self._whole, getattr(self, "_ids", None), getattr(self, "_dense", None)):

@@ -11,12 +11,15 @@ Flags follow NVIDIA's DLRM example where a flag of the same name exists there.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import os
 import signal
 import sys
 import tempfile
 import threading
+from typing import Any, Callable
 
 import torch
 from absl import app, flags
@@ -32,7 +35,8 @@ from dlrm.distributed.process_group import DistEnv, device_memory_bytes, dist_en
 from dlrm.inference.benchmark import benchmark_inference, exported_forward, format_table
 from dlrm.inference.graphed import GraphedInference
 from dlrm.model.dlrm import DLRM, DLRMConfig
-from dlrm.training.checkpoint import CheckpointError, load_checkpoint
+from dlrm.scripts import cli
+from dlrm.training.checkpoint import CheckpointError, CheckpointLock, load_checkpoint
 from dlrm.training.cuda_graphs import check_cuda_graphs_supported
 from dlrm.training.logger import RunLogger
 from dlrm.training.lr_schedule import LRSchedule
@@ -100,6 +104,13 @@ flags.DEFINE_integer("synthetic_dataset_numerical_features", 13, "Numerical feat
 flags.DEFINE_string("load_checkpoint_path", None, "Checkpoint directory to load; in train mode the run resumes from it.")
 flags.DEFINE_string("save_checkpoint_path", None, "Directory to save the checkpoint to (atomically) at the end.")
 flags.DEFINE_integer("checkpoint_freq", None, "Also save every this many steps.")
+flags.DEFINE_boolean("skip_checkpoint_verify", False,
+                     "Load --load_checkpoint_path without comparing its files' checksums with those saved in "
+                     "meta.json (sizes, shapes and safe unpickling are still checked). For a damaged checkpoint "
+                     "you mean to load anyway.")
+flags.DEFINE_boolean("validate_dataset", True,
+                     "Before the first step, read every value of every split the run uses and stop with a clear "
+                     "error on a bad label, numerical value or id (see docs/data_format.md for its speed).")
 
 # Output
 flags.DEFINE_string("log_path", "./log.json", "JSON-lines log: the flags, periodic metrics and a final summary.")
@@ -148,16 +159,40 @@ def _validate_flags() -> None:
         raise app.UsageError("--max_table_size needs --hash_indices (ids above the cap must be mapped somewhere)")
     if FLAGS.mode == "test" and not FLAGS.load_checkpoint_path:
         raise app.UsageError("--mode test evaluates a trained model: pass --load_checkpoint_path")
-    for name in ("batch_size", "test_batch_size", "epochs", "print_freq", "inference_benchmark_steps"):
-        if FLAGS[name].value <= 0:
-            raise app.UsageError(f"--{name} must be positive")
+    for name in ("batch_size", "test_batch_size", "epochs", "print_freq", "inference_benchmark_steps", "max_steps",
+                 "test_freq", "checkpoint_freq", "max_table_size", "device_memory_gb", "dist_timeout"):
+        if FLAGS[name].value is not None and not FLAGS[name].value > 0:  # "not >": NaN fails too
+            raise app.UsageError(f"--{name} must be positive, got {FLAGS[name].value}")
+    for name in ("lr", "test_after", "decay_end_lr", "benchmark_warmup_steps",
+                 "synthetic_dataset_num_entries", "synthetic_dataset_num_test_entries",
+                 "synthetic_dataset_numerical_features"):
+        if not (FLAGS[name].value >= 0 and math.isfinite(FLAGS[name].value)):
+            raise app.UsageError(f"--{name} must be a finite number >= 0, got {FLAGS[name].value}")
+    if FLAGS.auc_threshold is not None and not 0 < FLAGS.auc_threshold <= 1:
+        raise app.UsageError(f"--auc_threshold must be in (0, 1], got {FLAGS.auc_threshold}")
+    if any(size < 1 for size in _ints(FLAGS.synthetic_dataset_table_sizes, "synthetic_dataset_table_sizes")):
+        raise app.UsageError("--synthetic_dataset_table_sizes must be positive integers")
     if FLAGS.dataset_type in SPLIT_BINARY_TYPES and not FLAGS.dataset:
         raise app.UsageError(f"--dataset_type {FLAGS.dataset_type} needs --dataset")
+    try:
+        _schedule()
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
+
+
+def _schedule() -> LRSchedule:
+    return LRSchedule(FLAGS.lr, FLAGS.warmup_steps, FLAGS.warmup_factor, FLAGS.decay_start_step,
+                      FLAGS.decay_steps, FLAGS.decay_power, FLAGS.decay_end_lr)
 
 
 def _device(env: DistEnv | None) -> torch.device:
     name = FLAGS.base_device or ("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise app.UsageError(f"--base_device {name}: not a device; use cuda, cuda:N or cpu") from None
+    if device.type not in ("cuda", "cpu"):
+        raise app.UsageError(f"--base_device {name}: this program runs on cuda or cpu")
     if env is not None and device.type == "cuda":
         device = torch.device("cuda", env.local_rank)  # one GPU per process
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -173,22 +208,30 @@ def _our_flags() -> dict:
     }
 
 
-def _stop_on_signals() -> threading.Event:
-    """First Ctrl-C / SIGTERM: finish the step, save a checkpoint, stop. Second Ctrl-C: abort."""
-    stop = threading.Event()
+class _StopOnSignals:
+    """First Ctrl-C / SIGTERM: finish the step, save a checkpoint, stop; the process then exits
+    with ``exit_code`` (128 + the signal: 130, 143), so a scheduler sees a stop, not a completion.
+    A second Ctrl-C aborts at once."""
 
-    def handler(signum: int, frame: object) -> None:
-        if stop.is_set() and signum == signal.SIGINT:
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.signum: int | None = None
+        signal.signal(signal.SIGINT, self._handle)
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.event.is_set() and signum == signal.SIGINT:
             raise KeyboardInterrupt
         print(f"\nReceived signal {signum}: stopping after this step (Ctrl-C again to abort).", flush=True)
-        stop.set()
+        self.signum = signum
+        self.event.set()
 
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
-    return stop
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.signum is None else 128 + self.signum
 
 
-def _exit_now() -> None:
+def _exit_now(code: int) -> None:
     """Ends a finished distributed process without interpreter finalization.
 
     Everything is written, flushed and the process group destroyed by now. gloo's C++ threads can
@@ -197,23 +240,27 @@ def _exit_now() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     logging.shutdown()
-    os._exit(0)
+    os._exit(code)
 
 
-def main(argv: list[str]) -> None:
+def _rank_prefix() -> str:
     env = dist_env()
-    where = f"rank {env.rank}: " if env is not None else ""
+    return f"rank {env.rank}: " if env is not None else ""
+
+
+def main(argv: list[str]) -> int:
+    env = dist_env()
     try:
-        _main(argv, env)
-        if env is not None:
-            _exit_now()
-    except (DatasetError, CheckpointError, PlanError) as e:  # bad input: say what and how to fix, no traceback
-        print(f"{where}error: {e}", file=sys.stderr)
-        sys.exit(2)
+        code = _main(argv, env)
+    except (app.UsageError, DatasetError, CheckpointError, PlanError):
+        raise  # bad input: cli.run prints one line naming what and how to fix, and exits 2
     except Exception as e:
         if env is not None:  # say which process failed; the launcher stops the others
-            print(f"{where}failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            print(f"{_rank_prefix()}failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         raise
+    if env is not None:
+        _exit_now(code)
+    return code
 
 
 def _plan(model_cfg: DLRMConfig, env: DistEnv, device: torch.device, logger: RunLogger) -> list[list[int]]:
@@ -229,7 +276,45 @@ def _plan(model_cfg: DLRMConfig, env: DistEnv, device: torch.device, logger: Run
     return plan.tables
 
 
-def _main(argv: list[str], env: DistEnv | None) -> None:
+def _validate(*sources: object) -> None:
+    """Reads every value the run will read before the first step (``--validate_dataset``)."""
+    for source in sources:
+        if FLAGS.validate_dataset and hasattr(source, "validate"):
+            source.validate()
+
+
+def _run_train(model: DLRM, precision: Precision, source: Callable[[str, int], Any], device: torch.device,
+               collectives: Collectives, logger: RunLogger, verify: bool) -> int:
+    """Trains (resuming from --load_checkpoint_path); returns the exit code: 0, or 128 + the
+    signal that stopped the run after its checkpoint was saved."""
+    optimizer = make_optimizer(model, FLAGS.lr)
+    scaler = precision.grad_scaler()
+    train_cfg = TrainConfig(
+        schedule=_schedule(),  # checked by _validate_flags
+        epochs=FLAGS.epochs, max_steps=FLAGS.max_steps, test_freq=FLAGS.test_freq,
+        test_after=FLAGS.test_after, print_freq=FLAGS.print_freq,
+        benchmark_warmup_steps=FLAGS.benchmark_warmup_steps, auc_threshold=FLAGS.auc_threshold,
+        shuffle_batch_order=FLAGS.shuffle_batch_order, seed=FLAGS.seed,
+        save_checkpoint_path=FLAGS.save_checkpoint_path, checkpoint_freq=FLAGS.checkpoint_freq,
+        cuda_graphs=FLAGS.cuda_graphs,
+    )
+    saves = FLAGS.save_checkpoint_path and collectives.rank == 0  # the first process renames into place
+    with CheckpointLock(FLAGS.save_checkpoint_path) if saves else contextlib.nullcontext():
+        state = None
+        if FLAGS.load_checkpoint_path:
+            state = load_checkpoint(FLAGS.load_checkpoint_path, model, optimizer, scaler, restore_rng=True,
+                                    verify=verify)
+            logger.print(f"Resuming from {FLAGS.load_checkpoint_path} at step {state.step}")
+        train_source = source("train", FLAGS.batch_size)
+        test_source = source("test", FLAGS.test_batch_size)
+        _validate(train_source, test_source)
+        stop = _StopOnSignals()
+        train(model, optimizer, scaler, precision, train_source, test_source, train_cfg, device, logger,
+              state=state, run_config=_our_flags(), should_stop=stop.event.is_set, collectives=collectives)
+    return stop.exit_code
+
+
+def _main(argv: list[str], env: DistEnv | None) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     _validate_flags()
@@ -245,7 +330,10 @@ def _main(argv: list[str], env: DistEnv | None) -> None:
         torch.backends.cuda.matmul.allow_tf32 = FLAGS.allow_tf32
         torch.backends.cudnn.allow_tf32 = FLAGS.allow_tf32
     torch.manual_seed(FLAGS.seed)
-    precision = Precision.parse(FLAGS.amp, FLAGS.amp_dtype, device)
+    try:
+        precision = Precision.parse(FLAGS.amp, FLAGS.amp_dtype, device)
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
 
     dataset_type = FLAGS.dataset_type or ("split_binary" if FLAGS.dataset else "synthetic")
     data_cfg = DataConfig(
@@ -274,7 +362,13 @@ def _main(argv: list[str], env: DistEnv | None) -> None:
         model_cfg.validate()
     except ValueError as e:
         raise app.UsageError(str(e))
-    with RunLogger(FLAGS.log_path, enabled=collectives.rank == 0) as logger:
+    verify = not FLAGS.skip_checkpoint_verify
+    exit_code = 0
+    try:
+        logger = RunLogger(FLAGS.log_path, enabled=collectives.rank == 0)
+    except OSError as e:
+        raise app.UsageError(f"--log_path {FLAGS.log_path}: cannot be written ({e.strerror})") from None
+    with logger:
         logger.record("flags", **_our_flags())
         if env is None:
             model = DLRM(model_cfg, device=device)
@@ -300,33 +394,14 @@ def _main(argv: list[str], env: DistEnv | None) -> None:
                 raise app.UsageError(str(e))
 
         if FLAGS.mode == "train":
-            optimizer = make_optimizer(model, FLAGS.lr)
-            scaler = precision.grad_scaler()
-            state = None
-            if FLAGS.load_checkpoint_path:
-                state = load_checkpoint(FLAGS.load_checkpoint_path, model, optimizer, scaler, restore_rng=True)
-                logger.print(f"Resuming from {FLAGS.load_checkpoint_path} at step {state.step}")
-            train_cfg = TrainConfig(
-                schedule=LRSchedule(FLAGS.lr, FLAGS.warmup_steps, FLAGS.warmup_factor, FLAGS.decay_start_step,
-                                    FLAGS.decay_steps, FLAGS.decay_power, FLAGS.decay_end_lr),
-                epochs=FLAGS.epochs, max_steps=FLAGS.max_steps, test_freq=FLAGS.test_freq,
-                test_after=FLAGS.test_after, print_freq=FLAGS.print_freq,
-                benchmark_warmup_steps=FLAGS.benchmark_warmup_steps, auc_threshold=FLAGS.auc_threshold,
-                shuffle_batch_order=FLAGS.shuffle_batch_order, seed=FLAGS.seed,
-                save_checkpoint_path=FLAGS.save_checkpoint_path, checkpoint_freq=FLAGS.checkpoint_freq,
-                cuda_graphs=FLAGS.cuda_graphs,
-            )
-            train_source = source("train", FLAGS.batch_size)
-            test_source = source("test", FLAGS.test_batch_size)
-            stop = _stop_on_signals()
-            train(model, optimizer, scaler, precision, train_source, test_source, train_cfg, device, logger,
-                  state=state, run_config=_our_flags(), should_stop=stop.is_set, collectives=collectives)
+            exit_code = _run_train(model, precision, source, device, collectives, logger, verify)
 
         elif FLAGS.mode == "test":
-            load_checkpoint(FLAGS.load_checkpoint_path, model)
+            load_checkpoint(FLAGS.load_checkpoint_path, model, verify=verify)
             test_source = source("test", FLAGS.test_batch_size)
             if test_source is None:
                 raise app.UsageError(f"the dataset at {FLAGS.dataset} has no test split")
+            _validate(test_source)
             forward = GraphedInference(model, precision) if FLAGS.cuda_graphs else None
             result = evaluate(model, test_source, device, precision, collectives=collectives, forward=forward)
             logger.print(f"Test: auc {result.auc:.6f}  loss {result.loss:.6f}  samples {result.samples}  "
@@ -336,12 +411,18 @@ def _main(argv: list[str], env: DistEnv | None) -> None:
 
         else:
             if FLAGS.load_checkpoint_path:
-                load_checkpoint(FLAGS.load_checkpoint_path, model)
+                load_checkpoint(FLAGS.load_checkpoint_path, model, verify=verify)
+            batch_sizes = _ints(FLAGS.inference_benchmark_batch_sizes, "inference_benchmark_batch_sizes")
+            split = "test" if data_cfg.synthetic or "test" in spec.splits else "train"
+            available = make_source(data_cfg, spec, split, 1, device).num_samples
+            for batch_size in batch_sizes:
+                if not 0 < batch_size <= available:
+                    raise app.UsageError(
+                        f"--inference_benchmark_batch_sizes: {batch_size} is not between 1 and the {available} "
+                        f"samples of the {split} split; choose batch sizes in that range")
 
             def batches_for(batch_size: int) -> list:
-                source = make_source(data_cfg, spec, "test", batch_size, device)
-                if source is None:
-                    source = make_source(data_cfg, spec, "train", batch_size, device)
+                source = make_source(data_cfg, spec, split, batch_size, device)
                 full = [i for i in range(len(source)) if i < len(source) - 1 or source.num_samples % batch_size == 0]
                 return [source.read_batch(i) for i in full[:8]]
 
@@ -363,7 +444,7 @@ def _main(argv: list[str], env: DistEnv | None) -> None:
                 else:
                     forward = None
                 results = benchmark_inference(
-                    model, batches_for, _ints(FLAGS.inference_benchmark_batch_sizes, "inference_benchmark_batch_sizes"),
+                    model, batches_for, batch_sizes,
                     FLAGS.inference_benchmark_steps, max(FLAGS.benchmark_warmup_steps, 10), device, precision,
                     forward=forward, backend=backend,
                 )
@@ -377,10 +458,11 @@ def _main(argv: list[str], env: DistEnv | None) -> None:
     if env is not None:
         torch.distributed.barrier()  # tear down together: gloo aborts if peers vanish mid-teardown
         torch.distributed.destroy_process_group()
+    return exit_code
 
 
 def run() -> None:
-    app.run(main)
+    cli.run(main, prefix=_rank_prefix)
 
 
 if __name__ == "__main__":

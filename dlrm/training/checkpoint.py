@@ -3,6 +3,7 @@
 Layout (independent of the embedding storage and of how tables are placed on devices):
 
     <path>/meta.json          format, model config, tensor shapes, train state, run flags, file sizes
+                              and CRC-32 checksums
     <path>/table_<i>.pt       embedding table i (global table index), [rows, dim]
     <path>/dense.pt           every non-embedding parameter and buffer
     <path>/optimizer.pt       optimizer and gradient-scaler state
@@ -11,6 +12,10 @@ Layout (independent of the embedding storage and of how tables are placed on dev
 Everything is written into ``<path>.tmp`` first, ``meta.json`` last; the finished directory
 then replaces ``<path>`` by two renames. A crash leaves either the previous checkpoint at
 ``<path>``, or (between the renames) the previous one at ``<path>.old``, never a half-written one.
+A run that saves holds ``<path>.lock`` (``CheckpointLock``), so two runs never write one path.
+
+Loading checks the size and checksum of every file it reads before unpickling anything, and turns
+every way a damaged file can fail into a ``CheckpointError`` that names the file.
 
 In hybrid-parallel runs every process writes the tables it holds and the first process the
 rest, into one directory on a file system all processes share; any process count loads it.
@@ -19,12 +24,17 @@ rest, into one directory on a file system all processes share; any process count
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import math
 import os
+import pickle
 import shutil
+import socket
+import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 import torch.distributed as dist
@@ -43,8 +53,22 @@ class TrainState:
 
     step: int = 0  # optimizer updates done
     epoch: int = 0  # epoch of the next batch
-    batch_in_epoch: int = 0  # position of the next batch in that epoch's batch order
+    sample_in_epoch: int = 0  # samples of that epoch already trained on, in the epoch's batch order
+    batch_size: int = 0  # global batch size those samples were read in (0: none read yet)
     best_auc: float = float("nan")
+
+    @classmethod
+    def from_meta(cls, saved: dict[str, Any], run_config: dict[str, Any]) -> "TrainState":
+        """Also reads checkpoints written before positions were counted in samples."""
+        saved = dict(saved)
+        if "batch_in_epoch" in saved:
+            batch_size = int(run_config.get("batch_size") or 0)
+            saved["sample_in_epoch"] = saved.pop("batch_in_epoch") * batch_size
+            saved["batch_size"] = batch_size
+        state = cls(**saved)
+        if state.best_auc is None:
+            state.best_auc = math.nan
+        return state
 
 
 def _table_file(index: int) -> str:
@@ -55,11 +79,40 @@ def _dense_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v for k, v in model.state_dict().items() if not k.startswith("embeddings.")}
 
 
-def _save_tensor_file(obj: Any, path: str) -> None:
+class _Checksummed:
+    """A write-only file that keeps the CRC-32 of what passes through it (no second read)."""
+
+    def __init__(self, f: BinaryIO):
+        self.f = f
+        self.crc = 0
+
+    def write(self, data: bytes) -> int:
+        self.crc = zlib.crc32(data, self.crc)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _save_tensor_file(obj: Any, path: str) -> str:
+    """Writes ``obj`` with ``torch.save``, durably; returns the file's CRC-32 as 8 hex digits."""
     with open(path, "wb") as f:
-        torch.save(obj, f)
+        out = _Checksummed(f)
+        torch.save(obj, out)
         f.flush()
         os.fsync(f.fileno())
+    return f"{out.crc:08x}"
+
+
+def file_crc32(path: str, chunk_bytes: int = 1 << 26) -> str:
+    """CRC-32 of a file as 8 hex digits, read in chunks (zlib releases the GIL: threads scale)."""
+    crc = 0
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(chunk_bytes)
+        view = memoryview(buf)
+        while n := f.readinto(buf):
+            crc = zlib.crc32(view[:n], crc)
+    return f"{crc:08x}"
 
 
 def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
@@ -81,6 +134,58 @@ def _expected_tables(model: torch.nn.Module) -> list[list[int]]:
     """Shapes of every table of the model (all ranks' together), in global order."""
     cfg = model.config
     return [[rows, cfg.embedding_dim] for rows in cfg.table_sizes]
+
+
+def _check_checkpoint_path(path: str) -> None:
+    """A checkpoint is a directory: never move a file of the user's aside to make room for one."""
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise CheckpointError(f"{path} exists and is not a directory: choose another path for the checkpoint")
+    parent = os.path.dirname(path)
+    while parent and not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if parent and not os.path.isdir(parent):
+        raise CheckpointError(f"{parent} is a file: a checkpoint cannot be saved under it")
+
+
+class CheckpointLock:
+    """Held by the one process that writes checkpoints to ``path`` for as long as its run lasts,
+    so a second run saving to the same path fails at its start instead of deleting the first
+    run's work. An ``flock`` on ``<path>.lock``: the kernel drops it when the holder dies, even by
+    ``kill -9``, so a stale lock never blocks the next run."""
+
+    def __init__(self, path: str):
+        self.path = f"{os.path.abspath(path).rstrip(os.sep)}.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> "CheckpointLock":
+        _check_checkpoint_path(self.path[: -len(".lock")])
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise CheckpointError(
+                f"{self.path}: another run ({holder}) is saving checkpoints to {self.path[:-5]}; "
+                "give this run its own --save_checkpoint_path, or stop the other run first"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.unlink(self.path)  # before unlocking: a run that opens it after this makes a new file
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> "CheckpointLock":
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 def _fsync_dir(path: str) -> None:
@@ -105,6 +210,7 @@ def save_checkpoint(
     tmp = f"{path}.tmp"
     first = not _distributed() or dist.get_rank() == 0
     if first:
+        _check_checkpoint_path(path)
         os.makedirs(parent, exist_ok=True)
         if os.path.exists(tmp):
             shutil.rmtree(tmp)
@@ -112,11 +218,13 @@ def save_checkpoint(
     _barrier()
     try:
         embeddings = model.embeddings
+        checksums = {}
         for i, index in enumerate(embeddings.table_indices):
-            _save_tensor_file(_host_copy(embeddings.table_weight(i)), os.path.join(tmp, _table_file(index)))
-        _barrier()
+            name = _table_file(index)
+            checksums[name] = _save_tensor_file(_host_copy(embeddings.table_weight(i)), os.path.join(tmp, name))
+        checksums = _gather_checksums(checksums)
         if first:
-            _write_rest(tmp, model, optimizer, scaler, state, run_config)
+            _write_rest(tmp, model, optimizer, scaler, state, run_config, checksums)
     except BaseException:
         if first:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -133,6 +241,15 @@ def save_checkpoint(
     _barrier()
 
 
+def _gather_checksums(local: dict[str, str]) -> dict[str, str]:
+    """Every process's table checksums, on every process (also the barrier after the tables)."""
+    if not _distributed():
+        return local
+    parts: list[dict[str, str] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, local)
+    return {name: crc for part in parts for name, crc in (part or {}).items()}
+
+
 def _write_rest(
     tmp: str,
     model: torch.nn.Module,
@@ -140,6 +257,7 @@ def _write_rest(
     scaler: torch.amp.GradScaler | None,
     state: TrainState,
     run_config: dict[str, Any] | None,
+    checksums: dict[str, str],
 ) -> None:
     """Dense weights, optimizer, RNG and, last, meta.json (which makes the directory complete)."""
     tables = _expected_tables(model)
@@ -147,8 +265,8 @@ def _write_rest(
     if missing:
         raise CheckpointError(f"{tmp}: tables {missing} were not written by any process")
     dense = {k: _host_copy(v) for k, v in _dense_state(model).items()}
-    _save_tensor_file(dense, os.path.join(tmp, "dense.pt"))
-    _save_tensor_file(
+    checksums["dense.pt"] = _save_tensor_file(dense, os.path.join(tmp, "dense.pt"))
+    checksums["optimizer.pt"] = _save_tensor_file(
         {
             "optimizer": optimizer.state_dict() if optimizer is not None else None,
             "scaler": scaler.state_dict() if scaler is not None and scaler.is_enabled() else None,
@@ -158,7 +276,7 @@ def _write_rest(
     rng = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         rng["cuda"] = torch.cuda.get_rng_state_all()
-    _save_tensor_file(rng, os.path.join(tmp, "rng.pt"))
+    checksums["rng.pt"] = _save_tensor_file(rng, os.path.join(tmp, "rng.pt"))
     meta = {
         "format_version": FORMAT_VERSION,
         "model_config": dataclasses.asdict(model.config),
@@ -167,7 +285,10 @@ def _write_rest(
         "train_state": dataclasses.asdict(state),
         "run_config": run_config or {},
         "world_size": dist.get_world_size() if _distributed() else 1,
-        "files": {name: os.path.getsize(os.path.join(tmp, name)) for name in sorted(os.listdir(tmp))},
+        "files": {
+            name: {"bytes": os.path.getsize(os.path.join(tmp, name)), "crc32": checksums[name]}
+            for name in sorted(os.listdir(tmp))
+        },
     }
     with open(os.path.join(tmp, META), "w") as f:
         json.dump(meta, f, indent=1, default=str)
@@ -176,8 +297,13 @@ def _write_rest(
     _fsync_dir(tmp)
 
 
+_META_KEYS = {"model_config": dict, "tables": list, "dense": dict, "train_state": dict, "run_config": dict,
+              "files": dict}
+
+
 def read_meta(path: str) -> dict[str, Any]:
-    """Reads and checks ``meta.json``: the checkpoint is complete and of a known format."""
+    """Reads and checks ``meta.json``: the checkpoint is complete, of a known format, and every
+    file it lists has the size it was written with."""
     meta_path = os.path.join(path, META)
     if not os.path.isfile(meta_path):
         hint = ""
@@ -186,21 +312,67 @@ def read_meta(path: str) -> dict[str, Any]:
         elif os.path.isdir(path):
             hint = " The directory has no meta.json: it is not a checkpoint, or its save did not finish."
         raise CheckpointError(f"No checkpoint at {path}.{hint}")
-    with open(meta_path) as f:
-        meta = json.load(f)
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(
-            f"{meta_path}: checkpoint format {meta.get('format_version')!r}, this version reads {FORMAT_VERSION}"
-        )
-    for name, size in meta["files"].items():
+    try:
+        with open(meta_path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (ValueError, OSError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise CheckpointError(f"{meta_path}: not readable as JSON ({e}): the checkpoint is damaged") from None
+    if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
+        version = meta.get("format_version") if isinstance(meta, dict) else None
+        raise CheckpointError(f"{meta_path}: checkpoint format {version!r}, this version reads {FORMAT_VERSION}")
+    for key, kind in _META_KEYS.items():
+        if not isinstance(meta.get(key), kind):
+            raise CheckpointError(f"{meta_path}: entry {key!r} is missing or not a {kind.__name__}: "
+                                  "the checkpoint is damaged")
+    for name, entry in meta["files"].items():
+        size = entry["bytes"] if isinstance(entry, dict) else entry  # older checkpoints: the size alone
         file = os.path.join(path, name)
-        actual = os.path.getsize(file) if os.path.exists(file) else None
+        actual = os.path.getsize(file) if os.path.isfile(file) else None
         if actual != size:
             raise CheckpointError(f"{file}: expected {size} bytes, found {actual}: the checkpoint is damaged")
     return meta
 
 
+def verify_checksums(path: str, meta: dict[str, Any], names: list[str], threads: int = 4) -> None:
+    """Compares each named file's CRC-32 with the one written at save time (files are hashed in
+    parallel; see docs/training.md for the speed). Checkpoints that predate checksums pass."""
+    expected = {n: e["crc32"] for n in names if isinstance(e := meta["files"].get(n), dict) and "crc32" in e}
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(expected)))) as pool:
+        actual = dict(zip(expected, pool.map(lambda n: file_crc32(os.path.join(path, n)), expected)))
+    for name, crc in expected.items():
+        if actual[name] != crc:
+            raise CheckpointError(
+                f"{os.path.join(path, name)}: checksum {actual[name]} differs from the {crc} it was saved with: "
+                "the file is damaged; load an earlier checkpoint (or pass --skip_checkpoint_verify to load it anyway)"
+            )
+
+
+def _load_file(path: str, name: str, mmap: bool = False) -> Any:
+    """``torch.load`` with ``weights_only=True``; every way a damaged file fails becomes a
+    ``CheckpointError`` naming it."""
+    file = os.path.join(path, name)
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as e:
+        if "global" not in str(e).lower():  # no refused class or function: garbage bytes
+            raise CheckpointError(f"{file}: cannot be read (not a tensor file): the checkpoint is damaged") from None
+        raise CheckpointError(
+            f"{file}: holds objects other than tensors and plain containers, which are never loaded "
+            "(loading them could run code): it was not written by this program"
+        ) from None
+    except (RuntimeError, OSError, EOFError, ValueError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointError(f"{file}: cannot be read ({reason}): the checkpoint is damaged") from None
+
+
 def _check_shapes(path: str, meta: dict[str, Any], model: torch.nn.Module) -> None:
+    saved_hashing = bool(meta["model_config"].get("hash_indices", False))
+    if saved_hashing != model.config.hash_indices:
+        raise CheckpointError(
+            f"{path} was trained {'with' if saved_hashing else 'without'} --hash_indices and this run is "
+            f"{'with' if model.config.hash_indices else 'without'} it: ids would reach other rows; "
+            f"{'add' if saved_hashing else 'drop'} --hash_indices"
+        )
     expected_tables = _expected_tables(model)
     if len(meta["tables"]) != len(expected_tables):
         raise CheckpointError(
@@ -252,33 +424,46 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer | None = None,
     scaler: torch.amp.GradScaler | None = None,
     restore_rng: bool = False,
+    verify: bool = True,
 ) -> TrainState:
     """Loads weights (and optimizer, scaler, RNG state when given) into the model in place.
 
-    Every shape is checked before anything is copied, so a mismatching checkpoint leaves the
-    model untouched. Files are read with ``weights_only=True``: loading never runs code.
+    Every shape, and with ``verify`` the checksum of every file this process reads, is checked
+    before anything is copied, so a mismatching or damaged checkpoint leaves the model untouched.
+    Files are read with ``weights_only=True``: loading never runs code.
     """
     path = os.path.abspath(path)
     meta = read_meta(path)
     _check_shapes(path, meta, model)
     embeddings = model.embeddings
+    tables = [_table_file(index) for index in embeddings.table_indices]
+    names = tables + ["dense.pt", "optimizer.pt"] + (["rng.pt"] if restore_rng else [])
+    missing = [n for n in names if n not in meta["files"]]
+    if missing:
+        raise CheckpointError(f"{os.path.join(path, META)}: lists no {missing[0]}: the checkpoint is damaged")
+    if verify:
+        verify_checksums(path, meta, names)
+    weights = [_load_file(path, name, mmap=True) for name in tables]
+    dense = _load_file(path, "dense.pt")
+    extra = _load_file(path, "optimizer.pt")
+    rng = _load_file(path, "rng.pt") if restore_rng else None
+    if not isinstance(dense, dict) or not isinstance(extra, dict) or not {"optimizer", "scaler"} <= extra.keys() \
+            or (rng is not None and not (isinstance(rng, dict) and "cpu" in rng)):
+        raise CheckpointError(f"{path}: dense.pt, optimizer.pt or rng.pt does not hold what this program writes: "
+                              "the checkpoint is damaged or not one of this program's")
     with torch.no_grad():
-        for i, index in enumerate(embeddings.table_indices):
-            file = os.path.join(path, _table_file(index))
-            embeddings.load_table_(i, torch.load(file, map_location="cpu", weights_only=True, mmap=True))
-        dense = torch.load(os.path.join(path, "dense.pt"), map_location="cpu", weights_only=True)
+        for i, weight in enumerate(weights):
+            embeddings.load_table_(i, weight)
         model.load_state_dict(dense, strict=False)
-    extra = torch.load(os.path.join(path, "optimizer.pt"), map_location="cpu", weights_only=True)
     if optimizer is not None and extra["optimizer"] is not None:
         _load_optimizer(path, optimizer, extra["optimizer"])
     if scaler is not None and scaler.is_enabled() and extra["scaler"] is not None:
         scaler.load_state_dict(extra["scaler"])
-    if restore_rng:
-        rng = torch.load(os.path.join(path, "rng.pt"), weights_only=True)
+    if rng is not None:
         torch.set_rng_state(rng["cpu"])
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
-    state = TrainState(**meta["train_state"])
-    if state.best_auc is None:
-        state.best_auc = math.nan
-    return state
+    try:
+        return TrainState.from_meta(meta["train_state"], meta["run_config"])
+    except TypeError as e:
+        raise CheckpointError(f"{os.path.join(path, META)}: train_state is damaged ({e})") from None

@@ -19,13 +19,15 @@ class RunLogger:
     history of the run it continues) and plain lines to ``stream``.
 
     Every record has ``type`` and ``time`` (seconds since the epoch). ``enabled=False`` silences
-    both outputs, for ranks other than the first in multi-process runs.
+    both outputs, for ranks other than the first in multi-process runs. Used as a context manager,
+    a run that ends in an exception before it wrote its ``summary`` gets one with the error.
     """
 
     def __init__(self, log_path: str | None = None, stream: TextIO = sys.stdout, enabled: bool = True):
         self.stream = stream
         self.enabled = enabled
         self._file: TextIO | None = None
+        self._kinds: set[str] = set()
         if enabled and log_path:
             os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
             self._file = open(log_path, "a", buffering=1)
@@ -35,6 +37,7 @@ class RunLogger:
             print(line, file=self.stream, flush=True)
 
     def record(self, kind: str, **values: Any) -> None:
+        self._kinds.add(kind)
         if self._file is not None:
             self._file.write(json.dumps({"type": kind, "time": time.time(), **values}, default=str) + "\n")
 
@@ -46,5 +49,8 @@ class RunLogger:
     def __enter__(self) -> "RunLogger":
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> None:
+        if exc is not None and "summary" not in self._kinds:
+            self.record("summary", stop_reason="error" if isinstance(exc, Exception) else "aborted",
+                        error=f"{type(exc).__name__}: {exc}")
         self.close()

@@ -15,10 +15,11 @@ import torch
 import torch.nn.functional as F
 
 from dlrm.data.batch import Batch
-from dlrm.data.loader import PrefetchLoader, batch_order
+from dlrm.data.errors import DatasetError
+from dlrm.data.loader import PrefetchLoader, remaining_batches
 from dlrm.distributed.collectives import Collectives
 from dlrm.inference.graphed import GraphedInference
-from dlrm.training.checkpoint import TrainState, save_checkpoint
+from dlrm.training.checkpoint import CheckpointError, TrainState, save_checkpoint
 from dlrm.training.cuda_graphs import GraphedTrainStep, check_cuda_graphs_supported
 from dlrm.training.logger import RunLogger, format_eta
 from dlrm.training.lr_schedule import LRSchedule
@@ -261,6 +262,16 @@ class _Clock:
         return elapsed
 
 
+def _check_resumable(state: TrainState, batch_size: int, cfg: TrainConfig) -> None:
+    """A shuffled epoch is an order of batches of one size: another size cannot continue it."""
+    if cfg.shuffle_batch_order and state.sample_in_epoch and state.batch_size != batch_size:
+        raise CheckpointError(
+            f"the checkpoint stopped {state.sample_in_epoch} samples into epoch {state.epoch}, whose shuffled batch "
+            f"order is of batches of {state.batch_size} samples: resume with --batch_size {state.batch_size} "
+            "(a different batch size can continue in unshuffled order, or from the start of an epoch)"
+        )
+
+
 def train(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -278,27 +289,32 @@ def train(
 ) -> dict[str, Any]:
     """Trains until ``epochs`` or ``max_steps`` are done, the AUC threshold is reached, or
     ``should_stop()`` turns true (checked between steps, so a stop never splits an update).
-    Continues from ``state`` (step, epoch, position in the epoch) when resuming."""
+    Continues from ``state`` (step, epoch, sample position in the epoch) when resuming, also with
+    another batch size. Whatever ends the run, the log gets a ``summary`` record with the reason;
+    an error after a step of a one-process run saves a checkpoint first."""
     state = state or TrainState()
+    batch_size, num_samples = train_source.batch_size, train_source.num_samples
     steps_per_epoch = len(train_source)
     if steps_per_epoch == 0:
-        raise ValueError("the training split has no full batch: lower --batch_size or add data")
-    total_steps = steps_per_epoch * cfg.epochs
-    if cfg.max_steps is not None:
-        total_steps = min(total_steps, cfg.max_steps)
+        raise DatasetError("the training split has no samples: add data to it")
+    _check_resumable(state, batch_size, cfg)
+    max_steps = cfg.max_steps if cfg.max_steps is not None else float("inf")
 
     run_steps = 0  # steps taken by this call (warm-up is counted from here)
     measured_seconds, measured_samples = 0.0, 0
     window_seconds, window_steps, window_samples = 0.0, 0, 0
     window_loss = torch.zeros((), device=device)
     eval_samples, eval_seconds = 0, 0.0
-    last_eval_step, last_ckpt_step = -1, state.step
-    stop_reason = "completed"
+    last_ckpt_step = state.step
+    stop_reason, error = "completed", None
     lr = cfg.schedule.lr_at(state.step + 1)
     step_fn = make_train_step(model, optimizer, scaler, precision, collectives, cfg.cuda_graphs)
     eval_forward = GraphedInference(model, precision) if cfg.cuda_graphs else None
     clock = _Clock(device)
     model.train()
+
+    def epochs_done() -> float:
+        return state.epoch + state.sample_in_epoch / num_samples
 
     def account() -> None:
         nonlocal measured_seconds, window_seconds
@@ -308,20 +324,18 @@ def train(
             measured_seconds += elapsed
 
     def run_eval() -> None:
-        nonlocal eval_samples, eval_seconds, last_eval_step
+        nonlocal eval_samples, eval_seconds
         account()
         result = evaluate(model, test_source, device, precision, cfg.prefetch, collectives, eval_forward)
         eval_samples += result.samples
         eval_seconds += result.seconds
-        last_eval_step = state.step
         if math.isnan(state.best_auc) or result.auc > state.best_auc:
             state.best_auc = result.auc
-        epochs_done = state.step / steps_per_epoch
         logger.print(
-            f"Test at step {state.step} (epoch {epochs_done:.2f}): auc {result.auc:.6f}  loss {result.loss:.6f}  "
+            f"Test at step {state.step} (epoch {epochs_done():.2f}): auc {result.auc:.6f}  loss {result.loss:.6f}  "
             f"throughput {result.throughput:,.0f} samples/s"
         )
-        logger.record("eval", step=state.step, epoch=epochs_done, auc=result.auc, loss=result.loss,
+        logger.record("eval", step=state.step, epoch=epochs_done(), auc=result.auc, loss=result.loss,
                       throughput=result.throughput, samples=result.samples)
         clock.restart()
 
@@ -334,79 +348,101 @@ def train(
         logger.record("checkpoint", step=state.step, path=cfg.save_checkpoint_path)
         clock.restart()
 
-    while state.step < total_steps and stop_reason == "completed":
-        order = batch_order(steps_per_epoch, state.epoch, cfg.seed, cfg.shuffle_batch_order)
-        positions = order[state.batch_in_epoch:][: total_steps - state.step]
-        loader = PrefetchLoader(train_source, positions, device, cfg.prefetch)
-        try:
-            for batch in loader:
-                lr = cfg.schedule.apply(optimizer, state.step + 1)
-                loss = step_fn(batch)
-                samples = batch.categorical.shape[0]  # the global batch
-                step_epoch, step_in_epoch = state.epoch, state.batch_in_epoch + 1
-                state.step += 1
-                state.batch_in_epoch += 1
-                run_steps += 1
-                window_loss += loss
-                window_steps += 1
-                window_samples += samples
-                if run_steps > cfg.benchmark_warmup_steps:
-                    measured_samples += samples
-                elif run_steps == cfg.benchmark_warmup_steps:
-                    account()  # warm-up ends: its time goes to the printed step time only
-                epoch_done = state.batch_in_epoch == steps_per_epoch
-                if epoch_done:
-                    state.epoch += 1
-                    state.batch_in_epoch = 0
-                last = state.step == total_steps
-
-                if state.step % cfg.print_freq == 0 or last:
-                    account()
-                    step_time = window_seconds / window_steps
-                    mean_loss = float(collectives.sum(window_loss)) / window_steps
-                    logger.print(
-                        f"Epoch:[{step_epoch}/{cfg.epochs}] [{step_in_epoch}/{steps_per_epoch}]  "
-                        f"eta: {format_eta(step_time * (total_steps - state.step))}  loss: {mean_loss:.4f}  "
-                        f"step_time: {step_time:.6f}  lr: {lr:.4f}"
-                    )
-                    logger.record("train", step=state.step, epoch=step_epoch, loss=mean_loss, lr=lr,
-                                  step_time=step_time, throughput=window_samples / window_seconds)
-                    window_seconds, window_steps, window_samples = 0.0, 0, 0
-                    window_loss.zero_()
-
-                progress = state.step / steps_per_epoch
-                test_due = (state.step % cfg.test_freq == 0) if cfg.test_freq else epoch_done
-                if test_source is not None and progress >= cfg.test_after and (test_due or last):
-                    run_eval()
-                    if cfg.auc_threshold is not None and state.best_auc >= cfg.auc_threshold:
-                        stop_reason = "auc_threshold"
-                if cfg.save_checkpoint_path and cfg.checkpoint_freq and state.step % cfg.checkpoint_freq == 0:
-                    run_checkpoint()
-                if stop_reason == "completed" and collectives.any(should_stop()):
+    try:
+        while state.epoch < cfg.epochs and state.step < max_steps and stop_reason == "completed":
+            source, order, state.sample_in_epoch = remaining_batches(
+                train_source, state.epoch, state.sample_in_epoch, cfg.seed, cfg.shuffle_batch_order)
+            order = order[: max(0, min(len(order), max_steps - state.step))]
+            if len(order) == 0 and state.sample_in_epoch >= num_samples:  # nothing left: the epoch is over
+                state.epoch, state.sample_in_epoch = state.epoch + 1, 0
+                if collectives.any(should_stop()):
                     stop_reason = "interrupted"
-                if stop_reason != "completed":
-                    break
-        finally:
-            loader.close()
+                continue
+            final_step = min(max_steps, state.step + len(order) + (cfg.epochs - state.epoch - 1) * steps_per_epoch)
+            loader = PrefetchLoader(source, order, device, cfg.prefetch)
+            try:
+                for batch in loader:
+                    lr = cfg.schedule.apply(optimizer, state.step + 1)
+                    loss = step_fn(batch)
+                    samples = batch.categorical.shape[0]  # the global batch
+                    step_epoch = state.epoch
+                    state.step += 1
+                    state.sample_in_epoch += samples
+                    state.batch_size = batch_size
+                    step_in_epoch = -(-state.sample_in_epoch // batch_size)
+                    run_steps += 1
+                    window_loss += loss
+                    window_steps += 1
+                    window_samples += samples
+                    if run_steps > cfg.benchmark_warmup_steps:
+                        measured_samples += samples
+                    elif run_steps == cfg.benchmark_warmup_steps:
+                        account()  # warm-up ends: its time goes to the printed step time only
+                    epoch_done = state.sample_in_epoch >= num_samples
+                    if epoch_done:
+                        state.epoch, state.sample_in_epoch = state.epoch + 1, 0
+                    last = state.step == final_step
 
-    account()
-    if cfg.save_checkpoint_path and last_ckpt_step != state.step:
-        run_checkpoint()
+                    if state.step % cfg.print_freq == 0 or last:
+                        account()
+                        step_time = window_seconds / window_steps
+                        mean_loss = float(collectives.sum(window_loss)) / window_steps
+                        logger.print(
+                            f"Epoch:[{step_epoch}/{cfg.epochs}] [{step_in_epoch}/{steps_per_epoch}]  "
+                            f"eta: {format_eta(step_time * (final_step - state.step))}  loss: {mean_loss:.4f}  "
+                            f"step_time: {step_time:.6f}  lr: {lr:.4f}"
+                        )
+                        logger.record("train", step=state.step, epoch=step_epoch, loss=mean_loss, lr=lr,
+                                      step_time=step_time, throughput=window_samples / window_seconds)
+                        window_seconds, window_steps, window_samples = 0.0, 0, 0
+                        window_loss.zero_()
 
-    summary = {
-        "stop_reason": stop_reason,
-        "steps": state.step,
-        "epochs": state.step / steps_per_epoch,
-        "best_auc": state.best_auc,
-        "average_train_throughput": measured_samples / measured_seconds if measured_seconds > 0 else float("nan"),
-        "average_test_throughput": eval_samples / eval_seconds if eval_seconds > 0 else float("nan"),
-        "train_seconds": measured_seconds,
-        "last_lr": lr,
-    }
-    logger.record("summary", **summary)
-    logger.print(
-        f"Finished ({stop_reason}) after {state.step} steps: best auc {state.best_auc:.6f}  "
-        f"average train throughput {summary['average_train_throughput']:,.0f} samples/s  "
-        f"average test throughput {summary['average_test_throughput']:,.0f} samples/s"
-    )
+                    test_due = (state.step % cfg.test_freq == 0) if cfg.test_freq else epoch_done
+                    if test_source is not None and epochs_done() >= cfg.test_after and (test_due or last):
+                        run_eval()
+                        if cfg.auc_threshold is not None and state.best_auc >= cfg.auc_threshold:
+                            stop_reason = "auc_threshold"
+                    if cfg.save_checkpoint_path and cfg.checkpoint_freq and state.step % cfg.checkpoint_freq == 0:
+                        run_checkpoint()
+                    if stop_reason == "completed" and collectives.any(should_stop()):
+                        stop_reason = "interrupted"
+                    if stop_reason != "completed":
+                        break
+            finally:
+                loader.close()
+
+        account()
+        if cfg.save_checkpoint_path and last_ckpt_step != state.step:
+            run_checkpoint()
+    except BaseException as e:
+        stop_reason, error = ("error", e) if isinstance(e, Exception) else ("aborted", e)
+        # One process only: peers of a failed process may be blocked in a collective, and a
+        # save needs all of them. The state is that of the last whole step.
+        if (isinstance(e, Exception) and cfg.save_checkpoint_path and last_ckpt_step != state.step
+                and collectives.world_size == 1):
+            try:
+                run_checkpoint()
+            except Exception as save_error:  # noqa: BLE001 - the original error is what the user needs
+                logger.print(f"Could not save a checkpoint after the error: {save_error}")
+        raise
+    finally:
+        summary = {
+            "stop_reason": stop_reason,
+            "steps": state.step,
+            "epochs": epochs_done(),
+            "best_auc": state.best_auc,
+            "average_train_throughput": measured_samples / measured_seconds if measured_seconds > 0 else float("nan"),
+            "average_test_throughput": eval_samples / eval_seconds if eval_seconds > 0 else float("nan"),
+            "train_seconds": measured_seconds,
+            "last_lr": lr,
+        }
+        if error is not None:
+            summary["error"] = f"{type(error).__name__}: {error}"
+        logger.record("summary", **summary)
+        if error is None:
+            logger.print(
+                f"Finished ({stop_reason}) after {state.step} steps: best auc {state.best_auc:.6f}  "
+                f"average train throughput {summary['average_train_throughput']:,.0f} samples/s  "
+                f"average test throughput {summary['average_test_throughput']:,.0f} samples/s"
+            )
     return summary
