@@ -115,3 +115,33 @@ def test_a_killed_rank_ends_the_job(tmp_path):
     assert proc.returncode != 0
     assert ended < 60, f"the job took {ended:.0f}s to stop"
     assert "Signals.SIGKILL" in rest or "SIGKILL" in rest or "exitcode" in rest
+
+
+def test_bad_data_of_one_rank_stops_every_rank_before_training(tmp_path):
+    """A bad id in a column only rank 1 reads: every rank stops at once with exit code 2 and the
+    message (rank 0 says another process found it), instead of waiting out --dist_timeout."""
+    import numpy as np
+
+    from dlrm.data.feature_spec import FeatureSpec
+
+    root = str(tmp_path / "data")
+    write_synthetic_dataset(root, 6, TABLES, {"train": 3000, "test": 1000}, batch_size=1000, seed=5)
+    spec = FeatureSpec.from_yaml(os.path.join(root, "feature_spec.yaml"))
+    path = spec.paths("test").categorical[1]
+    ids = np.fromfile(path, dtype=spec.categorical_dtypes[1])
+    ids[999] = 3000  # cardinality 3000
+    ids.tofile(path)
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "dlrm.scripts.main",
+         "--dataset", root, *MODEL, *TRAIN, "--table_placement", '{"0": [0, 2, 3, 4], "1": [1, 5, 6]}',
+         "--dist_timeout", "120", "--log_path", str(tmp_path / "log.json")],
+        cwd=REPO, capture_output=True, text=True, timeout=110, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode != 0 and time.monotonic() - start < 100
+    assert f"rank 1: error: {path}: categorical feature" in proc.stderr, proc.stderr
+    assert "rank 0: error: another process found bad data" in proc.stderr, proc.stderr
+    assert "Epoch:" not in proc.stdout
+    assert "failed:" not in proc.stderr  # no rank crashed (the launcher's own report may follow)
+    (summary,) = records(str(tmp_path / "log.json"), "summary")
+    assert summary["stop_reason"] == "error"

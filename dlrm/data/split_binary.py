@@ -338,7 +338,7 @@ class SplitBinaryReader:
         the error that reading it mid-run would raise: label bytes other than 0/1, non-finite
         numerical values, and (unless ids are hashed) ids outside [0, cardinality). Columns are
         scanned in parallel in chunks of ``chunk_rows`` rows (vectorised min/max; preadv and numpy
-        release the GIL); docs/data_format.md states the measured speed."""
+        release the GIL); docs/training.md states the measured speed."""
 
         def scan(j: int) -> None:
             col = self._columns()[j]

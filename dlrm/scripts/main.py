@@ -110,7 +110,7 @@ flags.DEFINE_boolean("skip_checkpoint_verify", False,
                      "you mean to load anyway.")
 flags.DEFINE_boolean("validate_dataset", True,
                      "Before the first step, read every value of every split the run uses and stop with a clear "
-                     "error on a bad label, numerical value or id (see docs/data_format.md for its speed).")
+                     "error on a bad label, numerical value or id (see docs/training.md for its speed).")
 
 # Output
 flags.DEFINE_string("log_path", "./log.json", "JSON-lines log: the flags, periodic metrics and a final summary.")
@@ -276,11 +276,19 @@ def _plan(model_cfg: DLRMConfig, env: DistEnv, device: torch.device, logger: Run
     return plan.tables
 
 
-def _validate(*sources: object) -> None:
-    """Reads every value the run will read before the first step (``--validate_dataset``)."""
-    for source in sources:
-        if FLAGS.validate_dataset and hasattr(source, "validate"):
-            source.validate()
+def _validate(collectives: Collectives, *sources: object) -> None:
+    """Reads every value the run will read before the first step (``--validate_dataset``). Each
+    process checks the columns it reads; all stop together if any finds bad data, rather than
+    the others waiting for it in the first exchange until --dist_timeout."""
+    error = None
+    try:
+        for source in sources:
+            if FLAGS.validate_dataset and hasattr(source, "validate"):
+                source.validate()
+    except DatasetError as e:
+        error = e
+    if collectives.any(error is not None):
+        raise error or DatasetError("another process found bad data in the dataset: its error says where")
 
 
 def _run_train(model: DLRM, precision: Precision, source: Callable[[str, int], Any], device: torch.device,
@@ -307,7 +315,7 @@ def _run_train(model: DLRM, precision: Precision, source: Callable[[str, int], A
             logger.print(f"Resuming from {FLAGS.load_checkpoint_path} at step {state.step}")
         train_source = source("train", FLAGS.batch_size)
         test_source = source("test", FLAGS.test_batch_size)
-        _validate(train_source, test_source)
+        _validate(collectives, train_source, test_source)
         stop = _StopOnSignals()
         train(model, optimizer, scaler, precision, train_source, test_source, train_cfg, device, logger,
               state=state, run_config=_our_flags(), should_stop=stop.event.is_set, collectives=collectives)
@@ -401,7 +409,7 @@ def _main(argv: list[str], env: DistEnv | None) -> int:
             test_source = source("test", FLAGS.test_batch_size)
             if test_source is None:
                 raise app.UsageError(f"the dataset at {FLAGS.dataset} has no test split")
-            _validate(test_source)
+            _validate(collectives, test_source)
             forward = GraphedInference(model, precision) if FLAGS.cuda_graphs else None
             result = evaluate(model, test_source, device, precision, collectives=collectives, forward=forward)
             logger.print(f"Test: auc {result.auc:.6f}  loss {result.loss:.6f}  samples {result.samples}  "
