@@ -19,12 +19,14 @@ import signal
 import sys
 import tempfile
 import threading
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 from absl import app, flags
 
 from dlrm.data.errors import DatasetError
+from dlrm.data.feature_spec import FeatureSpec
 from dlrm.data.sources import (
     SPLIT_BINARY_TYPES, SYNTHETIC_TYPES, DataConfig, load_feature_spec, make_rank_source, make_source, table_sizes,
 )
@@ -291,58 +293,30 @@ def _validate(collectives: Collectives, *sources: object) -> None:
         raise error or DatasetError("another process found bad data in the dataset: its error says where")
 
 
-def _run_train(model: DLRM, precision: Precision, source: Callable[[str, int], Any], device: torch.device,
-               collectives: Collectives, logger: RunLogger, verify: bool) -> int:
-    """Trains (resuming from --load_checkpoint_path); returns the exit code: 0, or 128 + the
-    signal that stopped the run after its checkpoint was saved."""
-    optimizer = make_optimizer(model, FLAGS.lr)
-    scaler = precision.grad_scaler()
-    train_cfg = TrainConfig(
-        schedule=_schedule(),  # checked by _validate_flags
-        epochs=FLAGS.epochs, max_steps=FLAGS.max_steps, test_freq=FLAGS.test_freq,
-        test_after=FLAGS.test_after, print_freq=FLAGS.print_freq,
-        benchmark_warmup_steps=FLAGS.benchmark_warmup_steps, auc_threshold=FLAGS.auc_threshold,
-        shuffle_batch_order=FLAGS.shuffle_batch_order, seed=FLAGS.seed,
-        save_checkpoint_path=FLAGS.save_checkpoint_path, checkpoint_freq=FLAGS.checkpoint_freq,
-        cuda_graphs=FLAGS.cuda_graphs,
-    )
-    saves = FLAGS.save_checkpoint_path and collectives.rank == 0  # the first process renames into place
-    with CheckpointLock(FLAGS.save_checkpoint_path) if saves else contextlib.nullcontext():
-        state = None
-        if FLAGS.load_checkpoint_path:
-            state = load_checkpoint(FLAGS.load_checkpoint_path, model, optimizer, scaler, restore_rng=True,
-                                    verify=verify)
-            logger.print(f"Resuming from {FLAGS.load_checkpoint_path} at step {state.step}")
-        train_source = source("train", FLAGS.batch_size)
-        test_source = source("test", FLAGS.test_batch_size)
-        _validate(collectives, train_source, test_source)
-        stop = _StopOnSignals()
-        train(model, optimizer, scaler, precision, train_source, test_source, train_cfg, device, logger,
-              state=state, run_config=_our_flags(), should_stop=stop.event.is_set, collectives=collectives)
-    return stop.exit_code
+@dataclass
+class _Run:
+    """What every mode works with: built once from the flags by ``_build``."""
+
+    device: torch.device
+    precision: Precision
+    collectives: Collectives
+    data_cfg: DataConfig
+    spec: FeatureSpec
+    model: DLRM
+    source: Callable[[str, int], Any]  # (split, batch size) -> this process's source of the split, or None
+    logger: RunLogger
+
+    def load(self, *args: Any, **kwargs: Any) -> Any:
+        return load_checkpoint(FLAGS.load_checkpoint_path, self.model, *args, verify=not FLAGS.skip_checkpoint_verify,
+                               **kwargs)
 
 
-def _main(argv: list[str], env: DistEnv | None) -> int:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    _validate_flags()
-    device = _device(env)
-    collectives = Collectives()
-    if env is not None:
-        if FLAGS.mode == "inference_benchmark":
-            raise app.UsageError("--mode inference_benchmark runs on one process: start it without torchrun")
-        init_process_group(env, device, FLAGS.dist_timeout)
-        collectives = ProcessGroupCollectives(device)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-        torch.backends.cuda.matmul.allow_tf32 = FLAGS.allow_tf32
-        torch.backends.cudnn.allow_tf32 = FLAGS.allow_tf32
-    torch.manual_seed(FLAGS.seed)
+def _build(env: DistEnv | None, device: torch.device, collectives: Collectives, logger: RunLogger) -> _Run:
+    """Precision, data and the model (placed by the planner in a multi-process run)."""
     try:
         precision = Precision.parse(FLAGS.amp, FLAGS.amp_dtype, device)
     except ValueError as e:
         raise app.UsageError(str(e)) from None
-
     dataset_type = FLAGS.dataset_type or ("split_binary" if FLAGS.dataset else "synthetic")
     data_cfg = DataConfig(
         dataset=FLAGS.dataset,
@@ -369,100 +343,152 @@ def _main(argv: list[str], env: DistEnv | None) -> int:
     try:
         model_cfg.validate()
     except ValueError as e:
-        raise app.UsageError(str(e))
-    verify = not FLAGS.skip_checkpoint_verify
-    exit_code = 0
+        raise app.UsageError(str(e)) from None
+    logger.record("flags", **_our_flags())
+    if env is None:
+        model = DLRM(model_cfg, device=device)
+        source = lambda split, batch_size: make_source(data_cfg, spec, split, batch_size, device)  # noqa: E731
+    else:
+        tables = _plan(model_cfg, env, device, logger)
+        model = DLRM(model_cfg, device=device, tables=tables[env.rank])
+        model.exchange = EmbeddingExchange(tables, env.rank).to(device)
+        source = lambda split, batch_size: make_rank_source(  # noqa: E731
+            data_cfg, spec, split, batch_size, device, tables[env.rank], env.rank, env.world_size)
+    n_params = sum(p.numel() for p in model.parameters())
+    held = "" if env is None else f" on rank 0 of {env.world_size}"
+    logger.print(f"DLRM: {len(model_cfg.table_sizes)} tables, {n_params:,} parameters{held}, device {device}, "
+                 f"precision {precision}, data {dataset_type}{' ' + FLAGS.dataset if FLAGS.dataset else ''}")
+    if FLAGS.cuda_graphs:
+        try:
+            if FLAGS.mode == "train":
+                check_cuda_graphs_supported(model, device, collectives.world_size)
+            elif device.type != "cuda":
+                raise ValueError(f"--cuda_graphs needs a CUDA device, the run uses {device}: drop --cuda_graphs")
+        except ValueError as e:
+            raise app.UsageError(str(e)) from None
+    return _Run(device, precision, collectives, data_cfg, spec, model, source, logger)
+
+
+def _run_train(run: _Run) -> int:
+    """Trains (resuming from --load_checkpoint_path); returns the exit code: 0, or 128 + the
+    signal that stopped the run after its checkpoint was saved."""
+    optimizer = make_optimizer(run.model, FLAGS.lr)
+    scaler = run.precision.grad_scaler()
+    train_cfg = TrainConfig(
+        schedule=_schedule(),  # checked by _validate_flags
+        epochs=FLAGS.epochs, max_steps=FLAGS.max_steps, test_freq=FLAGS.test_freq,
+        test_after=FLAGS.test_after, print_freq=FLAGS.print_freq,
+        benchmark_warmup_steps=FLAGS.benchmark_warmup_steps, auc_threshold=FLAGS.auc_threshold,
+        shuffle_batch_order=FLAGS.shuffle_batch_order, seed=FLAGS.seed,
+        save_checkpoint_path=FLAGS.save_checkpoint_path, checkpoint_freq=FLAGS.checkpoint_freq,
+        cuda_graphs=FLAGS.cuda_graphs,
+    )
+    saves = FLAGS.save_checkpoint_path and run.collectives.rank == 0  # the first process renames into place
+    with CheckpointLock(FLAGS.save_checkpoint_path) if saves else contextlib.nullcontext():
+        state = None
+        if FLAGS.load_checkpoint_path:
+            state = run.load(optimizer, scaler, restore_rng=True)
+            run.logger.print(f"Resuming from {FLAGS.load_checkpoint_path} at step {state.step}")
+        train_source = run.source("train", FLAGS.batch_size)
+        test_source = run.source("test", FLAGS.test_batch_size)
+        _validate(run.collectives, train_source, test_source)
+        stop = _StopOnSignals()
+        train(run.model, optimizer, scaler, run.precision, train_source, test_source, train_cfg, run.device,
+              run.logger, state=state, run_config=_our_flags(), should_stop=stop.event.is_set,
+              collectives=run.collectives)
+    return stop.exit_code
+
+
+def _run_test(run: _Run) -> int:
+    """AUC and loss of --load_checkpoint_path on the test split."""
+    run.load()
+    test_source = run.source("test", FLAGS.test_batch_size)
+    if test_source is None:
+        raise app.UsageError(f"the dataset at {FLAGS.dataset} has no test split")
+    _validate(run.collectives, test_source)
+    forward = GraphedInference(run.model, run.precision) if FLAGS.cuda_graphs else None
+    result = evaluate(run.model, test_source, run.device, run.precision, collectives=run.collectives, forward=forward)
+    run.logger.print(f"Test: auc {result.auc:.6f}  loss {result.loss:.6f}  samples {result.samples}  "
+                     f"throughput {result.throughput:,.0f} samples/s")
+    run.logger.record("summary", auc=result.auc, loss=result.loss, samples=result.samples,
+                      average_test_throughput=result.throughput)
+    return 0
+
+
+def _run_inference_benchmark(run: _Run) -> int:
+    """Latency and throughput per batch size, of the eager model, its CUDA graphs or an export."""
+    if FLAGS.load_checkpoint_path:
+        run.load()
+    batch_sizes = _ints(FLAGS.inference_benchmark_batch_sizes, "inference_benchmark_batch_sizes")
+    split = "test" if run.data_cfg.synthetic or "test" in run.spec.splits else "train"
+    available = make_source(run.data_cfg, run.spec, split, 1, run.device).num_samples
+    for batch_size in batch_sizes:
+        if not 0 < batch_size <= available:
+            raise app.UsageError(
+                f"--inference_benchmark_batch_sizes: {batch_size} is not between 1 and the {available} "
+                f"samples of the {split} split; choose batch sizes in that range")
+
+    def batches_for(batch_size: int) -> list:
+        source = make_source(run.data_cfg, run.spec, split, batch_size, run.device)
+        full = [i for i in range(len(source)) if i < len(source) - 1 or source.num_samples % batch_size == 0]
+        return [source.read_batch(i) for i in full[:8]]
+
+    backend = FLAGS.inference_benchmark_backend
+    if backend != "eager" and (FLAGS.amp or FLAGS.cuda_graphs):
+        raise app.UsageError(f"--inference_benchmark_backend {backend} runs the exported float32 graph: "
+                             "drop --amp and --cuda_graphs")
+    if FLAGS.inference_benchmark_threads:
+        torch.set_num_threads(FLAGS.inference_benchmark_threads)
+    with tempfile.TemporaryDirectory(prefix="dlrm-benchmark-") as export_dir:
+        if backend != "eager":
+            try:
+                forward = exported_forward(run.model, backend, export_dir, run.device, FLAGS.inference_benchmark_threads)
+            except ValueError as e:
+                raise app.UsageError(str(e)) from None
+        elif FLAGS.cuda_graphs:
+            forward, backend = GraphedInference(run.model, run.precision), "cuda_graphs"
+        else:
+            forward = None
+        results = benchmark_inference(
+            run.model, batches_for, batch_sizes, FLAGS.inference_benchmark_steps,
+            max(FLAGS.benchmark_warmup_steps, 10), run.device, run.precision, forward=forward, backend=backend,
+        )
+    threads = torch.get_num_threads()
+    run.logger.print(f"Inference benchmark ({run.precision}, device {run.device}, CPU threads {threads}):\n"
+                     f"{format_table(results)}")
+    for r in results:
+        run.logger.record("inference_benchmark", precision=str(run.precision), device=str(run.device),
+                          threads=threads, **r.as_dict())
+    run.logger.record("summary", inference=[r.as_dict() for r in results])
+    return 0
+
+
+MODES = {"train": _run_train, "test": _run_test, "inference_benchmark": _run_inference_benchmark}
+
+
+def _main(argv: list[str], env: DistEnv | None) -> int:
+    """Flags -> device and process group -> model and data -> the mode's run."""
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    _validate_flags()
+    device = _device(env)
+    collectives = Collectives()
+    if env is not None:
+        if FLAGS.mode == "inference_benchmark":
+            raise app.UsageError("--mode inference_benchmark runs on one process: start it without torchrun")
+        init_process_group(env, device, FLAGS.dist_timeout)
+        collectives = ProcessGroupCollectives(device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = FLAGS.allow_tf32
+        torch.backends.cudnn.allow_tf32 = FLAGS.allow_tf32
+    torch.manual_seed(FLAGS.seed)
     try:
         logger = RunLogger(FLAGS.log_path, enabled=collectives.rank == 0)
     except OSError as e:
         raise app.UsageError(f"--log_path {FLAGS.log_path}: cannot be written ({e.strerror})") from None
     with logger:
-        logger.record("flags", **_our_flags())
-        if env is None:
-            model = DLRM(model_cfg, device=device)
-            source = lambda split, batch_size: make_source(data_cfg, spec, split, batch_size, device)  # noqa: E731
-        else:
-            tables = _plan(model_cfg, env, device, logger)
-            model = DLRM(model_cfg, device=device, tables=tables[env.rank])
-            model.exchange = EmbeddingExchange(tables, env.rank).to(device)
-            source = lambda split, batch_size: make_rank_source(  # noqa: E731
-                data_cfg, spec, split, batch_size, device, tables[env.rank], env.rank, env.world_size)
-        n_params = sum(p.numel() for p in model.parameters())
-        held = "" if env is None else f" on rank 0 of {env.world_size}"
-        logger.print(f"DLRM: {len(model_cfg.table_sizes)} tables, {n_params:,} parameters{held}, device {device}, "
-                     f"precision {precision}, data {dataset_type}{' ' + FLAGS.dataset if FLAGS.dataset else ''}")
-
-        if FLAGS.cuda_graphs:
-            try:
-                if FLAGS.mode == "train":
-                    check_cuda_graphs_supported(model, device, collectives.world_size)
-                elif device.type != "cuda":
-                    raise ValueError(f"--cuda_graphs needs a CUDA device, the run uses {device}: drop --cuda_graphs")
-            except ValueError as e:
-                raise app.UsageError(str(e))
-
-        if FLAGS.mode == "train":
-            exit_code = _run_train(model, precision, source, device, collectives, logger, verify)
-
-        elif FLAGS.mode == "test":
-            load_checkpoint(FLAGS.load_checkpoint_path, model, verify=verify)
-            test_source = source("test", FLAGS.test_batch_size)
-            if test_source is None:
-                raise app.UsageError(f"the dataset at {FLAGS.dataset} has no test split")
-            _validate(collectives, test_source)
-            forward = GraphedInference(model, precision) if FLAGS.cuda_graphs else None
-            result = evaluate(model, test_source, device, precision, collectives=collectives, forward=forward)
-            logger.print(f"Test: auc {result.auc:.6f}  loss {result.loss:.6f}  samples {result.samples}  "
-                         f"throughput {result.throughput:,.0f} samples/s")
-            logger.record("summary", auc=result.auc, loss=result.loss, samples=result.samples,
-                          average_test_throughput=result.throughput)
-
-        else:
-            if FLAGS.load_checkpoint_path:
-                load_checkpoint(FLAGS.load_checkpoint_path, model, verify=verify)
-            batch_sizes = _ints(FLAGS.inference_benchmark_batch_sizes, "inference_benchmark_batch_sizes")
-            split = "test" if data_cfg.synthetic or "test" in spec.splits else "train"
-            available = make_source(data_cfg, spec, split, 1, device).num_samples
-            for batch_size in batch_sizes:
-                if not 0 < batch_size <= available:
-                    raise app.UsageError(
-                        f"--inference_benchmark_batch_sizes: {batch_size} is not between 1 and the {available} "
-                        f"samples of the {split} split; choose batch sizes in that range")
-
-            def batches_for(batch_size: int) -> list:
-                source = make_source(data_cfg, spec, split, batch_size, device)
-                full = [i for i in range(len(source)) if i < len(source) - 1 or source.num_samples % batch_size == 0]
-                return [source.read_batch(i) for i in full[:8]]
-
-            backend = FLAGS.inference_benchmark_backend
-            if backend != "eager" and (FLAGS.amp or FLAGS.cuda_graphs):
-                raise app.UsageError(f"--inference_benchmark_backend {backend} runs the exported float32 graph: "
-                                     "drop --amp and --cuda_graphs")
-            if FLAGS.inference_benchmark_threads:
-                torch.set_num_threads(FLAGS.inference_benchmark_threads)
-            with tempfile.TemporaryDirectory(prefix="dlrm-benchmark-") as export_dir:
-                if backend != "eager":
-                    try:
-                        forward = exported_forward(model, backend, export_dir, device,
-                                                   FLAGS.inference_benchmark_threads)
-                    except ValueError as e:
-                        raise app.UsageError(str(e))
-                elif FLAGS.cuda_graphs:
-                    forward, backend = GraphedInference(model, precision), "cuda_graphs"
-                else:
-                    forward = None
-                results = benchmark_inference(
-                    model, batches_for, batch_sizes,
-                    FLAGS.inference_benchmark_steps, max(FLAGS.benchmark_warmup_steps, 10), device, precision,
-                    forward=forward, backend=backend,
-                )
-            logger.print(f"Inference benchmark ({precision}, device {device}, CPU threads {torch.get_num_threads()}):\n"
-                         f"{format_table(results)}")
-            for r in results:
-                logger.record("inference_benchmark", precision=str(precision), device=str(device),
-                              threads=torch.get_num_threads(), **r.as_dict())
-            logger.record("summary", inference=[r.as_dict() for r in results])
-
+        exit_code = MODES[FLAGS.mode](_build(env, device, collectives, logger))
     if env is not None:
         torch.distributed.barrier()  # tear down together: gloo aborts if peers vanish mid-teardown
         torch.distributed.destroy_process_group()

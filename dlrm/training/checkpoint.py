@@ -57,6 +57,18 @@ class TrainState:
     batch_size: int = 0  # global batch size those samples were read in (0: none read yet)
     best_auc: float = float("nan")
 
+    def advance(self, samples: int, batch_size: int, num_samples: int) -> bool:
+        """Counts a step over ``samples`` samples of an epoch of ``num_samples`` (0 samples: the
+        epoch has nothing left); returns whether the epoch is over."""
+        if samples:
+            self.step += 1
+            self.sample_in_epoch += samples
+            self.batch_size = batch_size
+        if self.sample_in_epoch < num_samples:
+            return False
+        self.epoch, self.sample_in_epoch = self.epoch + 1, 0
+        return True
+
     @classmethod
     def from_meta(cls, saved: dict[str, Any], run_config: dict[str, Any]) -> "TrainState":
         """Also reads checkpoints written before positions were counted in samples."""

@@ -6,10 +6,11 @@ whole test pass, and ``train`` only schedules them (printing, testing, checkpoin
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -244,22 +245,72 @@ def evaluate(
     return EvalResult(auc=auc, loss=loss, samples=samples, seconds=time.perf_counter() - start)
 
 
-class _Clock:
-    """Wall time between laps, synchronised with the device so queued work is counted."""
+class Meter:
+    """Step time and throughput: wall time between laps, synchronised with the device so queued
+    work is counted. The progress line's window holds every step since the last line; the run's
+    average leaves out the first ``warmup_steps`` steps, and both leave out testing and saving."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, warmup_steps: int = 0):
         self.device = device
-        self.restart()
+        self.warmup_steps = warmup_steps
+        self.steps = 0  # steps taken by this run
+        self.seconds, self.samples = 0.0, 0  # after warm-up
+        self.test_seconds, self.test_samples = 0.0, 0
+        self._window_seconds, self._window_steps, self._window_samples = 0.0, 0, 0
+        self._window_loss = torch.zeros((), device=device)
+        self._restart()
 
-    def restart(self) -> None:
+    def _restart(self) -> None:
         _sync(self.device)
-        self.t = time.perf_counter()
+        self._t = time.perf_counter()
 
-    def lap(self) -> float:
+    def _lap(self) -> None:
         _sync(self.device)
         now = time.perf_counter()
-        elapsed, self.t = now - self.t, now
-        return elapsed
+        elapsed, self._t = now - self._t, now
+        self._window_seconds += elapsed
+        if self.steps > self.warmup_steps:
+            self.seconds += elapsed
+
+    def step(self, samples: int, loss: torch.Tensor) -> None:
+        self.steps += 1
+        self._window_loss += loss
+        self._window_steps += 1
+        self._window_samples += samples
+        if self.steps > self.warmup_steps:
+            self.samples += samples
+        elif self.steps == self.warmup_steps:
+            self._lap()  # warm-up ends: its time goes to the printed step time only
+
+    def window(self, collectives: Collectives) -> tuple[float, float, float]:
+        """(step time, mean loss over all processes, samples/s) since the last call."""
+        self._lap()
+        step_time = self._window_seconds / self._window_steps
+        loss = float(collectives.sum(self._window_loss)) / self._window_steps
+        throughput = self._window_samples / self._window_seconds
+        self._window_seconds, self._window_steps, self._window_samples = 0.0, 0, 0
+        self._window_loss.zero_()
+        return step_time, loss, throughput
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Time spent inside (testing, saving) counts in neither figure."""
+        self._lap()
+        try:
+            yield
+        finally:
+            self._restart()
+
+    def finish(self) -> None:
+        self._lap()
+
+    def figures(self) -> dict[str, float]:
+        nan = float("nan")
+        return {
+            "average_train_throughput": self.samples / self.seconds if self.seconds > 0 else nan,
+            "average_test_throughput": self.test_samples / self.test_seconds if self.test_seconds > 0 else nan,
+            "train_seconds": self.seconds,
+        }
 
 
 def _check_resumable(state: TrainState, batch_size: int, cfg: TrainConfig) -> None:
@@ -270,6 +321,67 @@ def _check_resumable(state: TrainState, batch_size: int, cfg: TrainConfig) -> No
             f"order is of batches of {state.batch_size} samples: resume with --batch_size {state.batch_size} "
             "(a different batch size can continue in unshuffled order, or from the start of an epoch)"
         )
+
+
+class _Schedule:
+    """What happens between steps, in one place: the progress line, tests, checkpoints."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                 precision: Precision, test_source: Any | None, cfg: TrainConfig, device: torch.device,
+                 logger: RunLogger, meter: Meter, collectives: Collectives, run_config: dict[str, Any] | None,
+                 steps_per_epoch: int):
+        self.model, self.optimizer, self.scaler, self.precision = model, optimizer, scaler, precision
+        self.test_source, self.cfg, self.device, self.logger = test_source, cfg, device, logger
+        self.meter, self.collectives, self.run_config = meter, collectives, run_config
+        self.steps_per_epoch = steps_per_epoch
+        self.eval_forward = GraphedInference(model, precision) if cfg.cuda_graphs else None
+        self.saved_step: int | None = None
+
+    def after_step(self, state: TrainState, epochs: float, step_epoch: int, epoch_done: bool, steps_left: int,
+                   lr: float) -> str | None:
+        """Runs what is due after a step; returns a stop reason when the run should end."""
+        cfg, last = self.cfg, steps_left == 0
+        if state.step % cfg.print_freq == 0 or last:
+            step_time, loss, throughput = self.meter.window(self.collectives)
+            in_epoch = self.steps_per_epoch if epoch_done else -(-state.sample_in_epoch // state.batch_size)
+            self.logger.print(
+                f"Epoch:[{step_epoch}/{cfg.epochs}] [{in_epoch}/{self.steps_per_epoch}]  "
+                f"eta: {format_eta(step_time * steps_left)}  loss: {loss:.4f}  step_time: {step_time:.6f}  lr: {lr:.4f}"
+            )
+            self.logger.record("train", step=state.step, epoch=step_epoch, loss=loss, lr=lr, step_time=step_time,
+                               throughput=throughput)
+        test_due = (state.step % cfg.test_freq == 0) if cfg.test_freq else epoch_done
+        if self.test_source is not None and epochs >= cfg.test_after and (test_due or last):
+            self.test(state, epochs)
+            if cfg.auc_threshold is not None and state.best_auc >= cfg.auc_threshold:
+                return "auc_threshold"
+        if cfg.save_checkpoint_path and cfg.checkpoint_freq and state.step % cfg.checkpoint_freq == 0:
+            self.checkpoint(state)
+        return None
+
+    def test(self, state: TrainState, epochs: float) -> None:
+        with self.meter.paused():
+            result = evaluate(self.model, self.test_source, self.device, self.precision, self.cfg.prefetch,
+                              self.collectives, self.eval_forward)
+        self.meter.test_samples += result.samples
+        self.meter.test_seconds += result.seconds
+        if math.isnan(state.best_auc) or result.auc > state.best_auc:
+            state.best_auc = result.auc
+        self.logger.print(f"Test at step {state.step} (epoch {epochs:.2f}): auc {result.auc:.6f}  "
+                          f"loss {result.loss:.6f}  throughput {result.throughput:,.0f} samples/s")
+        self.logger.record("eval", step=state.step, epoch=epochs, auc=result.auc, loss=result.loss,
+                           throughput=result.throughput, samples=result.samples)
+
+    def checkpoint(self, state: TrainState) -> None:
+        """Saves unless this step is saved already."""
+        if not self.cfg.save_checkpoint_path or self.saved_step == state.step:
+            return
+        with self.meter.paused():
+            save_checkpoint(self.cfg.save_checkpoint_path, self.model, self.optimizer, self.scaler, state,
+                            self.run_config)
+        self.saved_step = state.step
+        self.logger.print(f"Saved checkpoint at step {state.step} to {self.cfg.save_checkpoint_path}")
+        self.logger.record("checkpoint", step=state.step, path=self.cfg.save_checkpoint_path)
 
 
 def train(
@@ -293,149 +405,61 @@ def train(
     another batch size. Whatever ends the run, the log gets a ``summary`` record with the reason;
     an error after a step of a one-process run saves a checkpoint first."""
     state = state or TrainState()
-    batch_size, num_samples = train_source.batch_size, train_source.num_samples
-    steps_per_epoch = len(train_source)
+    batch_size, num_samples, steps_per_epoch = train_source.batch_size, train_source.num_samples, len(train_source)
     if steps_per_epoch == 0:
         raise DatasetError("the training split has no samples: add data to it")
     _check_resumable(state, batch_size, cfg)
-    max_steps = cfg.max_steps if cfg.max_steps is not None else float("inf")
-
-    run_steps = 0  # steps taken by this call (warm-up is counted from here)
-    measured_seconds, measured_samples = 0.0, 0
-    window_seconds, window_steps, window_samples = 0.0, 0, 0
-    window_loss = torch.zeros((), device=device)
-    eval_samples, eval_seconds = 0, 0.0
-    last_ckpt_step = state.step
-    stop_reason, error = "completed", None
-    lr = cfg.schedule.lr_at(state.step + 1)
+    max_steps = cfg.max_steps if cfg.max_steps is not None else math.inf
     step_fn = make_train_step(model, optimizer, scaler, precision, collectives, cfg.cuda_graphs)
-    eval_forward = GraphedInference(model, precision) if cfg.cuda_graphs else None
-    clock = _Clock(device)
+    meter = Meter(device, cfg.benchmark_warmup_steps)
+    schedule = _Schedule(model, optimizer, scaler, precision, test_source, cfg, device, logger, meter, collectives,
+                         run_config, steps_per_epoch)
+    schedule.saved_step = state.step  # the state we start from is saved already (or is the initial one)
+    stop_reason, error, lr = "completed", None, cfg.schedule.lr_at(state.step + 1)
     model.train()
-
-    def epochs_done() -> float:
-        return state.epoch + state.sample_in_epoch / num_samples
-
-    def account() -> None:
-        nonlocal measured_seconds, window_seconds
-        elapsed = clock.lap()
-        window_seconds += elapsed
-        if run_steps > cfg.benchmark_warmup_steps:
-            measured_seconds += elapsed
-
-    def run_eval() -> None:
-        nonlocal eval_samples, eval_seconds
-        account()
-        result = evaluate(model, test_source, device, precision, cfg.prefetch, collectives, eval_forward)
-        eval_samples += result.samples
-        eval_seconds += result.seconds
-        if math.isnan(state.best_auc) or result.auc > state.best_auc:
-            state.best_auc = result.auc
-        logger.print(
-            f"Test at step {state.step} (epoch {epochs_done():.2f}): auc {result.auc:.6f}  loss {result.loss:.6f}  "
-            f"throughput {result.throughput:,.0f} samples/s"
-        )
-        logger.record("eval", step=state.step, epoch=epochs_done(), auc=result.auc, loss=result.loss,
-                      throughput=result.throughput, samples=result.samples)
-        clock.restart()
-
-    def run_checkpoint() -> None:
-        nonlocal last_ckpt_step
-        account()
-        save_checkpoint(cfg.save_checkpoint_path, model, optimizer, scaler, state, run_config)
-        last_ckpt_step = state.step
-        logger.print(f"Saved checkpoint at step {state.step} to {cfg.save_checkpoint_path}")
-        logger.record("checkpoint", step=state.step, path=cfg.save_checkpoint_path)
-        clock.restart()
-
     try:
         while state.epoch < cfg.epochs and state.step < max_steps and stop_reason == "completed":
             source, order, state.sample_in_epoch = remaining_batches(
                 train_source, state.epoch, state.sample_in_epoch, cfg.seed, cfg.shuffle_batch_order)
-            order = order[: max(0, min(len(order), max_steps - state.step))]
-            if len(order) == 0 and state.sample_in_epoch >= num_samples:  # nothing left: the epoch is over
-                state.epoch, state.sample_in_epoch = state.epoch + 1, 0
-                if collectives.any(should_stop()):
-                    stop_reason = "interrupted"
-                continue
+            order = order[: int(min(len(order), max_steps - state.step))]
             final_step = min(max_steps, state.step + len(order) + (cfg.epochs - state.epoch - 1) * steps_per_epoch)
             loader = PrefetchLoader(source, order, device, cfg.prefetch)
             try:
                 for batch in loader:
                     lr = cfg.schedule.apply(optimizer, state.step + 1)
                     loss = step_fn(batch)
-                    samples = batch.categorical.shape[0]  # the global batch
                     step_epoch = state.epoch
-                    state.step += 1
-                    state.sample_in_epoch += samples
-                    state.batch_size = batch_size
-                    step_in_epoch = -(-state.sample_in_epoch // batch_size)
-                    run_steps += 1
-                    window_loss += loss
-                    window_steps += 1
-                    window_samples += samples
-                    if run_steps > cfg.benchmark_warmup_steps:
-                        measured_samples += samples
-                    elif run_steps == cfg.benchmark_warmup_steps:
-                        account()  # warm-up ends: its time goes to the printed step time only
-                    epoch_done = state.sample_in_epoch >= num_samples
-                    if epoch_done:
-                        state.epoch, state.sample_in_epoch = state.epoch + 1, 0
-                    last = state.step == final_step
-
-                    if state.step % cfg.print_freq == 0 or last:
-                        account()
-                        step_time = window_seconds / window_steps
-                        mean_loss = float(collectives.sum(window_loss)) / window_steps
-                        logger.print(
-                            f"Epoch:[{step_epoch}/{cfg.epochs}] [{step_in_epoch}/{steps_per_epoch}]  "
-                            f"eta: {format_eta(step_time * (final_step - state.step))}  loss: {mean_loss:.4f}  "
-                            f"step_time: {step_time:.6f}  lr: {lr:.4f}"
-                        )
-                        logger.record("train", step=state.step, epoch=step_epoch, loss=mean_loss, lr=lr,
-                                      step_time=step_time, throughput=window_samples / window_seconds)
-                        window_seconds, window_steps, window_samples = 0.0, 0, 0
-                        window_loss.zero_()
-
-                    test_due = (state.step % cfg.test_freq == 0) if cfg.test_freq else epoch_done
-                    if test_source is not None and epochs_done() >= cfg.test_after and (test_due or last):
-                        run_eval()
-                        if cfg.auc_threshold is not None and state.best_auc >= cfg.auc_threshold:
-                            stop_reason = "auc_threshold"
-                    if cfg.save_checkpoint_path and cfg.checkpoint_freq and state.step % cfg.checkpoint_freq == 0:
-                        run_checkpoint()
+                    epoch_done = state.advance(batch.categorical.shape[0], batch_size, num_samples)  # global batch
+                    meter.step(batch.categorical.shape[0], loss)
+                    epochs = state.epoch + state.sample_in_epoch / num_samples
+                    stop_reason = schedule.after_step(state, epochs, step_epoch, epoch_done,
+                                                      int(final_step - state.step), lr) or stop_reason
                     if stop_reason == "completed" and collectives.any(should_stop()):
                         stop_reason = "interrupted"
                     if stop_reason != "completed":
                         break
             finally:
                 loader.close()
-
-        account()
-        if cfg.save_checkpoint_path and last_ckpt_step != state.step:
-            run_checkpoint()
+            if len(order) == 0 and state.sample_in_epoch >= num_samples:  # nothing was left of the epoch
+                state.advance(0, batch_size, num_samples)
+                if collectives.any(should_stop()):
+                    stop_reason = "interrupted"
+        meter.finish()
+        schedule.checkpoint(state)
     except BaseException as e:
         stop_reason, error = ("error", e) if isinstance(e, Exception) else ("aborted", e)
         # One process only: peers of a failed process may be blocked in a collective, and a
         # save needs all of them. The state is that of the last whole step.
-        if (isinstance(e, Exception) and cfg.save_checkpoint_path and last_ckpt_step != state.step
-                and collectives.world_size == 1):
+        if isinstance(e, Exception) and collectives.world_size == 1:
             try:
-                run_checkpoint()
+                schedule.checkpoint(state)
             except Exception as save_error:  # noqa: BLE001 - the original error is what the user needs
                 logger.print(f"Could not save a checkpoint after the error: {save_error}")
         raise
     finally:
-        summary = {
-            "stop_reason": stop_reason,
-            "steps": state.step,
-            "epochs": epochs_done(),
-            "best_auc": state.best_auc,
-            "average_train_throughput": measured_samples / measured_seconds if measured_seconds > 0 else float("nan"),
-            "average_test_throughput": eval_samples / eval_seconds if eval_seconds > 0 else float("nan"),
-            "train_seconds": measured_seconds,
-            "last_lr": lr,
-        }
+        summary = {"stop_reason": stop_reason, "steps": state.step,
+                   "epochs": state.epoch + state.sample_in_epoch / num_samples, "best_auc": state.best_auc,
+                   **meter.figures(), "last_lr": lr}
         if error is not None:
             summary["error"] = f"{type(error).__name__}: {error}"
         logger.record("summary", **summary)
