@@ -25,7 +25,7 @@ import torch
 
 from dlrm.data.synthetic import FL15_CARDINALITIES, SyntheticDataset
 from dlrm.model.dlrm import DLRM, DLRMConfig
-from dlrm.training.precision import Precision
+from dlrm.model.precision import Precision
 from dlrm.training.train import make_optimizer, make_train_step
 
 PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}

@@ -8,7 +8,7 @@ from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.training.checkpoint import (
     CheckpointError, CheckpointLock, TrainState, file_crc32, load_checkpoint, read_meta, save_checkpoint,
 )
-from dlrm.training.precision import Precision
+from dlrm.model.precision import Precision
 from dlrm.training.train import make_optimizer
 
 

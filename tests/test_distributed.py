@@ -10,12 +10,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from dlrm.data.rank_source import RankSource
+from dlrm.data.rank_source import local_batch_sizes
 from dlrm.data.synthetic import SyntheticDataset
 from dlrm.distributed.collectives import ProcessGroupCollectives
-from dlrm.distributed.data import RankSource
-from dlrm.distributed.exchange import EmbeddingExchange, local_batch_sizes
+from dlrm.distributed.exchange import EmbeddingExchange
 from dlrm.model.dlrm import DLRM, DLRMConfig
-from dlrm.training.precision import Precision
+from dlrm.model.precision import Precision
 from dlrm.training.train import evaluate, make_optimizer, make_train_step, train_step
 
 CPU = torch.device("cpu")

@@ -8,7 +8,7 @@ import torch
 
 from dlrm.data.batch import Batch
 from dlrm.model.dlrm import DLRM, DLRMConfig
-from dlrm.training.precision import Precision
+from dlrm.model.precision import Precision
 from dlrm.training.train import fused_train_step, make_optimizer, make_train_step, train_step
 
 TABLES = [50, 7, 300, 3, 20]

@@ -10,9 +10,9 @@ from sklearn.metrics import roc_auc_score
 from dlrm.data.batch import Batch
 from dlrm.data.synthetic import SyntheticDataset
 from dlrm.model.dlrm import DLRM, DLRMConfig
+from dlrm.model.precision import Precision
 from dlrm.training.logger import RunLogger
 from dlrm.training.lr_schedule import LRSchedule
-from dlrm.training.precision import Precision
 from dlrm.training.train import TrainConfig, bce_loss, evaluate, make_optimizer, train, train_step
 
 pytestmark = pytest.mark.gpu

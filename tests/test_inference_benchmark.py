@@ -14,7 +14,7 @@ from dlrm.data.batch import Batch
 from dlrm.data.synthetic import write_synthetic_dataset
 from dlrm.inference.benchmark import LatencyResult, benchmark_inference, exported_forward, format_table
 from dlrm.model.dlrm import DLRM, DLRMConfig
-from dlrm.training.precision import Precision
+from dlrm.model.precision import Precision
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
 TABLES = [30, 300, 4, 1000, 70]

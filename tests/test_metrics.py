@@ -5,7 +5,7 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
-from dlrm.training.metrics import roc_auc
+from dlrm.data.metrics import roc_auc
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -10,10 +10,10 @@ import torch.nn.functional as F
 from dlrm.data.batch import Batch
 from dlrm.data.synthetic import SyntheticDataset
 from dlrm.model.dlrm import DLRM, DLRMConfig
+from dlrm.model.precision import Precision
 from dlrm.training.checkpoint import load_checkpoint
 from dlrm.training.logger import RunLogger
 from dlrm.training.lr_schedule import LRSchedule
-from dlrm.training.precision import Precision
 from dlrm.training.train import TrainConfig, evaluate, make_optimizer, train, train_step
 
 CPU = torch.device("cpu")

@@ -10,9 +10,9 @@ import torch
 
 from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import FeatureSpec
+from dlrm.data.rank_source import RankSource
 from dlrm.data.split_binary import SplitBinaryReader
 from dlrm.data.synthetic import SyntheticDataset
-from dlrm.distributed.data import RankSource
 
 SPLIT_BINARY_TYPES = ("split_binary", "parametric")  # "parametric" is NVIDIA's name for it
 SYNTHETIC_TYPES = ("synthetic", "synthetic_gpu")  # generated in the base device's memory

@@ -13,11 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-
-def local_batch_sizes(global_batch: int, world_size: int) -> list[int]:
-    """Samples per process: contiguous rows, the first ``global_batch % world_size`` get one more."""
-    base, extra = divmod(global_batch, world_size)
-    return [base + (r < extra) for r in range(world_size)]
+from dlrm.data.rank_source import local_batch_sizes
 
 
 class _AllToAll(torch.autograd.Function):

@@ -1,7 +1,7 @@
 """Inference latency and throughput per batch size, timed the way a server would see them.
 
 What runs is the eager model, or any ``forward(numerical, categorical)`` standing in for it:
-CUDA graphs (``dlrm.inference.graphed``), or an exported file loaded the way a server loads it
+CUDA graphs (``dlrm.training.cuda_graphs``), or an exported file loaded the way a server loads it
 (``exported_forward``: ONNX Runtime or TorchScript), so the three can be compared on the same
 batches with the same clock.
 """
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from dlrm.data.batch import Batch
-from dlrm.training.precision import Precision
+from dlrm.model.precision import Precision
 
 Forward = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 EXPORTED_BACKENDS = {"onnxruntime": "model.onnx", "torchscript": "model.pt"}

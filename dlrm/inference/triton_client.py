@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from dlrm.data.metrics import roc_auc
 from dlrm.inference.export import INPUT_NAMES, OUTPUT_NAME
-from dlrm.training.metrics import roc_auc
 
 PROTOCOLS = ("http", "grpc")
 NUMPY_TYPES = {"FP32": np.float32, "FP16": np.float16, "INT64": np.int64}

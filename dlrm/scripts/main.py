@@ -35,14 +35,13 @@ from dlrm.distributed.exchange import EmbeddingExchange
 from dlrm.distributed.planner import PlanError, format_plan, load_override, plan_tables
 from dlrm.distributed.process_group import DistEnv, device_memory_bytes, dist_env, init_process_group
 from dlrm.inference.benchmark import benchmark_inference, exported_forward, format_table
-from dlrm.inference.graphed import GraphedInference
 from dlrm.model.dlrm import DLRM, DLRMConfig
+from dlrm.model.precision import Precision
 from dlrm.scripts import cli
 from dlrm.training.checkpoint import CheckpointError, CheckpointLock, load_checkpoint
-from dlrm.training.cuda_graphs import check_cuda_graphs_supported
+from dlrm.training.cuda_graphs import GraphedInference, check_cuda_graphs_supported
 from dlrm.training.logger import RunLogger
 from dlrm.training.lr_schedule import LRSchedule
-from dlrm.training.precision import Precision
 from dlrm.training.train import TrainConfig, evaluate, make_optimizer, train
 
 FLAGS = flags.FLAGS

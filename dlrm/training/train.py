@@ -18,14 +18,13 @@ import torch.nn.functional as F
 from dlrm.data.batch import Batch
 from dlrm.data.errors import DatasetError
 from dlrm.data.loader import PrefetchLoader, remaining_batches
+from dlrm.data.metrics import roc_auc
 from dlrm.distributed.collectives import Collectives
-from dlrm.inference.graphed import GraphedInference
+from dlrm.model.precision import Precision
 from dlrm.training.checkpoint import CheckpointError, TrainState, save_checkpoint
-from dlrm.training.cuda_graphs import GraphedTrainStep, check_cuda_graphs_supported
+from dlrm.training.cuda_graphs import GraphedInference, GraphedTrainStep, check_cuda_graphs_supported
 from dlrm.training.logger import RunLogger, format_eta
 from dlrm.training.lr_schedule import LRSchedule
-from dlrm.training.metrics import roc_auc
-from dlrm.training.precision import Precision
 
 
 @dataclass

@@ -11,7 +11,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from dlrm.data.batch import Batch
-from dlrm.distributed.exchange import local_batch_sizes
+
+
+def local_batch_sizes(global_batch: int, world_size: int) -> list[int]:
+    """Samples per process: contiguous rows, the first ``global_batch % world_size`` get one more."""
+    base, extra = divmod(global_batch, world_size)
+    return [base + (r < extra) for r in range(world_size)]
 
 
 class RankSource:
