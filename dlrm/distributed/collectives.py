@@ -26,6 +26,13 @@ class Collectives:
     def any(self, flag: bool) -> bool:
         return flag
 
+    def barrier(self) -> None:
+        """Waits for every process (checkpoint writers meet here)."""
+
+    def gather_objects(self, obj: object) -> list[object]:
+        """Every process's ``obj`` (picklable), in rank order, on every process."""
+        return [obj]
+
     def sync_gradients(self, model: torch.nn.Module, scaler: torch.amp.GradScaler) -> None:
         """Makes every process hold the gradient of the global-batch loss for replicated weights."""
 
@@ -57,6 +64,14 @@ class ProcessGroupCollectives(Collectives):
         value = torch.tensor([float(flag)], device=self.device)
         dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.group)
         return bool(value.item())
+
+    def barrier(self) -> None:
+        dist.barrier(group=self.group)
+
+    def gather_objects(self, obj: object) -> list[object]:
+        parts: list[object] = [None] * self.world_size
+        dist.all_gather_object(parts, obj, group=self.group)
+        return parts
 
     def sync_gradients(self, model: torch.nn.Module, scaler: torch.amp.GradScaler) -> None:
         """Sums the replicated weights' gradients (the loss is already divided by the global batch)

@@ -19,6 +19,7 @@ every way a damaged file can fail into a ``CheckpointError`` that names the file
 
 In hybrid-parallel runs every process writes the tables it holds and the first process the
 rest, into one directory on a file system all processes share; any process count loads it.
+The processes meet through the run's ``Collectives``, never through torch.distributed itself.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import torch
-import torch.distributed as dist
+
+from dlrm.distributed.collectives import Collectives
 
 FORMAT_VERSION = 1
 META = "meta.json"
@@ -133,15 +135,6 @@ def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.cpu() if tensor.device.type != "cpu" else tensor.clone()
 
 
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized()
-
-
-def _barrier() -> None:
-    if _distributed():
-        dist.barrier()
-
-
 def _expected_tables(model: torch.nn.Module) -> list[list[int]]:
     """Shapes of every table of the model (all ranks' together), in global order."""
     cfg = model.config
@@ -215,28 +208,30 @@ def save_checkpoint(
     scaler: torch.amp.GradScaler | None,
     state: TrainState,
     run_config: dict[str, Any] | None = None,
+    collectives: Collectives = Collectives(),
 ) -> None:
-    """Every process calls this; in a process group each writes its own tables."""
+    """Every process of ``collectives`` calls this; each writes its own tables."""
     path = os.path.abspath(path)
     parent = os.path.dirname(path)
     tmp = f"{path}.tmp"
-    first = not _distributed() or dist.get_rank() == 0
+    first = collectives.rank == 0
     if first:
         _check_checkpoint_path(path)
         os.makedirs(parent, exist_ok=True)
         if os.path.exists(tmp):
             shutil.rmtree(tmp)
         os.makedirs(tmp)
-    _barrier()
+    collectives.barrier()
     try:
         embeddings = model.embeddings
         checksums = {}
         for i, index in enumerate(embeddings.table_indices):
             name = _table_file(index)
             checksums[name] = _save_tensor_file(_host_copy(embeddings.table_weight(i)), os.path.join(tmp, name))
-        checksums = _gather_checksums(checksums)
+        # Every process's table checksums, on every process (also the barrier after the tables).
+        checksums = {name: crc for part in collectives.gather_objects(checksums) for name, crc in part.items()}
         if first:
-            _write_rest(tmp, model, optimizer, scaler, state, run_config, checksums)
+            _write_rest(tmp, model, optimizer, scaler, state, run_config, checksums, collectives.world_size)
     except BaseException:
         if first:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -250,16 +245,7 @@ def save_checkpoint(
         os.rename(tmp, path)
         _fsync_dir(parent)
         shutil.rmtree(old, ignore_errors=True)
-    _barrier()
-
-
-def _gather_checksums(local: dict[str, str]) -> dict[str, str]:
-    """Every process's table checksums, on every process (also the barrier after the tables)."""
-    if not _distributed():
-        return local
-    parts: list[dict[str, str] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, local)
-    return {name: crc for part in parts for name, crc in (part or {}).items()}
+    collectives.barrier()
 
 
 def _write_rest(
@@ -270,6 +256,7 @@ def _write_rest(
     state: TrainState,
     run_config: dict[str, Any] | None,
     checksums: dict[str, str],
+    world_size: int,
 ) -> None:
     """Dense weights, optimizer, RNG and, last, meta.json (which makes the directory complete)."""
     tables = _expected_tables(model)
@@ -296,7 +283,7 @@ def _write_rest(
         "dense": {k: list(v.shape) for k, v in dense.items()},
         "train_state": dataclasses.asdict(state),
         "run_config": run_config or {},
-        "world_size": dist.get_world_size() if _distributed() else 1,
+        "world_size": world_size,
         "files": {
             name: {"bytes": os.path.getsize(os.path.join(tmp, name)), "crc32": checksums[name]}
             for name in sorted(os.listdir(tmp))

@@ -377,7 +377,7 @@ class _Schedule:
             return
         with self.meter.paused():
             save_checkpoint(self.cfg.save_checkpoint_path, self.model, self.optimizer, self.scaler, state,
-                            self.run_config)
+                            self.run_config, self.collectives)
         self.saved_step = state.step
         self.logger.print(f"Saved checkpoint at step {state.step} to {self.cfg.save_checkpoint_path}")
         self.logger.record("checkpoint", step=state.step, path=self.cfg.save_checkpoint_path)
