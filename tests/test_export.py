@@ -215,6 +215,29 @@ def test_check_export_reports_errors_and_catches_a_wrong_model(exported):
             check_export(other, str(directory / name), batch_sizes=(8,))
 
 
+ALL_LAYOUTS = [(e, i) for e in ("joint", "multi_table", "joint_fused") for i in ("dot", "cat", "cuda_dot")]
+
+
+@pytest.mark.parametrize("variant", ALL_LAYOUTS, ids=lambda v: "-".join(v))
+def test_every_layout_exports_the_model_forward(tmp_path, variant):
+    """The files hold ``DLRM.forward`` itself for every embedding layout and interaction: they
+    match the eager model (whose fused kernels run in Triton's interpreter here) at several
+    batch sizes, hashed ids included, and the graph is plain gathers."""
+    model = trained_model(make_config(*variant, hash_indices=True))
+    export_onnx(model, str(tmp_path / "model.onnx"))
+    export_torchscript(model, str(tmp_path / "model.pt"))
+    ops = {node.op_type for node in onnx.load(str(tmp_path / "model.onnx")).graph.node}
+    assert "Gather" in ops and not ops & {"Loop", "Scan", "If"}, ops
+    g = torch.Generator().manual_seed(11)
+    for batch_size in (1, 64):
+        numerical = torch.randn(batch_size, 3, generator=g)
+        categorical = torch.randint(-1000, 1000, (batch_size, len(TABLES)), generator=g)
+        want = expected_probability(model, numerical, categorical)
+        for run, name in ((run_onnx, "model.onnx"), (run_torchscript, "model.pt")):
+            got = run(str(tmp_path / name), numerical, categorical)
+            np.testing.assert_allclose(got[:, 0], want, rtol=1e-5, atol=1e-6)
+
+
 def test_wrapper_rejects_a_hybrid_parallel_shard():
     shard = DLRM(make_config("joint", "dot"), tables=[0, 2])
     with pytest.raises(ValueError, match="all of its tables"):

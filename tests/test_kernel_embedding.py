@@ -299,6 +299,9 @@ def test_fused_forward_in_autocast_dtype():
     assert out.dtype == torch.bfloat16 and out.shape == (9, len(SIZES), DIM)
     assert_gather_equal(out, joint(ids).to(torch.bfloat16), torch.float32)
     assert fused(ids).dtype == torch.float32  # autocast off again
+    fused.double()
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+        assert fused(ids).dtype == torch.float64  # as autocast, which leaves float64 alone
 
 
 class TinyModel(torch.nn.Module):

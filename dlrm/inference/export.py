@@ -17,12 +17,10 @@ import warnings
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dlrm.data.atomic import write_atomically
 from dlrm.model.dlrm import DLRM, DLRMConfig
-from dlrm.nn.interactions import DotInteraction
 from dlrm.training.checkpoint import load_checkpoint, read_meta
 
 INPUT_NAMES = ("numerical", "categorical")
@@ -45,43 +43,21 @@ def build_inference_model(checkpoint: str, device: torch.device | str = "cpu") -
 class ExportableDLRM(nn.Module):
     """A DLRM as a server runs it: ``(numerical, categorical) -> click_probability [B, 1]``.
 
-    Shares the wrapped model's parameters (nothing is copied). The joint layouts (one weight
-    plus offsets, fused kernels or not) are one gather of ``ids + offsets`` from the joint
-    weight; the per-table layout one gather per table. With ``hash_indices`` the floor modulo
-    is kept in the graph. A dot interaction that runs a fused Triton kernel in training is
-    replaced by its pure-torch reference (same layout, no weights), which exporters can trace.
+    The graph is ``DLRM.forward`` itself (shared parameters, nothing copied), followed by the
+    sigmoid. Its parts are written to be traced: the embedding lookups are plain gathers (a
+    ``joint_fused`` table takes the joint gather while exporting), the ``hash_indices`` floor
+    modulo stays in the graph, and a ``cuda_dot`` interaction runs its pure-torch reference
+    under tracing and export.
     """
 
     def __init__(self, model: DLRM) -> None:
         super().__init__()
-        embeddings = model.embeddings
-        if embeddings.num_tables != model.config.num_categorical_features:
+        if model.embeddings.num_tables != model.config.num_categorical_features:
             raise ValueError("only a model holding all of its tables can be exported (got a hybrid-parallel shard)")
-        self.joint = hasattr(embeddings, "offsets") and isinstance(getattr(embeddings, "weight", None), torch.Tensor)
-        if self.joint:
-            self.weight = embeddings.weight
-            self.register_buffer("offsets", embeddings.offsets.clone(), persistent=False)
-        else:
-            self.tables = nn.ParameterList([table.weight for table in embeddings.tables])
-        self.hash_indices = model.config.hash_indices
-        self.register_buffer("rows", embeddings.rows.clone(), persistent=False)
-        self.bottom_mlp = model.bottom_mlp
-        self.interaction = model.interaction
-        if isinstance(model.interaction, DotInteraction) and model.interaction.use_kernel:
-            reference = DotInteraction(model.interaction.num_features, model.interaction.embedding_dim)
-            self.interaction = reference.to(model.interaction.triangle_index.device)
-        self.top_mlp = model.top_mlp
+        self.model = model
 
     def forward(self, numerical: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
-        ids = categorical.to(torch.int64)
-        if self.hash_indices:
-            ids = torch.remainder(ids, self.rows)  # floor modulo, as in training
-        if self.joint:
-            embedded = F.embedding(ids + self.offsets, self.weight)
-        else:
-            embedded = torch.stack([F.embedding(ids[:, i], w) for i, w in enumerate(self.tables)], dim=1)
-        bottom = self.bottom_mlp(numerical.to(torch.float32))
-        return torch.sigmoid(self.top_mlp(self.interaction(bottom, embedded)))
+        return torch.sigmoid(self.model(numerical, categorical)).unsqueeze(1)
 
 
 def sample_inputs(config: DLRMConfig, batch_size: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

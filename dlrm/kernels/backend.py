@@ -13,6 +13,8 @@ import os
 
 import torch
 
+AUTOCAST_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what autocast casts; float64 it leaves alone
+
 
 @functools.cache
 def triton_installed() -> bool:
@@ -54,3 +56,21 @@ def tf32_allowed() -> bool:
         return bool(matmul.allow_tf32)
     except RuntimeError:
         return getattr(matmul, "fp32_precision", "ieee") == "tf32"
+
+
+def exporting() -> bool:
+    """Whether ``torch.jit.trace`` or ``torch.export`` (also under ``torch.onnx.export``) is
+    recording a graph: kernels then step aside for plain torch ops the exporter can record."""
+    is_exporting = getattr(torch.compiler, "is_exporting", lambda: False)  # absent from older torch
+    return torch.jit.is_tracing() or is_exporting()
+
+
+def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """The dtype a kernel computes and writes in, as the torch ops it replaces would: the
+    autocast dtype when autocast is on for the tensors' device type (float64 stays float64,
+    as autocast leaves it), else the promotion of the tensors' dtypes."""
+    device_type = tensors[0].device.type
+    promoted = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
+    if promoted in AUTOCAST_DTYPES and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return promoted

@@ -16,15 +16,24 @@ as ``tl.dot`` needs; at most 64 so the fp32 accumulator stays in registers: more
 mean more tiles), and the embedding dimension is walked in ``BLOCK_D`` steps, so any ``F``
 and ``D`` run. Products accumulate in fp32.
 
-``dot_interaction`` falls back to the reference whenever ``supports`` says no.
+``dot_interaction_reference``, the definition in plain torch, lives here beside the kernels
+(``dlrm.nn.interactions`` builds ``DotInteraction`` on both; this module imports nothing from
+``dlrm.nn``). ``dot_interaction`` falls back to it whenever ``supports`` says no.
 """
 
 from __future__ import annotations
 
 import torch
 
-from dlrm.kernels.backend import interpreting, tf32_allowed, triton_installed, triton_usable
-from dlrm.nn.interactions import dot_interaction_reference, padded_width
+from dlrm.kernels.backend import (
+    AUTOCAST_DTYPES,
+    compute_dtype,
+    exporting,
+    interpreting,
+    tf32_allowed,
+    triton_installed,
+    triton_usable,
+)
 
 if triton_installed():
     import triton
@@ -36,10 +45,64 @@ else:  # the reference runs instead; nothing below is reached without Triton
 # TRITON_INTERPRET then): CPU tensors may only go to interpreted ones, CUDA tensors to compiled.
 _KERNELS_INTERPRETED = interpreting()
 
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+SUPPORTED_DTYPES = AUTOCAST_DTYPES  # fp32 / fp16 / bf16
 MAX_BLOCK_N = 64  # feature rows per tile: a 64x64 fp32 accumulator is 32 registers a thread
 MAX_BLOCK_D = 128  # embedding columns per step
 _INT32_MAX = 2**31 - 1
+
+
+# ----------------------------------------------------------------------------- reference
+# The definition of the dot interaction in plain torch: the kernels match it in layout, it is
+# their fallback and test oracle, and it is what exporters record.
+
+PAD_MULTIPLE = 8  # output width is padded so the top MLP's first GEMM has an aligned K dimension
+
+
+def padded_width(width: int) -> int:
+    """``width`` rounded up to a multiple of ``PAD_MULTIPLE``."""
+    return -(-width // PAD_MULTIPLE) * PAD_MULTIPLE
+
+
+def dot_interaction_width(num_features: int, embedding_dim: int) -> int:
+    """Output width of the dot interaction over ``num_features`` vectors (bottom included)."""
+    return padded_width(embedding_dim + num_features * (num_features - 1) // 2)
+
+
+def lower_triangle_index(num_features: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Flat indices into a row-major ``[n, n]`` matrix of its strictly-lower triangle.
+
+    Order is row-major: (1,0), (2,0), (2,1), (3,0), ... -- the layout checkpoints and kernels
+    rely on.
+    """
+    rows, cols = torch.tril_indices(num_features, num_features, offset=-1, device=device)
+    return rows * num_features + cols
+
+
+def dot_interaction_reference(
+    bottom: torch.Tensor,
+    embedded: torch.Tensor,
+    triangle_index: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Pairwise dot products of ``[bottom, embeddings]``, after the bottom vector itself.
+
+    bottom ``[B, D]``, embedded ``[B, F, D]`` -> ``[B, padded_width(D + n(n-1)/2)]`` with
+    ``n = F + 1``: the bottom vector, the strictly-lower triangle of the Gram matrix in row-major
+    order, then zeros. ``triangle_index`` (from ``lower_triangle_index(n)``) may be passed to
+    avoid rebuilding it on every call. Under autocast the Gram matrix and the whole output are
+    in the autocast dtype.
+    """
+    batch = bottom.shape[0]
+    features = torch.cat([bottom.unsqueeze(1), embedded], dim=1)  # [B, n, D]
+    gram = torch.bmm(features, features.transpose(1, 2))  # [B, n, n]
+    if triangle_index is None:
+        triangle_index = lower_triangle_index(features.shape[1], device=gram.device)
+    triangle = gram.flatten(1).index_select(1, triangle_index)
+    width = bottom.shape[1] + triangle.shape[1]
+    padding = gram.new_zeros(batch, padded_width(width) - width)
+    return torch.cat([bottom.to(gram.dtype), triangle, padding], dim=1)
+
+
+# ----------------------------------------------------------------------------- kernels
 
 
 if triton is not None:
@@ -191,7 +254,7 @@ def _forward(bottom: torch.Tensor, embedded: torch.Tensor, dtype: torch.dtype) -
     """Launches the forward kernel; the output is allocated in ``dtype`` (the compute dtype)."""
     batch, num_embedded, dim = embedded.shape
     n = num_embedded + 1
-    width = padded_width(dim + n * (n - 1) // 2)
+    width = dot_interaction_width(n, dim)
     out = torch.empty(batch, width, dtype=dtype, device=bottom.device)
     block_n = _block_n(n)
     block_d = _block_d(dim, block_n, out.element_size())
@@ -247,21 +310,10 @@ class DotInteractionFunction(torch.autograd.Function):
         return (d_bottom if needs_bottom else None), (d_embedded if needs_embedded else None), None
 
 
-def compute_dtype(bottom: torch.Tensor, embedded: torch.Tensor) -> torch.dtype:
-    """Output dtype, as the reference's: the autocast dtype when autocast is on for the
-    tensors' device type (it leaves float64 alone), else ``torch.cat``'s promotion."""
-    device_type = bottom.device.type
-    promoted = torch.promote_types(bottom.dtype, embedded.dtype)
-    if promoted in SUPPORTED_DTYPES and torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
-    return promoted
-
-
 def _tracing() -> bool:
     # TorchScript tracing, torch.export and torch.compile see the reference: plain torch ops
     # they can record (and fuse), instead of an opaque Python launch.
-    exporting = getattr(torch.compiler, "is_exporting", lambda: False)
-    return torch.jit.is_tracing() or torch.compiler.is_compiling() or exporting()
+    return exporting() or torch.compiler.is_compiling()
 
 
 def supports(bottom: torch.Tensor, embedded: torch.Tensor) -> bool:

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import skip_init
 
+from dlrm.kernels.backend import compute_dtype, exporting
 from dlrm.kernels.embedding import gather, sgd_update
 from dlrm.nn.init import init_embedding_table_, table_generator
 
@@ -208,16 +209,14 @@ class JointFusedEmbedding(JointEmbedding):
         super().__init__(table_sizes, embedding_dim, hash_indices, device, table_indices, init_seed)
         self._pending: list[PendingUpdate] = []
 
-    def compute_dtype(self) -> torch.dtype:
-        """The dtype of the lookup's output: what autocast would compute in, else the weight's."""
-        device_type = self.weight.device.type
-        if torch.is_autocast_enabled(device_type):
-            return torch.get_autocast_dtype(device_type)
-        return self.weight.dtype
-
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if exporting():
+            # torch.jit.trace / torch.export cannot record the kernel's autograd.Function: they
+            # get the joint layout's plain gather of the same rows (in the weight's dtype).
+            return super().forward(ids)
         rows = (self._prepare_ids(ids) + self.offsets).reshape(-1)
-        out = _FusedLookup.apply(self.weight, rows, self.compute_dtype(), self._pending)
+        # Output in the compute dtype (what autocast would compute in, else the weight's).
+        out = _FusedLookup.apply(self.weight, rows, compute_dtype(self.weight), self._pending)
         return out.view(ids.shape[0], self.num_tables, self.embedding_dim)
 
     @property

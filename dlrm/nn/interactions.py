@@ -1,8 +1,9 @@
 """Feature interactions: how the bottom MLP output meets the embeddings.
 
-``dot_interaction_reference`` is the pure-torch definition of the dot interaction. A fused
-kernel (``dlrm.kernels``) must match it exactly in layout and is chosen by ``DotInteraction``
-when it supports the inputs; this function stays the fallback and the test oracle.
+``dot_interaction_reference`` is the pure-torch definition of the dot interaction; it lives in
+``dlrm.kernels.dot_interaction`` beside the fused kernel that must match it exactly in layout,
+and is imported from there (the dependency goes nn -> kernels only). ``DotInteraction`` runs
+the kernel when asked to and it supports the inputs, the reference otherwise.
 """
 
 from __future__ import annotations
@@ -10,51 +11,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-PAD_MULTIPLE = 8  # output width is padded so the top MLP's first GEMM has an aligned K dimension
-
-
-def padded_width(width: int) -> int:
-    """``width`` rounded up to a multiple of ``PAD_MULTIPLE``."""
-    return -(-width // PAD_MULTIPLE) * PAD_MULTIPLE
-
-
-def dot_interaction_width(num_features: int, embedding_dim: int) -> int:
-    """Output width of the dot interaction over ``num_features`` vectors (bottom included)."""
-    return padded_width(embedding_dim + num_features * (num_features - 1) // 2)
-
-
-def lower_triangle_index(num_features: int, device: torch.device | str | None = None) -> torch.Tensor:
-    """Flat indices into a row-major ``[n, n]`` matrix of its strictly-lower triangle.
-
-    Order is row-major: (1,0), (2,0), (2,1), (3,0), ... -- the layout checkpoints and kernels
-    rely on.
-    """
-    rows, cols = torch.tril_indices(num_features, num_features, offset=-1, device=device)
-    return rows * num_features + cols
-
-
-def dot_interaction_reference(
-    bottom: torch.Tensor,
-    embedded: torch.Tensor,
-    triangle_index: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Pairwise dot products of ``[bottom, embeddings]``, after the bottom vector itself.
-
-    bottom ``[B, D]``, embedded ``[B, F, D]`` -> ``[B, padded_width(D + n(n-1)/2)]`` with
-    ``n = F + 1``: the bottom vector, the strictly-lower triangle of the Gram matrix in row-major
-    order, then zeros. ``triangle_index`` (from ``lower_triangle_index(n)``) may be passed to
-    avoid rebuilding it on every call. Under autocast the Gram matrix and the whole output are
-    in the autocast dtype.
-    """
-    batch = bottom.shape[0]
-    features = torch.cat([bottom.unsqueeze(1), embedded], dim=1)  # [B, n, D]
-    gram = torch.bmm(features, features.transpose(1, 2))  # [B, n, n]
-    if triangle_index is None:
-        triangle_index = lower_triangle_index(features.shape[1], device=gram.device)
-    triangle = gram.flatten(1).index_select(1, triangle_index)
-    width = bottom.shape[1] + triangle.shape[1]
-    padding = gram.new_zeros(batch, padded_width(width) - width)
-    return torch.cat([bottom.to(gram.dtype), triangle, padding], dim=1)
+from dlrm.kernels.dot_interaction import (
+    dot_interaction,
+    dot_interaction_reference,
+    dot_interaction_width,
+    lower_triangle_index,
+)
 
 
 class DotInteraction(nn.Module):
@@ -78,9 +40,6 @@ class DotInteraction(nn.Module):
     def forward(self, bottom: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
         _check_features(self.num_features, embedded)
         if self.use_kernel:
-            # Imported here: the kernel module imports this one for its reference and fallback.
-            from dlrm.kernels.dot_interaction import dot_interaction
-
             return dot_interaction(bottom, embedded, self.triangle_index)
         return dot_interaction_reference(bottom, embedded, self.triangle_index)
 

@@ -23,6 +23,7 @@ from dlrm.distributed.collectives import Collectives
 from dlrm.model.precision import Precision
 from dlrm.training.checkpoint import CheckpointError, TrainState, save_checkpoint
 from dlrm.training.cuda_graphs import GraphedInference, GraphedTrainStep, check_cuda_graphs_supported
+from dlrm.training.grad_scaler import DeviceScalerState
 from dlrm.training.logger import RunLogger, format_eta
 from dlrm.training.lr_schedule import LRSchedule
 
@@ -143,10 +144,9 @@ def fused_train_step(
         with_grad = [p for p in params if p.grad is not None]
         grads = [p.grad for p in with_grad]
         if scaler.is_enabled():
+            scaler_state = DeviceScalerState(scaler)
             found_inf = torch.zeros(1, dtype=torch.float32, device=device)
-            inv_scale = scaler._scale.double().reciprocal().float()  # as GradScaler.unscale_ computes it
-            if grads:
-                torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
+            inv_scale = scaler_state.unscale_and_check_(grads, found_inf)
             for embedding in fused:
                 found_inf += embedding.pending_nonfinite().float()
             skip = found_inf.reshape(()) > 0
@@ -154,10 +154,7 @@ def fused_train_step(
                 p.sub_(torch.where(skip, 0.0, g * lr))  # where, not 0 * g: g may hold inf/NaN
             for embedding in fused:
                 embedding.apply_update_(lr, inv_scale.reshape(()), skip)
-            torch._amp_update_scale_(
-                scaler._scale, scaler._growth_tracker, found_inf,
-                scaler.get_growth_factor(), scaler.get_backoff_factor(), scaler.get_growth_interval(),
-            )
+            scaler_state.update_(found_inf)
         else:
             if grads:
                 torch._foreach_add_(with_grad, torch._foreach_mul(grads, lr.neg()))
