@@ -1,30 +1,34 @@
-"""The last step of both engines: fragments -> split-binary dataset and feature_spec.yaml.
+"""The last step of both engines: fragments -> split-binary dataset and feature_spec.yaml, and
+the end of a run that both share.
 
 Each split's files are written through ``SplitBinaryWriter`` (temporary names, checked ids and
-labels; temporaries a killed run left behind are removed first) in row order: unshuffled fragments are streamed in the order given; the buckets of a
-shuffled split are loaded one at a time and sorted by (key, position). Nothing replaces an
-existing dataset unless every split has rows and was written completely: the old spec is
-removed first (so a crash while renaming leaves no spec rather than a wrong one), then the
-files are renamed into place, then the new spec is written.
+labels; temporaries a killed run left behind are removed first) in row order: unshuffled
+fragments are streamed in the order given; the buckets of a shuffled split are loaded one at a
+time and sorted by (key, position). Nothing replaces an existing dataset unless every split has
+rows and was written completely: the old spec is removed first (so a crash while renaming leaves
+no spec rather than a wrong one), then the files are renamed into place, then the new spec is
+written.
 """
 
 from __future__ import annotations
 
 import os
-import re
+import sys
+import time
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from dlrm.data.atomic import pid_alive
 from dlrm.data.batch import Batch
-from dlrm.data.feature_spec import SPEC_FILE_NAME, FeatureSpec
+from dlrm.data.feature_spec import SPEC_FILE_NAME, FeatureSpec, dtype_for_cardinality
 from dlrm.data.split_binary import SplitBinaryWriter
-from preproc.report import empty_split_error
+from preproc.fragments import record_dtype
+from preproc.job import NUM_CATEGORICAL, NUM_NUMERICAL, Job, Result
+from preproc.progress import Progress
+from preproc.report import empty_split_error, skipped_text
+from preproc.workdir import WorkDir
 
-NUM_NUMERICAL = 13
-NUM_CATEGORICAL = 26
 _WRITE_ROWS = 1 << 18
 
 
@@ -37,13 +41,14 @@ class SplitFragments:
     sort: bool  # shuffled: sort each bucket by (key, pos)
 
 
-def _batches(records: np.ndarray):
+def _write_records(writer: SplitBinaryWriter, records: np.ndarray, advance: Callable[[int], None]) -> None:
     for a in range(0, len(records), _WRITE_ROWS):
         rec = records[a : a + _WRITE_ROWS]
         ids = np.empty((len(rec), NUM_CATEGORICAL), dtype=np.int64)
         for j in range(NUM_CATEGORICAL):
             ids[:, j] = rec[f"c{j}"]
-        yield Batch(numerical=rec["num"], categorical=ids, label=rec["label"])  # type: ignore[arg-type]
+        writer.write(Batch(numerical=rec["num"], categorical=ids, label=rec["label"]))  # type: ignore[arg-type]
+        advance(len(rec))
 
 
 def _write_split(writer: SplitBinaryWriter, frags: SplitFragments, advance: Callable[[int], None]) -> None:
@@ -55,32 +60,13 @@ def _write_split(writer: SplitBinaryWriter, frags: SplitFragments, advance: Call
             records = np.concatenate(parts)
             del parts
             records = records[np.lexsort((records["pos"], records["key"]))]
-            for batch in _batches(records):
-                writer.write(batch)
-                advance(len(batch))
+            _write_records(writer, records, advance)
             del records
             continue
         for p in files:
             records = np.memmap(p, dtype=frags.dtype, mode="r") if os.path.getsize(p) else np.zeros(0, frags.dtype)
-            for batch in _batches(records):
-                writer.write(batch)
-                advance(len(batch))
+            _write_records(writer, records, advance)
             del records
-
-
-_WRITER_TEMP = re.compile(r"\..+\.(?P<pid>\d+)-[0-9a-f]+\.tmp")  # SplitBinaryWriter's .<file>.<pid>-<id>.tmp
-
-
-def _remove_stale_temporaries(output_dir: str, splits: list[str]) -> None:
-    """Temporary files a killed run left in the split directories; never a dataset file, nor
-    the file of a writer that is still running (its pid is in the name)."""
-    for split in splits:
-        directory = os.path.join(output_dir, split)
-        if os.path.isdir(directory):
-            for name in os.listdir(directory):
-                m = _WRITER_TEMP.fullmatch(name)
-                if m and not pid_alive(int(m["pid"])):
-                    os.unlink(os.path.join(directory, name))
 
 
 def write_dataset(output_dir: str, cardinalities: list[int], splits: dict[str, SplitFragments], split_files: dict[str, list[str]],
@@ -88,7 +74,6 @@ def write_dataset(output_dir: str, cardinalities: list[int], splits: dict[str, S
                   skipped: dict | None = None) -> FeatureSpec:
     """Write every split, then the spec (whose metadata ``metadata_for(rows per split)`` gives)."""
     os.makedirs(output_dir, exist_ok=True)
-    _remove_stale_temporaries(output_dir, list(splits))
     spec = FeatureSpec.default(NUM_NUMERICAL, cardinalities, splits=list(splits), base_directory=os.path.abspath(output_dir))
     writers = [SplitBinaryWriter(spec, name) for name in splits]
     try:
@@ -111,10 +96,20 @@ def write_dataset(output_dir: str, cardinalities: list[int], splits: dict[str, S
     return spec
 
 
-def write_job_dataset(job, cardinalities: list[int], splits: dict[str, SplitFragments], total_rows: int,
-                      skipped: dict, progress) -> FeatureSpec:
+def record_dtypes(job: Job, cardinalities: list[int]) -> dict[str, np.dtype]:
+    """Each split's fragment record: ids in the dtypes of the final files, and the shuffle key
+    when the split is shuffled."""
+    cat = [dtype_for_cardinality(c) for c in cardinalities]
+    return {s: record_dtype(cat, keyed=job.shuffled(s)) for s in job.splits}
+
+
+def write_job_dataset(job: Job, cardinalities: list[int], fragments: dict[str, list[list[str]]], total_rows: int,
+                      skipped: dict, progress: Progress) -> FeatureSpec:
     """``write_dataset`` for a ``Job`` (its output directory, input files and metadata), shown
-    as the ``assemble`` phase of ``progress``; what both engines end with."""
+    as the ``assemble`` phase of ``progress``; what both engines end with. ``fragments[split][b]``
+    lists bucket b's fragment files in row order."""
+    dtypes = record_dtypes(job, cardinalities)
+    splits = {s: SplitFragments(dtypes[s], fragments[s], sort=job.shuffled(s)) for s in job.splits}
     progress.begin("assemble", total_rows)
     done = 0
 
@@ -129,3 +124,14 @@ def write_job_dataset(job, cardinalities: list[int], splits: dict[str, SplitFrag
     )
     progress.end()
     return spec
+
+
+def finish_run(job: Job, work: WorkDir, spec: FeatureSpec, skipped: dict, progress: Progress, start: float) -> Result:
+    """What both engines do once the dataset is written: report the skipped lines, remove the
+    work directory (unless kept) and sum up the run."""
+    if skipped:
+        print(skipped_text(skipped), file=sys.stderr)
+    if not job.keep_work_dir:
+        work.remove()
+    rows = spec.metadata["preprocessing"]["rows"]
+    return Result(spec, rows, skipped, dict(progress.summaries), time.monotonic() - start, work.resumed)

@@ -22,22 +22,21 @@ import collections
 import math
 import multiprocessing
 import os
-import sys
 import time
 import uuid
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Callable, Iterator
 
 from dlrm.data.errors import DatasetError
-from dlrm.data.feature_spec import FeatureSpec, dtype_for_cardinality
-from preproc.assemble import SplitFragments, write_job_dataset
+from dlrm.data.feature_spec import FeatureSpec
+from preproc.assemble import finish_run, record_dtypes, write_job_dataset
 from preproc.counting import RECORD_BYTES, CountWriter, merge_counts
-from preproc.fragments import FragmentFiles, fragment_name, record_dtype
+from preproc.fragments import FragmentFiles, fragment_name
 from preproc.job import Job, Result
 from preproc.numeric import build_log_table
 from preproc.order import bucket_bits as choose_bucket_bits
 from preproc.progress import Progress
-from preproc.report import MalformedSummary, classify_bad, empty_split_error, malformed_error, skipped_text
+from preproc.report import MalformedSummary, classify_bad, empty_split_error, malformed_error
 from preproc.tasks import init_worker, scan_task, transform_task
 from preproc.textio import DEFAULT_CHUNK_BYTES, count_lines, numbered_chunks, prefetch
 from preproc.vocab import Vocabulary
@@ -151,12 +150,7 @@ class LocalEngine:
             raise
         finally:
             self.pool.close()
-        if skipped:
-            print(skipped_text(skipped), file=sys.stderr)
-        if not job.keep_work_dir:
-            self.work.remove()
-        rows = spec.metadata["preprocessing"]["rows"]
-        return Result(spec, rows, skipped, dict(self.progress.summaries), time.monotonic() - start, self.work.resumed)
+        return finish_run(job, self.work, spec, skipped, self.progress, start)
 
     def _vocab_depends(self) -> dict:
         return {"counted": [self.stamps[i] for i in range(len(self.job.inputs)) if self.job.counted(i)]}
@@ -262,17 +256,13 @@ class LocalEngine:
             work.clear(f"scan/f{i}")  # the count runs are not needed once the vocabulary exists
         return work.read("vocab.json")
 
-    def _dtypes(self, cardinalities: list[int]) -> dict:
-        cat = [dtype_for_cardinality(c) for c in cardinalities]
-        return {s: record_dtype(cat, keyed=self.job.shuffled(s)) for s in self.job.splits}
-
     def _transform(self, vocab: dict, settings: dict) -> list[dict]:
         job, work = self.job, self.work
         cardinalities = vocab["cardinalities"]
         paths = job.paths
         sizes = [os.path.getsize(p) for p in paths]
         table = build_log_table()
-        dtypes = self._dtypes(cardinalities)
+        dtypes = record_dtypes(job, cardinalities)
         vocab_dir = work.file("vocab")
         self.progress.begin("transform", sum(sizes), len(paths))
         markers = []
@@ -304,17 +294,15 @@ class LocalEngine:
 
     def _assemble(self, cardinalities: list[int], fragments: list[dict], skipped: dict, settings: dict) -> FeatureSpec:
         job, work = self.job, self.work
-        dtypes = self._dtypes(cardinalities)
-        splits = {}
+        files = {}
         for split in job.splits:
             buckets = 1 << settings["bucket_bits"] if job.shuffled(split) else 1
-            files = [
+            files[split] = [
                 [work.file(f"rows/f{i}", fragment_name(split, b)) for i, m in enumerate(fragments) if f"{split}.b{b}" in m["rows"]]
                 for b in range(buckets)
             ]
-            splits[split] = SplitFragments(dtypes[split], files, sort=job.shuffled(split))
         total = sum(sum(m["rows"].values()) for m in fragments)
-        return write_job_dataset(job, cardinalities, splits, total, skipped, self.progress)
+        return write_job_dataset(job, cardinalities, files, total, skipped, self.progress)
 
 
 def preprocess_local(job: Job, progress: Progress | None = None, workers: int | None = None,

@@ -43,9 +43,7 @@ import numpy as np
 
 from dlrm.data.atomic import write_atomically
 from dlrm.data.errors import DatasetError
-from dlrm.data.feature_spec import dtype_for_cardinality
-from preproc.assemble import SplitFragments, write_job_dataset
-from preproc.fragments import record_dtype
+from preproc.assemble import finish_run, record_dtypes, write_job_dataset
 from preproc.job import NUM_CATEGORICAL, NUM_NUMERICAL, Job, Result
 from preproc.layout import SPLITS
 from preproc.numeric import MAX_TABLE_DIGITS, build_log_table
@@ -53,7 +51,7 @@ from preproc.order import LINE_BITS
 from preproc.order import bucket_bits as choose_bucket_bits
 from preproc.progress import Progress
 from preproc.reference import ERROR_REASONS
-from preproc.report import MalformedSummary, classify, empty_split_error, malformed_error, skipped_text
+from preproc.report import MalformedSummary, classify, empty_split_error, malformed_error
 from preproc.spark_worker import SUMMARY_SCHEMA, hex_column, make_fragment_writer
 from preproc.vocab import Vocabulary
 from preproc.workdir import WorkDir, file_stamp
@@ -268,12 +266,7 @@ class SparkEngine:
         except BaseException:
             self.work.remove_partial()  # the group being written; finished groups stay for a resume
             raise
-        if skipped:
-            print(skipped_text(skipped), file=sys.stderr)
-        if not job.keep_work_dir:
-            self.work.remove()
-        rows = spec.metadata["preprocessing"]["rows"]
-        return Result(spec, rows, skipped, dict(self.progress.summaries), time.monotonic() - start, self.work.resumed)
+        return finish_run(job, self.work, spec, skipped, self.progress, start)
 
     # ------------------------------------------------------------------ stage 1: lines
 
@@ -454,16 +447,12 @@ class SparkEngine:
 
     # ------------------------------------------------------------------ stage 4: rows
 
-    def _dtypes(self, cardinalities: list[int]) -> dict:
-        cat = [dtype_for_cardinality(c) for c in cardinalities]
-        return {s: record_dtype(cat, keyed=self.job.shuffled(s)) for s in self.job.splits}
-
     def _rows_stage(self, groups: list[list[int]], lines: dict[int, dict], vocab: dict) -> list[dict]:
         job, work = self.job, self.work
         cardinalities = vocab["cardinalities"]
         sizes = [os.path.getsize(p) for p in job.paths]
         self.progress.begin("spark rows", sum(sizes), len(job.inputs))
-        dtypes = self._dtypes(cardinalities)
+        dtypes = record_dtypes(job, cardinalities)
         table = build_log_table()
         markers = []
         done_files = 0
@@ -533,8 +522,7 @@ class SparkEngine:
 
     def _assemble(self, cardinalities: list[int], markers: list[dict], skipped: dict):
         job, work = self.job, self.work
-        dtypes = self._dtypes(cardinalities)
-        splits = {}
+        files = {}
         for split in job.splits:
             buckets = 1 << work.settings["bucket_bits"] if job.shuffled(split) else 1
             lists: list[list[str]] = [[] for _ in range(buckets)]
@@ -548,9 +536,9 @@ class SparkEngine:
                             raise RuntimeError(f"internal error: Spark fragments of split '{split}' are out of order")
                         last = f["last"]
                     lists[f["bucket"]].append(work.file(f"spark/rows/g{g}", f["name"]))
-            splits[split] = SplitFragments(dtypes[split], lists, sort=job.shuffled(split))
+            files[split] = lists
         total = sum(f["rows"] for m in markers for f in m["fragments"])
-        return write_job_dataset(job, cardinalities, splits, total, skipped, self.progress)
+        return write_job_dataset(job, cardinalities, files, total, skipped, self.progress)
 
 
 def preprocess_spark(job: Job, progress: Progress | None = None, spark=None, master: str = "local[*]",

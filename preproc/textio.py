@@ -8,7 +8,6 @@ in a background thread (file reads and zlib release the GIL), so decompression o
 from __future__ import annotations
 
 import gzip
-import os
 import queue
 import threading
 from typing import IO, Iterator
@@ -78,10 +77,6 @@ def count_lines(path: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
         if raw is not stream:
             raw.close()
     return lines + (0 if last == b"\n" else 1)
-
-
-def file_size(path: str) -> int:
-    return os.path.getsize(path)
 
 
 class _Done:

@@ -81,9 +81,8 @@ def random_rows(rng, count):
 # Sizes
 
 
-def test_table_bytes_counts_weights_and_optimizer_state():
+def test_table_bytes_counts_fp32_weights():
     assert table_bytes([10, 3], dim=8) == [10 * 8 * 4, 3 * 8 * 4]
-    assert table_bytes([10, 3], dim=8, bytes_per_value=2, optimizer_bytes_per_row=4) == [200, 60]
     assert table_bytes([FL15[19]], dim=128) == [4_180_938_752]  # the 3.89 GiB table
 
 
@@ -95,8 +94,6 @@ def test_table_bytes_counts_weights_and_optimizer_state():
         (dict(rows=[5, 0], dim=4), "rows of table 1 must be >= 1"),
         (dict(rows=[5, 2.5], dim=4), "rows of table 1 must be an integer"),
         (dict(rows=[5], dim=0), "embedding dim must be >= 1"),
-        (dict(rows=[5], dim=4, bytes_per_value=0), "bytes_per_value"),
-        (dict(rows=[5], dim=4, optimizer_bytes_per_row=-4), "optimizer_bytes_per_row"),
         (dict(rows=[True], dim=4), "must be an integer"),
     ],
 )
@@ -129,15 +126,13 @@ def test_greedy_is_valid_and_near_optimal_on_random_instances():
         rows = random_rows(rng, num_tables)
         dim = rng.randint(1, 16)
         sizes = [r * dim * 4 for r in rows]
-        default_cap = math.ceil(num_tables / world_size)
-        cap = rng.choice([None, None, rng.randint(default_cap, num_tables)])
+        limit = math.ceil(num_tables / world_size)
         capacity = [sum(sizes)] * world_size  # ample: the bound is about balance, not fit
-        plan = plan_tables(rows, dim, world_size, sum(sizes), max_tables_per_rank=cap)
-        limit = default_cap if cap is None else cap
+        plan = plan_tables(rows, dim, world_size, sum(sizes))
         assert_valid(plan, sizes, world_size, limit, capacity)
         best = brute_force_best(sizes, world_size, limit, capacity)
         greedy_max = max(plan.rank_bytes(r) for r in range(world_size))
-        assert best <= greedy_max <= best + max(sizes), (rows, dim, world_size, cap)
+        assert best <= greedy_max <= best + max(sizes), (rows, dim, world_size)
         checked += 1
     assert checked == 150
 
@@ -172,31 +167,32 @@ def test_greedy_never_returns_an_invalid_plan_when_memory_is_tight():
 
 
 def test_hand_trace_with_cap_and_index_ties():
-    # dim 1 and 1 byte per value: bytes == rows. Sizes by index: t0=3 t1=9 t2=2 t3=6 t4=4 t5=7 t6=5.
-    # 3 ranks, cap ceil(7/3) = 3, ample memory, so "most free" = "least loaded" (ties: lowest rank):
+    # dim 1, fp32: bytes == 4 x rows. Rows by index: t0=3 t1=9 t2=2 t3=6 t4=4 t5=7 t6=5.
+    # 3 ranks, cap ceil(7/3) = 3, ample memory, so "most free" = "least loaded" (ties: lowest rank);
+    # loads in rows:
     #   t1 (9) -> r0 [9,0,0]    t5 (7) -> r1 [9,7,0]    t3 (6) -> r2 [9,7,6]
     #   t6 (5) -> r2 [9,7,11]   t4 (4) -> r1 [9,11,11]  t0 (3) -> r0 [12,11,11]
     #   t2 (2) -> r1 (11, tie with r2 -> lower rank) [12,13,11]
-    plan = plan_tables([3, 9, 2, 6, 4, 7, 5], dim=1, world_size=3, capacity=100, bytes_per_value=1)
+    plan = plan_tables([3, 9, 2, 6, 4, 7, 5], dim=1, world_size=3, capacity=400)
     assert plan.tables == [[0, 1], [2, 4, 5], [3, 6]]
-    assert [plan.rank_bytes(r) for r in range(3)] == [12, 13, 11]
+    assert [plan.rank_bytes(r) for r in range(3)] == [4 * 12, 4 * 13, 4 * 11]
     # equal sizes: the lower index goes first, onto the lower rank
-    assert plan_tables([5, 5, 5], 1, 2, 100, bytes_per_value=1).tables == [[0, 2], [1]]
+    assert plan_tables([5, 5, 5], 1, 2, 400).tables == [[0, 2], [1]]
 
 
 def test_bytes_not_rows_per_rank_capacity():
-    """With one dim and no per-table state, bytes are proportional to rows for every table; the
-    difference between balancing rows and balancing bytes shows when ranks differ in memory
-    (rank 0 below shares its GPU with something else). Four tables of 6 bytes, ranks of 10 and
-    20 bytes, at most 3 tables per rank.
-    Free-memory greedy: t0 -> r1 (20 free > 10), t1 -> r1 (14 > 10), t2 -> r0 (10 > 8),
-    t3 -> r1 (8 > 4): rank 0 holds 6 of 10 bytes, rank 1 holds 18 of 20.
-    Row balancing (fewest rows so far, ties: lowest rank) puts t0 and t2 on rank 0: 12 > 10.
+    """With one dim, bytes are proportional to rows for every table; the difference between
+    balancing rows and balancing bytes shows when ranks differ in memory (rank 0 below shares its
+    GPU with something else). Three tables of 6 rows (24 bytes at dim 1), ranks of 40 and 80
+    bytes, at most 2 tables per rank.
+    Free-memory greedy: t0 -> r1 (80 free > 40), t1 -> r1 (56 > 40), t2 -> r0 (r1 is at the cap,
+    and 40 > 32 anyway): rank 0 holds 24 of 40 bytes, rank 1 holds 48 of 80.
+    Row balancing (fewest rows so far, ties: lowest rank) puts t0 and t2 on rank 0: 48 > 40.
     """
-    rows, capacity = [6, 6, 6, 6], [10, 20]
-    plan = plan_tables(rows, 1, 2, capacity, bytes_per_value=1, max_tables_per_rank=3)
-    assert plan.tables == [[2], [0, 1, 3]]
-    assert [plan.rank_bytes(0), plan.rank_bytes(1)] == [6, 18]
+    rows, capacity = [6, 6, 6], [40, 80]
+    plan = plan_tables(rows, 1, 2, capacity)
+    assert plan.tables == [[2], [0, 1]]
+    assert [plan.rank_bytes(0), plan.rank_bytes(1)] == [24, 48]
 
     held_rows = [0, 0]
     by_rows = [[], []]
@@ -204,40 +200,41 @@ def test_bytes_not_rows_per_rank_capacity():
         rank = min(range(2), key=lambda r: (held_rows[r], r))
         held_rows[rank] += count
         by_rows[rank].append(table)
-    assert by_rows == [[0, 2], [1, 3]] and held_rows[0] > capacity[0]
+    assert by_rows == [[0, 2], [1]] and 4 * held_rows[0] > capacity[0]
 
-    # with the default cap (2 per rank) no placement fits: any two tables overflow rank 0
-    assert brute_force_best([6, 6, 6, 6], 2, 2, capacity) is None
+    # a fourth table: with the cap (2 per rank) no placement fits, any two tables overflow rank 0
+    assert brute_force_best([24, 24, 24, 24], 2, 2, capacity) is None
     with pytest.raises(PlanError) as error:
-        plan_tables(rows, 1, 2, capacity, bytes_per_value=1)
+        plan_tables([6, 6, 6, 6], 1, 2, capacity)
     assert str(error.value).startswith(
-        "table 3 (6 rows, 6 bytes) fits on no rank: the most free memory is 4 bytes on rank 0, "
-        "2 bytes short (rank 1 has room but already holds 2 tables, the cap per rank;"
+        "table 3 (6 rows, 24 bytes) fits on no rank: the most free memory is 16 bytes on rank 0, "
+        "8 bytes short (rank 1 has room but already holds 2 tables, the cap per rank;"
     )
 
 
-def test_optimizer_state_is_part_of_the_bytes():
-    """Two tables of 1,000 rows x dim 4 fp32 = 16,000 bytes fit on ranks of 20,000 bytes with SGD;
-    with Adagrad's per-value state (16 bytes a row) each needs 32,000 and none fits. Sizing by
-    rows x dim alone would accept a plan that runs out of memory at the first optimizer step."""
+def test_tables_larger_than_every_rank_name_the_totals():
+    """Two tables of 1,000 rows x dim 4 fp32 = 16,000 bytes fit on ranks of 20,000 bytes; on
+    ranks of 10,000 none fits, and the message compares what all tables need with what all
+    ranks offer."""
     assert plan_tables([1000, 1000], 4, 2, 20_000).tables == [[0], [1]]
     with pytest.raises(PlanError) as error:
-        plan_tables([1000, 1000], 4, 2, 20_000, optimizer_bytes_per_row=16)
+        plan_tables([1000, 1000], 4, 2, 10_000)
     assert str(error.value) == (
-        "table 0 (1,000 rows, 32,000 bytes) fits on no rank: the most free memory is 20,000 bytes "
-        "on rank 0, 12,000 bytes short; the 2 tables need 64,000 bytes in all and 2 ranks offer "
-        "40,000 bytes; add ranks, lower --embedding_dim, or cap rows with --max_table_size"
+        "table 0 (1,000 rows, 16,000 bytes) fits on no rank: the most free memory is 10,000 bytes "
+        "on rank 0, 6,000 bytes short; the 2 tables need 32,000 bytes in all and 2 ranks offer "
+        "20,000 bytes; add ranks, lower --embedding_dim, or cap rows with --max_table_size"
     )
 
 
 def test_lookup_shares_follow_the_tables():
-    plan = plan_tables([4, 3, 2, 1], 1, 2, 100, lookups=[3, 1, 0, 0])
-    assert plan.lookups == [0.75, 0.25, 0.0, 0.0]
+    """One id per feature and sample: a rank's share of lookups is its share of the tables."""
+    plan = plan_tables([4, 3, 2, 1], 1, 2, 100)
     assert plan.tables == [[0, 3], [1, 2]]
-    assert plan.rank_lookup_share(0) == 0.75 and plan.rank_lookup_share(1) == 0.25
-    default = plan_tables([4, 3, 2, 1], 1, 2, 100)
-    assert default.lookups == [0.25] * 4
-    assert sum(default.rank_lookup_share(r) for r in range(2)) == pytest.approx(1.0)
+    assert plan.rank_lookup_share(0) == 0.5 and plan.rank_lookup_share(1) == 0.5
+    uneven = plan_tables([4, 3, 2], 1, 2, 100)
+    assert uneven.tables == [[0], [1, 2]]
+    assert [uneven.rank_lookup_share(r) for r in range(2)] == [1 / 3, 2 / 3]
+    assert sum(uneven.rank_lookup_share(r) for r in range(2)) == pytest.approx(1.0)
 
 
 def test_more_ranks_than_tables_leaves_ranks_empty():
@@ -256,11 +253,6 @@ def test_more_ranks_than_tables_leaves_ranks_empty():
         (dict(capacity=-1), "capacity per rank"),
         (dict(capacity=[100, 100, 100]), "capacity lists 3 ranks but the world size is 2"),
         (dict(capacity=[100, -5]), "capacity of rank 1"),
-        (dict(lookups=[1, 1]), "lookups has 2 entries for 3 tables"),
-        (dict(lookups=[1, -1, 1]), "finite and >= 0"),
-        (dict(lookups=[0, 0, 0]), "lookups sum to 0"),
-        (dict(lookups=[1, float("nan"), 1]), "finite"),
-        (dict(max_tables_per_rank=0), "max_tables_per_rank must be >= 1"),
     ],
 )
 def test_malformed_inputs_raise_value_error(kwargs, words):
@@ -268,11 +260,6 @@ def test_malformed_inputs_raise_value_error(kwargs, words):
     with pytest.raises(ValueError, match=words) as error:
         plan_tables(**args)
     assert type(error.value) is ValueError  # not a PlanError: the input itself is wrong
-
-
-def test_a_user_cap_with_too_few_places_is_a_plan_error():
-    with pytest.raises(PlanError, match="max_tables_per_rank=2 on 2 ranks leaves 4 places for 5"):
-        plan_tables([1] * 5, 1, 2, 100, max_tables_per_rank=2)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -391,7 +378,8 @@ def test_load_override_forms(tmp_path):
     path.write_text('{"0": [2], "1": [0, 1]}')
     assert load_override(str(path)) == [[2], [0, 1]]
     plan = plan_tables([5, 3, 1], 1, 2, 100)
-    assert load_override(plan.to_json()) == plan.tables  # a saved plan works as a placement
+    saved = json.dumps({"world_size": 2, "tables": plan.tables, "table_bytes": plan.table_bytes})
+    assert load_override(saved) == plan.tables  # a saved plan works as a placement
     # what load_override returns feeds plan_tables
     again = plan_tables([5, 3, 1], 1, 2, 100, override=load_override(str(path)))
     assert again.tables == [[2], [0, 1]]
@@ -414,49 +402,6 @@ def test_load_override_forms(tmp_path):
 def test_load_override_errors(text, words):
     with pytest.raises(PlanError, match=words):
         load_override(text)
-
-
-# ------------------------------------------------------------------------------------------------
-# JSON
-
-
-def test_json_round_trip():
-    rng = random.Random(3)
-    plans = [plan_tables(FL3, 128, 16, 80 * GIB), plan_tables([5, 3, 1], 1, 5, 100)]
-    for _ in range(20):
-        rows = random_rows(rng, rng.randint(1, 12))
-        world_size = rng.randint(1, 6)
-        capacity = [rng.randint(sum(rows) * 16, sum(rows) * 32) for _ in range(world_size)]
-        lookups = [rng.random() + 0.01 for _ in rows]
-        plans.append(plan_tables(rows, 4, world_size, capacity, lookups=lookups))
-    for plan in plans:
-        text = plan.to_json()
-        back = Plan.from_json(text)
-        assert back == plan
-        assert back.to_json() == text
-        assert back.lookups == plan.lookups  # floats exact, not approximately
-
-
-def test_from_json_validates():
-    good = json.loads(plan_tables([5, 3, 1], 1, 2, 100).to_json())
-    cases = [
-        ({**good, "tables": [[0], [1]]}, r"leaves table\(s\) 2 on no rank"),
-        ({**good, "capacity": [20, 15]}, "overflows rank 1: tables 1, 2 need 16 bytes"),
-        ({k: v for k, v in good.items() if k != "lookups"}, "missing: lookups"),
-        ({**good, "extra": 1}, "unknown: extra"),
-        ({**good, "lookups": [0.5, 0.5, 0.5]}, "sum to 1"),
-        ({**good, "rows": [5, 3]}, "rows has 2 entries for 3 tables"),
-        ({**good, "world_size": 3}, "capacity lists 2 ranks, world size is 3"),
-    ]
-    for document, words in cases:
-        with pytest.raises(PlanError, match=words):
-            Plan.from_json(json.dumps(document))
-    with pytest.raises(PlanError, match="must be JSON"):
-        Plan.from_json("{")
-    with pytest.raises(PlanError, match="object with keys"):
-        Plan.from_json("[]")
-    without_rows = {k: v for k, v in good.items() if k != "rows"}
-    assert Plan.from_json(json.dumps(without_rows)).rows == []
 
 
 # ------------------------------------------------------------------------------------------------
@@ -505,7 +450,7 @@ def test_format_plan_lists_every_rank_and_right_totals(world_size):
 
 
 def test_format_plan_without_rows_and_with_mixed_capacity():
-    plan = Plan(2, [[0], [1]], [GIB, 2 * GIB], [4 * GIB, 2 * GIB], [0.5, 0.5])
+    plan = Plan(2, [[0], [1]], [GIB, 2 * GIB], [4 * GIB, 2 * GIB])
     text = format_plan(plan)
     assert text.splitlines()[0] == "Embedding placement: 2 tables on 2 ranks, 3.00 GiB in all"
     rows = parse_rows(text)

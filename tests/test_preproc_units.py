@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from dlrm.data.errors import DatasetError
-from preproc.assemble import _remove_stale_temporaries
+from dlrm.data.feature_spec import FeatureSpec
+from dlrm.data.split_binary import SplitBinaryWriter
 from preproc.counting import CountWriter, count_chunk, merge_counts
 from preproc.generate import generate_criteo_tsv, tsv_line
 from preproc.layout import DAY23, KAGGLE, file_inputs, kaggle_inputs, parse_days, split_ranges, terabyte_inputs
@@ -317,9 +318,12 @@ def test_work_dir_removes_a_dead_runs_partial_files_and_refuses_a_live_runs(tmp_
 
 
 def test_stale_split_temporaries_are_removed_but_not_a_live_writers(tmp_path):
+    """The split writer that ``assemble`` uses removes what a killed writer left, nothing else."""
     (tmp_path / "train").mkdir()
-    dead, mine = f".label.bin.{_dead_pid()}-0123abcd.tmp", f".label.bin.{os.getpid()}-4567ef01.tmp"
+    host = socket.gethostname()
+    dead, mine = f".label.bin.{_dead_pid()}@{host}.0123abcd.tmp", f".label.bin.{os.getpid()}@{host}.4567ef01.tmp"
     for name in (dead, mine, "label.bin", ".notes.tmp"):
         (tmp_path / "train" / name).write_text("x")
-    _remove_stale_temporaries(str(tmp_path), ["train", "test"])
+    spec = FeatureSpec.default(13, [5] * 26, splits=("train", "test"), base_directory=str(tmp_path))
+    SplitBinaryWriter(spec, "train").abort()
     assert sorted(os.listdir(tmp_path / "train")) == sorted([mine, "label.bin", ".notes.tmp"])

@@ -130,10 +130,10 @@ def test_one_positional_read_per_file(tmp_path, monkeypatch):
     assert len(calls) == 2 + 3 and len(set(calls)) == 5  # label, numerical, 3 categorical
 
 
-def test_writer_accepts_dataset_dir_first(tmp_path):
-    spec = FeatureSpec.default(1, [4], splits=("train",))
+def test_writer_puts_files_under_the_spec_base_directory(tmp_path):
+    spec = FeatureSpec.default(1, [4], splits=("train",), base_directory=str(tmp_path))
     arrays = make_arrays(5, 1, [4])
-    with SplitBinaryWriter(str(tmp_path), spec, "train") as w:
+    with SplitBinaryWriter(spec, "train") as w:
         w.write(Batch(*(torch.from_numpy(a) for a in arrays)))
     assert os.path.getsize(tmp_path / "train" / "cat_0.bin") == 5
 

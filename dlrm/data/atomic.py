@@ -15,6 +15,7 @@ import re
 import shutil
 import socket
 import tempfile
+import uuid
 from typing import Callable
 
 _OWNED = re.compile(r"(?P<pid>\d+)@(?P<host>.+)\.[A-Za-z0-9_]+\.tmp")  # after ".<target>."
@@ -39,6 +40,14 @@ def written_by_dead_process(pid: int, host: str) -> bool:
 def owner_tag() -> str:
     """``<pid>@<host>``: what a temporary name carries so that a later run can tell it is stale."""
     return f"{os.getpid()}@{socket.gethostname()}"
+
+
+def temporary_name(path: str | os.PathLike) -> str:
+    """A fresh name beside ``path`` (a file or directory on its way there), in the naming that
+    ``remove_stale_temporaries`` recognises; for writers that create it themselves."""
+    path = os.path.abspath(os.fspath(path))
+    name = f".{os.path.basename(path)}.{owner_tag()}.{uuid.uuid4().hex[:8]}.tmp"
+    return os.path.join(os.path.dirname(path), name)
 
 
 def remove_stale_temporaries(path: str | os.PathLike) -> list[str]:

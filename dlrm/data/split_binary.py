@@ -9,14 +9,13 @@ dataset fails before training starts, not hours into it.
 from __future__ import annotations
 
 import os
-import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from typing import BinaryIO, Sequence
 
 import numpy as np
 import torch
 
+from dlrm.data.atomic import remove_stale_temporaries, temporary_name
 from dlrm.data.batch import Batch
 from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import FeatureSpec
@@ -36,23 +35,17 @@ def _to_numpy(x) -> np.ndarray:
 
 
 class SplitBinaryWriter:
-    """Appends batches to one split's files; files appear only when the writer closes cleanly.
+    """Appends batches to one split's files (under ``spec.base_directory``); files appear only
+    when the writer closes cleanly.
 
     Use as a context manager. Rows go to temporary files next to their final names; a clean
     exit renames them into place, an exception deletes them, so a failed run never replaces a
-    good dataset with a partial one.
-
-    Accepts ``SplitBinaryWriter(spec, split)`` (files under ``spec.base_directory``) and also
-    ``SplitBinaryWriter(dataset_dir, spec, split)``.
+    good dataset with a partial one. The files must appear together, so they are renamed as a
+    set here rather than one by one through ``atomic.write_atomically``; their temporary names
+    follow ``atomic``'s, and temporaries of a killed writer are removed on the next write.
     """
 
-    def __init__(self, spec: FeatureSpec | str | os.PathLike, split: str | FeatureSpec, *rest: str):
-        if isinstance(spec, (str, os.PathLike)):
-            if not isinstance(split, FeatureSpec) or len(rest) != 1:
-                raise TypeError("use SplitBinaryWriter(spec, split) or SplitBinaryWriter(dataset_dir, spec, split)")
-            spec, split = replace(split, base_directory=os.fspath(spec)), rest[0]
-        elif rest:
-            raise TypeError("use SplitBinaryWriter(spec, split) or SplitBinaryWriter(dataset_dir, spec, split)")
+    def __init__(self, spec: FeatureSpec, split: str):
         self.spec = spec
         self.split = split
         self.num_rows = 0
@@ -60,12 +53,12 @@ class SplitBinaryWriter:
         self._cardinalities = np.asarray(spec.cardinalities, dtype=np.int64)
         self._dtypes = spec.categorical_dtypes
         targets = [paths.label] + ([paths.numerical] if paths.numerical else []) + list(paths.categorical)
-        tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._files: list[tuple[str, str, BinaryIO]] = []  # (final path, temp path, handle)
         try:
             for path in targets:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
-                tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{tag}.tmp")
+                remove_stale_temporaries(path)
+                tmp = temporary_name(path)
                 self._files.append((path, tmp, open(tmp, "wb")))
         except BaseException:
             self.abort()

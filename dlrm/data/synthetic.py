@@ -20,15 +20,13 @@ import math
 import operator
 import os
 import shutil
-import tempfile
-import uuid
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from dlrm.data.atomic import owner_tag, remove_stale_temporaries
+from dlrm.data.atomic import remove_stale_temporaries, temporary_name
 from dlrm.data.batch import Batch
 
 # NVIDIA's preprocessed Criteo 1TB with frequency threshold 15.
@@ -367,10 +365,9 @@ def write_synthetic_dataset(
 
     output_dir = os.path.abspath(output_dir)
     _check_writable(output_dir, overwrite)
-    parent, name = os.path.split(output_dir)
-    os.makedirs(parent, exist_ok=True)
+    os.makedirs(os.path.dirname(output_dir), exist_ok=True)
     remove_stale_temporaries(output_dir)  # staging left by a run that was killed
-    staging = os.path.join(parent, f".{name}.{owner_tag()}.{uuid.uuid4().hex[:8]}.tmp")
+    staging = temporary_name(output_dir)
     os.mkdir(staging)  # not mkdtemp: the dataset should get the usual permissions, not 0700
     try:
         spec = FeatureSpec.default(num_numerical, list(table_sizes), splits=tuple(samples), base_directory=staging)
@@ -401,8 +398,8 @@ def _move_into_place(staging: str, output_dir: str, overwrite: bool) -> None:
     _check_writable(output_dir, overwrite)  # again: the directory may have been filled meanwhile
     old = None
     if os.path.isdir(output_dir):
-        old = tempfile.mkdtemp(prefix=f".{os.path.basename(output_dir)}.{owner_tag()}.", suffix=".tmp",
-                               dir=os.path.dirname(output_dir))
+        old = temporary_name(output_dir)
+        os.mkdir(old)
         os.replace(output_dir, os.path.join(old, "dataset"))
     os.replace(staging, output_dir)
     if old is not None:

@@ -1,9 +1,9 @@
 """Placement of embedding tables on ranks for hybrid-parallel training.
 
 Each rank holds whole tables and looks them up for the global batch; the planner decides which
-rank holds which table. It balances bytes (weights plus optimizer state), because memory is what
-runs out, and it caps the number of tables per rank, because with one id per feature the number of
-tables a rank holds is its share of lookups and of the all-to-all traffic.
+rank holds which table. It balances bytes (fp32 weights), because memory is what runs out, and
+it caps the number of tables per rank, because with one id per feature the number of tables a
+rank holds is its share of lookups and of the all-to-all traffic.
 
 Everything here is a pure function of its arguments: the same inputs give the same plan on every
 rank, so ranks need not exchange the plan.
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 GIB = 2**30
 _MIB = 2**20
+_BYTES_PER_VALUE = 4  # fp32 weights
 _ADVICE = "add ranks, lower --embedding_dim, or cap rows with --max_table_size"
 
 
@@ -65,31 +66,30 @@ def _tables_word(count: int) -> str:
     return f"{count} table" if count == 1 else f"{count} tables"
 
 
-def _check_assignment(
-    assignment: object, num_tables: int, world_size: int, what: str
-) -> list[list[int]]:
-    """Every table on exactly one rank, one list per rank; returns the lists sorted."""
+def _check_assignment(assignment: object, num_tables: int, world_size: int) -> list[list[int]]:
+    """A manual placement: every table on exactly one rank, one list per rank; returns the lists
+    sorted."""
     if isinstance(assignment, (str, bytes)) or not isinstance(assignment, Sequence):
-        raise PlanError(f"the {what} must be a list with one list of tables per rank")
+        raise PlanError("the table placement must be a list with one list of tables per rank")
     if len(assignment) != world_size:
         raise PlanError(
-            f"the {what} lists {_ranks_word(len(assignment))} but the world size is {world_size}; "
-            "give one list per rank, [] for a rank without tables"
+            f"the table placement lists {_ranks_word(len(assignment))} but the world size is "
+            f"{world_size}; give one list per rank, [] for a rank without tables"
         )
     owner: dict[int, int] = {}
     result = []
     for rank, tables in enumerate(assignment):
         if isinstance(tables, (str, bytes)) or not isinstance(tables, Sequence):
-            raise PlanError(f"the {what} for rank {rank} must be a list of table indices")
+            raise PlanError(f"the table placement for rank {rank} must be a list of table indices")
         ranked = []
         for table in tables:
             try:
                 index = _whole(table, f"table index on rank {rank}")
             except ValueError as error:
-                raise PlanError(f"the {what} is invalid: {error}") from None
+                raise PlanError(f"the table placement is invalid: {error}") from None
             if index >= num_tables:
                 raise PlanError(
-                    f"the {what} puts table {index} on rank {rank}, but there are only "
+                    f"the table placement puts table {index} on rank {rank}, but there are only "
                     f"{num_tables} tables (0 to {num_tables - 1})"
                 )
             if index in owner:
@@ -99,7 +99,7 @@ def _check_assignment(
                     else f"on ranks {owner[index]} and {rank}"
                 )
                 raise PlanError(
-                    f"the {what} puts table {index} {where}; each table goes on one rank"
+                    f"the table placement puts table {index} {where}; each table goes on one rank"
                 )
             owner[index] = rank
             ranked.append(index)
@@ -107,21 +107,21 @@ def _check_assignment(
     missing = [t for t in range(num_tables) if t not in owner]
     if missing:
         names = ", ".join(map(str, missing))
-        raise PlanError(f"the {what} leaves table(s) {names} on no rank; every table needs a rank")
+        raise PlanError(
+            f"the table placement leaves table(s) {names} on no rank; every table needs a rank"
+        )
     return result
 
 
-def _check_capacity(
-    tables: list[list[int]], sizes: list[int], capacity: list[int], what: str
-) -> None:
+def _check_capacity(tables: list[list[int]], sizes: list[int], capacity: list[int]) -> None:
     for rank, held in enumerate(tables):
         used = sum(sizes[t] for t in held)
         if used > capacity[rank]:
             raise PlanError(
-                f"the {what} overflows rank {rank}: tables {', '.join(map(str, held))} need "
-                f"{_size(used)} but the rank has {_size(capacity[rank])} "
-                f"({_size(used - capacity[rank])} over); move a table to another rank or "
-                "raise --device_memory_gb"
+                f"the table placement overflows rank {rank}: tables "
+                f"{', '.join(map(str, held))} need {_size(used)} but the rank has "
+                f"{_size(capacity[rank])} ({_size(used - capacity[rank])} over); move a table to "
+                "another rank or raise --device_memory_gb"
             )
 
 
@@ -134,50 +134,16 @@ class Plan:
     """Which rank holds which table, with the numbers that justify it.
 
     ``tables[r]`` lists the global table indices on rank ``r`` in ascending order, the order in
-    which the rank stores and exchanges them. ``table_bytes``, ``lookups`` and ``rows`` are in
-    global table order; ``lookups`` are shares that sum to 1. ``rows`` may be empty when unknown
-    (it only feeds ``format_plan``). Construction validates everything, so a plan read from JSON
-    is as trustworthy as one just computed.
+    which the rank stores and exchanges them. ``table_bytes`` and ``rows`` are in global table
+    order; ``rows`` may be empty when unknown (it only feeds ``format_plan``). ``plan_tables``
+    builds plans and checks them; this class only holds the result.
     """
 
     world_size: int
     tables: list[list[int]]
     table_bytes: list[int]
     capacity: list[int]
-    lookups: list[float]
     rows: list[int] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        world_size = _whole(self.world_size, "world_size", minimum=1)
-        if isinstance(self.table_bytes, (str, bytes)) or not isinstance(self.table_bytes, Sequence):
-            raise PlanError("table_bytes must be a list of integers")
-        sizes = [_whole(b, f"table_bytes[{i}]") for i, b in enumerate(self.table_bytes)]
-        if not sizes:
-            raise PlanError("a plan needs at least one table")
-        if len(self.capacity) != world_size:
-            raise PlanError(
-                f"capacity lists {len(self.capacity)} ranks, world size is {world_size}"
-            )
-        capacity = [_whole(c, f"capacity[{r}]") for r, c in enumerate(self.capacity)]
-        if len(self.lookups) != len(sizes):
-            raise PlanError(f"lookups has {len(self.lookups)} entries for {len(sizes)} tables")
-        shares = [float(x) for x in self.lookups]
-        if any(not math.isfinite(x) or x < 0 for x in shares) or abs(sum(shares) - 1) > 1e-9:
-            raise PlanError("lookups must be non-negative shares that sum to 1")
-        rows = [_whole(r, f"rows[{i}]", minimum=1) for i, r in enumerate(self.rows)]
-        if rows and len(rows) != len(sizes):
-            raise PlanError(f"rows has {len(rows)} entries for {len(sizes)} tables")
-        tables = _check_assignment(self.tables, len(sizes), world_size, "plan")
-        _check_capacity(tables, sizes, capacity, "plan")
-        for name, value in [
-            ("world_size", world_size),
-            ("tables", tables),
-            ("table_bytes", sizes),
-            ("capacity", capacity),
-            ("lookups", shares),
-            ("rows", rows),
-        ]:
-            object.__setattr__(self, name, value)
 
     @property
     def num_tables(self) -> int:
@@ -191,74 +157,27 @@ class Plan:
         raise IndexError(f"table {table} is not in this plan of {self.num_tables} tables")
 
     def rank_bytes(self, rank: int) -> int:
-        """Bytes of the tables on ``rank`` (weights plus optimizer state)."""
+        """Bytes of the tables on ``rank`` (fp32 weights)."""
         return sum(self.table_bytes[t] for t in self.tables[rank])
 
     def rank_lookup_share(self, rank: int) -> float:
-        """Share of all lookups that ``rank`` serves (its share of gather work and exchange)."""
-        return sum(self.lookups[t] for t in self.tables[rank])
-
-    def to_json(self) -> str:
-        """One JSON object; ``from_json`` reads it back, and ``--table_placement`` accepts it."""
-        return json.dumps(
-            {
-                "world_size": self.world_size,
-                "tables": self.tables,
-                "table_bytes": self.table_bytes,
-                "capacity": self.capacity,
-                "lookups": self.lookups,
-                "rows": self.rows,
-            }
-        )
-
-    @classmethod
-    def from_json(cls, text: str) -> Plan:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise PlanError(f"a plan must be JSON: {error}") from None
-        required = {"world_size", "tables", "table_bytes", "capacity", "lookups"}
-        if not isinstance(data, dict):
-            raise PlanError("a plan in JSON is an object with keys " + ", ".join(sorted(required)))
-        missing = required - data.keys()
-        unknown = data.keys() - required - {"rows"}
-        if missing or unknown:
-            raise PlanError(
-                "a plan in JSON needs the keys " + ", ".join(sorted(required))
-                + (f"; missing: {', '.join(sorted(missing))}" if missing else "")
-                + (f"; unknown: {', '.join(sorted(unknown))}" if unknown else "")
-            )
-        try:
-            return cls(**data)
-        except PlanError:
-            raise
-        except (TypeError, ValueError) as error:
-            raise PlanError(f"invalid plan: {error}") from None
+        """Share of all lookups that ``rank`` serves (its share of gather work and exchange):
+        with one id per feature and sample, every table costs the same lookups."""
+        return len(self.tables[rank]) / self.num_tables
 
 
 # --------------------------------------------------------------------------------------------
 # Sizes
 
 
-def table_bytes(
-    rows: Sequence[int],
-    dim: int,
-    bytes_per_value: int = 4,
-    optimizer_bytes_per_row: int = 0,
-) -> list[int]:
-    """Bytes each table needs on its rank: rows * (dim * bytes_per_value + optimizer state).
-
-    Optimizer state counts because it lives next to the weights: row-wise Adagrad adds 4 bytes
-    per row, full Adagrad or Adam moments add dim * 4 or 2 * dim * 4; plain SGD adds nothing.
-    """
+def table_bytes(rows: Sequence[int], dim: int) -> list[int]:
+    """Bytes each table needs on its rank: rows * dim fp32 values (the trainer's sparse SGD keeps
+    no optimizer state next to the weights)."""
     if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence):
         raise ValueError("rows must be a list with the number of rows of each table")
     if len(rows) == 0:
         raise ValueError("rows is empty: a model needs at least one embedding table")
-    dim = _whole(dim, "embedding dim", minimum=1)
-    bytes_per_value = _whole(bytes_per_value, "bytes_per_value", minimum=1)
-    optimizer_bytes_per_row = _whole(optimizer_bytes_per_row, "optimizer_bytes_per_row")
-    per_row = dim * bytes_per_value + optimizer_bytes_per_row
+    per_row = _whole(dim, "embedding dim", minimum=1) * _BYTES_PER_VALUE
     return [_whole(r, f"rows of table {i}", minimum=1) * per_row for i, r in enumerate(rows)]
 
 
@@ -270,20 +189,6 @@ def _capacities(capacity: int | Sequence[int], world_size: int) -> list[int]:
             )
         return [_whole(c, f"capacity of rank {r} (bytes)") for r, c in enumerate(capacity)]
     return [_whole(capacity, "capacity per rank (bytes)")] * world_size
-
-
-def _lookup_shares(lookups: Sequence[float] | None, num_tables: int) -> list[float]:
-    if lookups is None:
-        return [1.0 / num_tables] * num_tables
-    if len(lookups) != num_tables:
-        raise ValueError(f"lookups has {len(lookups)} entries for {num_tables} tables")
-    values = [float(x) for x in lookups]
-    if any(not math.isfinite(x) or x < 0 for x in values):
-        raise ValueError("lookups per table must be finite and >= 0")
-    total = sum(values)
-    if total <= 0:
-        raise ValueError("lookups sum to 0: at least one table must be looked up")
-    return [x / total for x in values]
 
 
 # --------------------------------------------------------------------------------------------
@@ -328,7 +233,7 @@ def _no_room(
     if capped:
         message += (
             f" (rank {capped[0]} has room but already holds {limit} tables, the cap per rank;"
-            " raise max_tables_per_rank or give a --table_placement)"
+            " give a --table_placement)"
         )
     total, offered = sum(sizes), sum(capacity)
     if total > offered:
@@ -345,43 +250,26 @@ def plan_tables(
     dim: int,
     world_size: int,
     capacity: int | Sequence[int],
-    bytes_per_value: int = 4,
-    optimizer_bytes_per_row: int = 0,
-    lookups: Sequence[float] | None = None,
-    max_tables_per_rank: int | None = None,
     override: Sequence[Sequence[int]] | None = None,
 ) -> Plan:
     """Place whole tables on ranks; see docs/distributed.md for the algorithm and the flags.
 
     ``capacity`` is bytes per rank available for tables (one number for all, or one per rank).
-    ``lookups`` are lookups per table per sample (default: 1 each, one id per feature); they do
-    not steer the greedy, which balances bytes under the cap, but the plan reports them.
+    The greedy balances bytes with at most ``ceil(tables / ranks)`` tables per rank.
     ``override`` (``override[r]`` = tables on rank ``r``) replaces the greedy; it is validated
     and must fit, but the cap on tables per rank does not apply to it.
     Raises ``ValueError`` for malformed inputs and ``PlanError`` for placements that cannot work.
     """
-    sizes = table_bytes(rows, dim, bytes_per_value, optimizer_bytes_per_row)
+    sizes = table_bytes(rows, dim)
     row_counts = [int(r) for r in rows]
     world_size = _whole(world_size, "world size", minimum=1)
     capacities = _capacities(capacity, world_size)
-    shares = _lookup_shares(lookups, len(sizes))
     if override is not None:
-        tables = _check_assignment(override, len(sizes), world_size, "table placement")
-        _check_capacity(tables, sizes, capacities, "table placement")
+        tables = _check_assignment(override, len(sizes), world_size)
+        _check_capacity(tables, sizes, capacities)
     else:
-        minimum = math.ceil(len(sizes) / world_size)
-        if max_tables_per_rank is None:
-            limit = minimum
-        else:
-            limit = _whole(max_tables_per_rank, "max_tables_per_rank", minimum=1)
-            if limit < minimum:
-                raise PlanError(
-                    f"max_tables_per_rank={limit} on {_ranks_word(world_size)} leaves "
-                    f"{limit * world_size} places for {len(sizes)} tables; raise it to at least "
-                    f"{minimum} or add ranks"
-                )
-        tables = _greedy(sizes, row_counts, capacities, limit)
-    return Plan(world_size, tables, sizes, capacities, shares, rows=row_counts)
+        tables = _greedy(sizes, row_counts, capacities, math.ceil(len(sizes) / world_size))
+    return Plan(world_size, tables, sizes, capacities, rows=row_counts)
 
 
 # --------------------------------------------------------------------------------------------
@@ -391,7 +279,7 @@ def plan_tables(
 def _parse_placement(data: object) -> list[list[int]]:
     """JSON value -> one list of table indices per rank (not yet checked against a model)."""
     if isinstance(data, dict) and "tables" in data and "world_size" in data:
-        data = data["tables"]  # a saved plan (Plan.to_json) works as a placement
+        data = data["tables"]  # a saved plan works as a placement
     if isinstance(data, dict):
         by_rank: dict[int, object] = {}
         for key, tables in data.items():
@@ -420,9 +308,10 @@ def load_override(path_or_text: str) -> list[list[int]]:
     """Read a manual placement from JSON text or a JSON file (``--table_placement``).
 
     Accepted: ``{"0": [0, 3], "1": [1, 2]}`` (rank -> tables; ranks left out hold nothing, but
-    the highest rank must be there), ``[[0, 3], [1, 2]]``, or a plan saved with
-    ``Plan.to_json``. Text starting with ``{`` or ``[`` is JSON; anything else is a path.
-    Checks against the model (every table once, capacity) happen in ``plan_tables``.
+    the highest rank must be there), ``[[0, 3], [1, 2]]``, or a saved plan (an object with
+    ``world_size`` and ``tables``; only ``tables`` is used). Text starting with ``{`` or ``[``
+    is JSON; anything else is a path. Checks against the model (every table once, capacity)
+    happen in ``plan_tables``.
     """
     text = path_or_text.strip()
     if not text:
@@ -482,7 +371,7 @@ def format_plan(plan: Plan) -> str:
     lines.append(
         f"{'total':>5}  {_tables_word(plan.num_tables):<{width}}  {row_count(everything):>13}  "
         f"{total_bytes / GIB:>8.2f}  {percent(total_bytes, sum(plan.capacity)):>8}  "
-        f"{percent(sum(plan.lookups), 1):>7}"
+        f"{percent(plan.num_tables, plan.num_tables):>7}"
     )
     heaviest = max(range(plan.world_size), key=plan.rank_bytes)
     mean = total_bytes / plan.world_size
