@@ -357,12 +357,9 @@ def _build(env: DistEnv | None, device: torch.device, collectives: Collectives, 
     held = "" if env is None else f" on rank 0 of {env.world_size}"
     logger.print(f"DLRM: {len(model_cfg.table_sizes)} tables, {n_params:,} parameters{held}, device {device}, "
                  f"precision {precision}, data {dataset_type}{' ' + FLAGS.dataset if FLAGS.dataset else ''}")
-    if FLAGS.cuda_graphs:
+    if FLAGS.cuda_graphs:  # before any data is read; the training step checks again as a library guard
         try:
-            if FLAGS.mode == "train":
-                check_cuda_graphs_supported(model, device, collectives.world_size)
-            elif device.type != "cuda":
-                raise ValueError(f"--cuda_graphs needs a CUDA device, the run uses {device}: drop --cuda_graphs")
+            check_cuda_graphs_supported(model, device, collectives.world_size, training=FLAGS.mode == "train")
         except ValueError as e:
             raise app.UsageError(str(e)) from None
     return _Run(device, precision, collectives, data_cfg, spec, model, source, logger)

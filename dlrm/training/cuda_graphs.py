@@ -25,10 +25,14 @@ from dlrm.data.batch import Batch
 from dlrm.model.precision import Precision
 
 
-def check_cuda_graphs_supported(model: torch.nn.Module, device: torch.device, world_size: int) -> None:
-    """Raise ValueError naming what stands in the way of ``--cuda_graphs`` and the fix."""
+def check_cuda_graphs_supported(model: torch.nn.Module, device: torch.device, world_size: int,
+                                training: bool = True) -> None:
+    """Raise ValueError naming what stands in the way of ``--cuda_graphs`` and the fix (for
+    inference only the device matters)."""
     if device.type != "cuda":
         raise ValueError(f"--cuda_graphs needs a CUDA device, the run uses {device}: drop --cuda_graphs")
+    if not training:
+        return
     if not model.fused_embeddings():
         raise ValueError(
             f"--cuda_graphs needs --embedding_type joint_fused (got {model.config.embedding_type!r}): sparse "

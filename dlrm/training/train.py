@@ -173,13 +173,11 @@ def make_train_step(
 ) -> Callable[[Batch], torch.Tensor]:
     """``step(batch) -> loss``: ``train_step`` for sparse-gradient embeddings, ``fused_train_step``
     for ``joint_fused`` ones, captured in a CUDA graph with ``cuda_graphs``."""
-    if not model.fused_embeddings():
-        if cuda_graphs:
-            check_cuda_graphs_supported(model, next(model.parameters()).device, collectives.world_size)
-        return lambda batch: train_step(model, batch, optimizer, scaler, precision, collectives)
     device = next(model.parameters()).device
     if cuda_graphs:
         check_cuda_graphs_supported(model, device, collectives.world_size)
+    if not model.fused_embeddings():
+        return lambda batch: train_step(model, batch, optimizer, scaler, precision, collectives)
     lr = torch.zeros((), dtype=torch.float32, device=device)
 
     def fused(batch: Batch, capturing: bool = False) -> torch.Tensor:
