@@ -31,7 +31,7 @@ from dlrm.data.sources import (
     SPLIT_BINARY_TYPES, SYNTHETIC_TYPES, DataConfig, load_feature_spec, make_rank_source, make_source, table_sizes,
 )
 from dlrm.distributed.collectives import Collectives, ProcessGroupCollectives
-from dlrm.distributed.exchange import EmbeddingExchange
+from dlrm.distributed.parallelize import parallelize
 from dlrm.distributed.planner import PlanError, format_plan, load_override, plan_tables
 from dlrm.distributed.process_group import DistEnv, device_memory_bytes, dist_env, init_process_group
 from dlrm.inference.benchmark import benchmark_inference, exported_forward, format_table
@@ -348,11 +348,9 @@ def _build(env: DistEnv | None, device: torch.device, collectives: Collectives, 
         model = DLRM(model_cfg, device=device)
         source = lambda split, batch_size: make_source(data_cfg, spec, split, batch_size, device)  # noqa: E731
     else:
-        tables = _plan(model_cfg, env, device, logger)
-        model = DLRM(model_cfg, device=device, tables=tables[env.rank])
-        model.exchange = EmbeddingExchange(tables, env.rank).to(device)
+        model, parallel = parallelize(model_cfg, _plan(model_cfg, env, device, logger), device, collectives)
         source = lambda split, batch_size: make_rank_source(  # noqa: E731
-            data_cfg, spec, split, batch_size, device, tables[env.rank], env.rank, env.world_size)
+            data_cfg, spec, split, batch_size, device, parallel.tables, parallel.rank, parallel.world_size)
     n_params = sum(p.numel() for p in model.parameters())
     held = "" if env is None else f" on rank 0 of {env.world_size}"
     logger.print(f"DLRM: {len(model_cfg.table_sizes)} tables, {n_params:,} parameters{held}, device {device}, "
