@@ -317,3 +317,17 @@ def test_validate_finds_every_bad_value_before_reading_batches(tmp_path, chunk_r
     with pytest.raises(DatasetError, match=r"label.bin: label byte 7 at row 48 is not 0 or 1"):
         SplitBinaryReader(spec, "train", batch_size=8, read_numerical=False,
                           categorical_features=[]).validate(chunk_rows=chunk_rows)
+
+
+def test_batches_of_a_validated_reader_skip_the_per_batch_checks(tmp_path, monkeypatch):
+    spec, _ = dataset(tmp_path, n=30, cards=(5, 300, 70000))
+    reader = SplitBinaryReader(spec, "train", batch_size=8)
+    calls = []
+    real = SplitBinaryReader._check_ids
+    monkeypatch.setattr(SplitBinaryReader, "_check_ids", staticmethod(lambda *a: calls.append(1) or real(*a)))
+    reader.read_batch(0)
+    assert len(calls) == 3  # one per categorical column
+    reader.validate()
+    calls.clear()
+    reader.read_batch(1)
+    assert calls == []  # validate() already checked every id of the split

@@ -241,6 +241,7 @@ class SplitBinaryReader:
         self.split = split
         self.batch_size = int(batch_size)
         self.check_ids = check_ids
+        self.validated = False  # set by validate(): every value was checked, batches need not be
         self.drop_last_batch = drop_last_batch
         yaml_path = os.path.join(spec.base_directory or ".", "feature_spec.yaml")
         names, dtypes, cards = spec.categorical_names, spec.categorical_dtypes, spec.cardinalities
@@ -302,7 +303,7 @@ class SplitBinaryReader:
 
         if self._label is not None:
             label = self._label.read(start, count)
-            if self.check_ids and count and label.view(np.uint8).max() > 1:
+            if self.check_ids and not self.validated and count and label.view(np.uint8).max() > 1:
                 raise DatasetError(f"{self._label.path}: label bytes must be 0 or 1 (rows {start}..{start + count - 1})")
             label_t = torch.from_numpy(label)
         else:
@@ -322,14 +323,15 @@ class SplitBinaryReader:
             else:
                 ids = col.read(start, count)
                 categorical[j] = ids
-            if self.check_ids and count:
+            if self.check_ids and not self.validated and count:
                 self._check_ids(ids, col, self._cardinalities[j], start)
         return Batch(numerical=numerical_t, categorical=torch.from_numpy(categorical).t(), label=label_t)
 
     def validate(self, chunk_rows: int = 1 << 22, threads: int = 4) -> None:
         """Reads every value of every column this reader reads, before any training, and raises
         the error that reading it mid-run would raise: label bytes other than 0/1, non-finite
-        numerical values, and (unless ids are hashed) ids outside [0, cardinality). Columns are
+        numerical values, and (unless ids are hashed) ids outside [0, cardinality). Once it has
+        passed, ``read_batch`` skips its per-batch checks (they would find nothing). Columns are
         scanned in parallel in chunks of ``chunk_rows`` rows (vectorised min/max; preadv and numpy
         release the GIL); docs/training.md states the measured speed."""
 
@@ -357,6 +359,7 @@ class SplitBinaryReader:
         with ThreadPoolExecutor(max_workers=max(1, min(threads, len(columns)))) as pool:
             for _ in pool.map(scan, columns):  # re-raises the first column's error
                 pass
+        self.validated = True  # reading batches skips the per-batch checks from now on
 
     @staticmethod
     def _check_ids(ids: np.ndarray, col: _Column, cardinality: int, start: int) -> None:
