@@ -22,7 +22,7 @@ import os
 import shutil
 import socket
 
-from dlrm.data.atomic import pid_alive, write_text_atomically
+from dlrm.data.atomic import fsync_dir, pid_alive, write_text_atomically
 from dlrm.data.errors import DatasetError
 
 MANIFEST = "manifest.json"
@@ -30,14 +30,6 @@ MANIFEST = "manifest.json"
 
 def atomic_write_json(path: str, data: dict) -> None:
     write_text_atomically(path, json.dumps(data, indent=1, sort_keys=True))
-
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def file_stamp(path: str) -> list[int]:

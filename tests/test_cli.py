@@ -170,3 +170,27 @@ def test_checkpoint_of_another_model_is_refused(cli, dataset, tmp_path):
     proc = cli(*base, "--embedding_dim", "8", "--bottom_mlp_sizes", "16,8", "--top_mlp_sizes", "64,16,1",
                "--load_checkpoint_path", ckpt, check=False)
     assert proc.returncode == 2 and "top_mlp.layers.0.weight" in proc.stderr
+
+
+def test_library_settings_are_shown_as_the_scripts_flags():
+    from absl import flags as absl_flags
+
+    from dlrm.scripts.cli import flag_terms
+
+    values = absl_flags.FlagValues()
+    absl_flags.DEFINE_integer("batch_size", 1, "", flag_values=values)
+    absl_flags.DEFINE_boolean("hash_indices", False, "", flag_values=values)
+    absl_flags.DEFINE_boolean("skip_checkpoint_verify", False, "", flag_values=values)
+    absl_flags.DEFINE_float("device_memory_gb", 1.0, "", flag_values=values)
+    cases = {
+        "resume with `batch_size=512` (or not)": "resume with --batch_size=512 (or not)",
+        "pass `hash_indices=True` to map ids": "pass --hash_indices to map ids",
+        "set `hash_indices=False`": "set --nohash_indices",
+        "drop `hash_indices`": "drop --hash_indices",
+        "or load it anyway with `verify=False`": "or load it anyway with --skip_checkpoint_verify",
+        "or raise `capacity`": "or raise --device_memory_gb",
+        "`embedding_dim` and `cardinalities`": "embedding_dim and cardinalities",  # no such flags here
+        "plain `text with spaces` stays": "plain `text with spaces` stays",
+    }
+    for library, shown in cases.items():
+        assert flag_terms(library, values) == shown

@@ -187,3 +187,62 @@ def test_rank_source_reads_own_columns_and_rows_only(tmp_path, world):
             assert (mine.categorical.long() == full.categorical[:, plan[rank]].long()).all()
             assert (mine.numerical == full.numerical[rows]).all() and (mine.label == full.label[rows]).all()
         source.close()
+
+
+def _overflow_worker(rank, world, port, out_dir, embedding_type, agree):
+    """Two fp16 steps on 2 processes. In the first, rank 1 makes the gradient of table 0 (held
+    by rank 0) non-finite on its way back through the all-to-all: only rank 0's embedding
+    gradients overflow; rank 1 sees finite gradients everywhere."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    tables, plan = [50, 40, 30], [[0, 1], [2]]
+    model = DLRM(config(tables, embedding_type), tables=plan[rank])
+    model.exchange = EmbeddingExchange(plan, rank)
+    collectives = ProcessGroupCollectives(CPU)
+    precision = Precision("cpu", torch.float16)
+    scaler = precision.grad_scaler(init_scale=2.0**8, process_group=collectives.process_group if agree else None)
+    opt = make_optimizer(model, LR)
+    step = make_train_step(model, opt, scaler, precision, collectives)
+    poisoned = [True]
+
+    def poison_table_0(module, inputs, embedded):
+        if rank == 1 and poisoned[0]:
+            embedded.register_hook(lambda g: torch.cat([g[:, :1] * float("inf"), g[:, 1:]], dim=1))
+
+    model.exchange.register_forward_hook(poison_table_0)
+    data = RankSource(lambda *args: SyntheticDataset(5, tables, 2 * BATCH, BATCH, seed=11, split="train"),
+                      plan[rank], rank, world)
+    weights = []
+    for i in range(2):
+        poisoned[0] = i == 0
+        step(data.read_batch(i))
+        weights.append({k: v.clone() for k, v in model.state_dict().items()})
+    torch.save({"initial_scale": 2.0**8, "scales": scaler.get_scale(), "weights": weights,
+                "dense_names": [k for k in weights[0] if not k.startswith("embeddings.")]},
+               os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.barrier()
+    dist.destroy_process_group()
+    os._exit(0)
+
+
+@pytest.mark.parametrize("embedding_type", ["joint", "joint_fused"])
+def test_an_overflow_on_one_process_skips_the_step_on_every_process(tmp_path, embedding_type):
+    """fp16 loss scaling: a step is skipped on every process or on none, so the replicated MLPs
+    stay identical across processes, and the scale backs off everywhere."""
+    torch.manual_seed(0)
+    tables = [50, 40, 30]
+    initial = {}
+    for rank, held in enumerate([[0, 1], [2]]):
+        torch.manual_seed(0)
+        initial[rank] = {k: v.clone() for k, v in DLRM(config(tables, embedding_type), tables=held).state_dict().items()}
+    mp.spawn(_overflow_worker, args=(2, free_port(), str(tmp_path), embedding_type, True), nprocs=2, join=True)
+    results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    for rank, result in enumerate(results):
+        for name, value in result["weights"][0].items():  # the overflowing step changed nothing
+            assert torch.equal(value, initial[rank][name]), f"rank {rank} updated {name} on an overflowing step"
+        assert result["scales"] == 2.0**7, "the scale backs off once, on every process"
+        changed = [n for n, v in result["weights"][1].items() if not torch.equal(v, initial[rank][n])]
+        assert changed, f"rank {rank} skipped the clean second step too"
+    for name in results[0]["dense_names"]:  # replicated weights agree after both steps
+        assert torch.equal(results[0]["weights"][1][name], results[1]["weights"][1][name]), name

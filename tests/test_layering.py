@@ -51,3 +51,38 @@ def test_no_module_imports_a_higher_layer():
                         if LAYERS[parts[1]] > LAYERS[package]:
                             violations.append(f"{os.path.relpath(path, REPO)}:{line} imports {module}")
     assert not violations, "imports against the layering:\n" + "\n".join(violations)
+
+
+def _raised_strings(tree: ast.AST) -> list[tuple[int, str]]:
+    """String pieces inside every ``raise`` statement (f-string parts included)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            for inner in ast.walk(node.exc):
+                if isinstance(inner, ast.Constant) and isinstance(inner.value, str):
+                    found.append((inner.lineno, inner.value))
+    return found
+
+
+def test_library_errors_name_settings_not_flags():
+    """Below dlrm/scripts/, errors name a setting as `name` (a config field or parameter);
+    the command-line runner shows it as the script's flag (dlrm/scripts/cli.py, flag_terms)."""
+    import glob
+    import re
+
+    defined = set()
+    for script in glob.glob(os.path.join(REPO, "dlrm", "scripts", "*.py")):
+        defined |= set(re.findall(r"DEFINE_\w+\(\s*[\"'](\w+)[\"']", open(script, encoding="utf-8").read()))
+    assert {"batch_size", "hash_indices", "cuda_graphs"} <= defined
+    flag = re.compile(r"(?<![\w-])--(?:no)?(" + "|".join(sorted(defined)) + r")\b")
+    violations = []
+    for directory, _, files in os.walk(os.path.join(REPO, "dlrm")):
+        if os.path.relpath(directory, REPO).startswith(os.path.join("dlrm", "scripts")):
+            continue
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(directory, name)
+                tree = ast.parse(open(path, encoding="utf-8").read(), path)
+                violations += [f"{os.path.relpath(path, REPO)}:{line}: {text!r}"
+                               for line, text in _raised_strings(tree) if flag.search(text)]
+    assert not violations, "library errors naming command-line flags:\n" + "\n".join(violations)

@@ -222,7 +222,7 @@ def test_tables_larger_than_every_rank_name_the_totals():
     assert str(error.value) == (
         "table 0 (1,000 rows, 16,000 bytes) fits on no rank: the most free memory is 10,000 bytes "
         "on rank 0, 6,000 bytes short; the 2 tables need 32,000 bytes in all and 2 ranks offer "
-        "20,000 bytes; add ranks, lower --embedding_dim, or cap rows with --max_table_size"
+        "20,000 bytes; add ranks, lower `embedding_dim`, or cap rows with `max_table_size`"
     )
 
 
@@ -320,7 +320,7 @@ def test_fl15_on_one_8_gib_rank_names_the_first_table_that_does_not_fit():
         f"table 21 (7,156,453 rows, 3.41 GiB) fits on no rank: the most free memory is "
         f"{free / GIB:.2f} GiB on rank 0, {(table_bytes(FL15, 128)[21] - free) / GIB:.2f} GiB "
         "short; the 26 tables need 15.60 GiB in all and 1 rank offers 8.00 GiB; add ranks, "
-        "lower --embedding_dim, or cap rows with --max_table_size"
+        "lower `embedding_dim`, or cap rows with `max_table_size`"
     )
 
 

@@ -98,7 +98,7 @@ def test_shuffled_resume_with_another_batch_size_is_refused_before_any_step(data
     save = str(tmp_path / "ck")
     _train(dataset, 512, None, save, [], max_steps=45, shuffle=True)
     reads = []
-    with pytest.raises(CheckpointError, match=r"resume with --batch_size 512"):
+    with pytest.raises(CheckpointError, match=r"resume with `batch_size=512`"):
         _train(dataset, 4096, "resume", save, reads, shuffle=True)
     assert reads == []
     summary = _train(dataset, 512, "resume", save, [], shuffle=True)  # the same size continues

@@ -229,7 +229,7 @@ def test_id_out_of_range_on_read(tmp_path):
     with pytest.raises(DatasetError) as info:
         reader.read_batch(3)
     msg = str(info.value)
-    for needle in (str(path), "cat_1.bin", "id 300", "row 13", "cardinality=300", "--hash_indices", "id % cardinality"):
+    for needle in (str(path), "cat_1.bin", "id 300", "row 13", "cardinality=300", "`hash_indices=True`", "id % cardinality"):
         assert needle in msg
     unchecked = SplitBinaryReader(spec, "train", batch_size=4, check_ids=False)
     assert unchecked.read_batch(3).categorical[1, 1].item() == 300

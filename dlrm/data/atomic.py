@@ -75,6 +75,15 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[str]:
     return removed
 
 
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Makes the renames and new files in directory ``path`` durable (a crash keeps them)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_atomically(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     """``write(tmp)`` fills a temporary file, which then replaces ``path``; on any failure the
     temporary file is removed and ``path`` is untouched. The file gets the usual permissions

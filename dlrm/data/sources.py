@@ -39,13 +39,13 @@ def load_feature_spec(cfg: DataConfig) -> FeatureSpec:
     if cfg.synthetic:
         return FeatureSpec.default(cfg.synthetic_num_numerical, cfg.synthetic_table_sizes)
     if cfg.dataset_type not in SPLIT_BINARY_TYPES:
-        raise ValueError(f"unknown --dataset_type {cfg.dataset_type!r}; use one of {SPLIT_BINARY_TYPES + SYNTHETIC_TYPES}")
+        raise ValueError(f"unknown `dataset_type` {cfg.dataset_type!r}; use one of {SPLIT_BINARY_TYPES + SYNTHETIC_TYPES}")
     if not cfg.dataset:
-        raise DatasetError("--dataset is required for a split-binary dataset (or use --dataset_type synthetic)")
+        raise DatasetError("`dataset` is required for a split-binary dataset (or use `dataset_type=synthetic`)")
     path = cfg.feature_spec if os.path.isabs(cfg.feature_spec) else os.path.join(cfg.dataset, cfg.feature_spec)
     if not os.path.isfile(path):
-        raise DatasetError(f"feature spec {path} not found: pass the dataset directory with --dataset "
-                           "and, if the spec has another name, --feature_spec")
+        raise DatasetError(f"feature spec {path} not found: pass the dataset directory as `dataset` "
+                           "and, if the spec has another name, `feature_spec`")
     return FeatureSpec.from_yaml(path)
 
 

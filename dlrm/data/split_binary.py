@@ -370,7 +370,7 @@ class SplitBinaryReader:
             raise DatasetError(
                 f"{col.path}: categorical feature '{col.feature}' has id {bad} at row {row}, outside "
                 f"[0, cardinality={cardinality}); fix the cardinality in the feature spec, or pass "
-                f"--hash_indices to map ids with id % cardinality"
+                f"`hash_indices=True` to map ids with id % cardinality"
             )
 
     def close(self) -> None:

@@ -390,7 +390,7 @@ def _check_writable(output_dir: str, overwrite: bool) -> None:
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
         raise FileExistsError(f"{output_dir} exists and is not a directory")
     if os.path.isdir(output_dir) and os.listdir(output_dir) and not overwrite:
-        raise FileExistsError(f"{output_dir} is not empty; choose another directory or pass overwrite=True (--overwrite)")
+        raise FileExistsError(f"{output_dir} is not empty; choose another directory or pass `overwrite=True`")
 
 
 def _move_into_place(staging: str, output_dir: str, overwrite: bool) -> None:

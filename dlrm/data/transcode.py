@@ -149,7 +149,7 @@ def _check(rec: np.ndarray, numbers: np.ndarray, layout: _Layout) -> _Chunk:
                 )
             raise DatasetError(
                 f"{layout.where(int(numbers[i]))}: categorical feature {j} is {value}, outside "
-                f"[0, {int(layout.cardinalities[j])}); raise its value in --cardinalities or leave "
+                f"[0, {int(layout.cardinalities[j])}); raise its value in `cardinalities` or leave "
                 f"cardinalities out to compute them from the data"
             )
     return _Chunk(label=label.astype(np.bool_), numerical=numerical, categorical=categorical)
@@ -188,7 +188,7 @@ def _read_chunks(layout: _Layout, chunk_rows: int) -> Iterator[_Chunk]:
                     raise DatasetError(
                         f"{layout.where(line_no)}: {count} fields, expected {layout.width} (label, "
                         f"{layout.num_numerical} numerical, {layout.num_categorical} categorical); check "
-                        f"--delimiter and the feature counts"
+                        f"`delimiter` and the feature counts"
                     )
                 lines.append(line)
                 numbers.append(line_no)

@@ -15,6 +15,7 @@ class Collectives:
 
     rank = 0
     world_size = 1
+    process_group: dist.ProcessGroup | None = None  # None: nothing to agree with (see Precision.grad_scaler)
 
     def sum(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor
@@ -33,7 +34,7 @@ class Collectives:
         """Every process's ``obj`` (picklable), in rank order, on every process."""
         return [obj]
 
-    def sync_gradients(self, model: torch.nn.Module, scaler: torch.amp.GradScaler) -> None:
+    def sync_gradients(self, model: torch.nn.Module) -> None:
         """Makes every process hold the gradient of the global-batch loss for replicated weights."""
 
 
@@ -43,6 +44,7 @@ class ProcessGroupCollectives(Collectives):
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
+        self.process_group = group if group is not None else dist.group.WORLD
 
     def sum(self, tensor: torch.Tensor) -> torch.Tensor:
         tensor = tensor.clone()
@@ -73,23 +75,13 @@ class ProcessGroupCollectives(Collectives):
         dist.all_gather_object(parts, obj, group=self.group)
         return parts
 
-    def sync_gradients(self, model: torch.nn.Module, scaler: torch.amp.GradScaler) -> None:
-        """Sums the replicated weights' gradients (the loss is already divided by the global batch)
-        in one all-reduce. With fp16 loss scaling, a non-finite embedding gradient on any process
-        is folded in as NaN, so every process's scaler skips the same step."""
+    def sync_gradients(self, model: torch.nn.Module) -> None:
+        """Sums the replicated weights' gradients in one all-reduce (the loss is already divided
+        by the global batch, so the sum is the global-batch gradient)."""
         grads = [p.grad for p in model.dense_parameters()]
         flat = torch.cat([g.reshape(-1) for g in grads])
-        if scaler.is_enabled():
-            sparse = [p.grad for p in model.sparse_parameters() if p.grad is not None]
-            # Summing the uncoalesced values finds inf/NaN as well, without coalescing every step.
-            poison = sum((g._values().sum() for g in sparse), flat.new_zeros(())) * 0
-            for embedding in model.fused_embeddings():  # joint_fused tables hold no .grad
-                poison = poison + torch.where(embedding.pending_nonfinite(), float("nan"), 0.0)
-            flat = torch.cat([flat, poison.reshape(1).to(flat.dtype)])
         dist.all_reduce(flat, group=self.group)
         offset = 0
         for g in grads:
             g.copy_(flat[offset: offset + g.numel()].view_as(g))
             offset += g.numel()
-        if scaler.is_enabled():
-            grads[0].view(-1)[0] += flat[-1]  # NaN here when any process overflowed

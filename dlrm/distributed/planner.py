@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 GIB = 2**30
 _MIB = 2**20
 _BYTES_PER_VALUE = 4  # fp32 weights
-_ADVICE = "add ranks, lower --embedding_dim, or cap rows with --max_table_size"
+_ADVICE = "add ranks, lower `embedding_dim`, or cap rows with `max_table_size`"
 
 
 class PlanError(ValueError):
@@ -121,7 +121,7 @@ def _check_capacity(tables: list[list[int]], sizes: list[int], capacity: list[in
                 f"the table placement overflows rank {rank}: tables "
                 f"{', '.join(map(str, held))} need {_size(used)} but the rank has "
                 f"{_size(capacity[rank])} ({_size(used - capacity[rank])} over); move a table to "
-                "another rank or raise --device_memory_gb"
+                "another rank or raise `capacity`"
             )
 
 
@@ -233,7 +233,7 @@ def _no_room(
     if capped:
         message += (
             f" (rank {capped[0]} has room but already holds {limit} tables, the cap per rank;"
-            " give a --table_placement)"
+            " give an `override` placement)"
         )
     total, offered = sum(sizes), sum(capacity)
     if total > offered:

@@ -18,6 +18,7 @@ import torch
 
 from dlrm.data.batch import Batch
 from dlrm.model.precision import Precision
+from dlrm.training.train import synchronize
 
 Forward = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 EXPORTED_BACKENDS = {"onnxruntime": "model.onnx", "torchscript": "model.pt"}
@@ -38,20 +39,15 @@ class LatencyResult:
         return asdict(self)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _time_passes(run: Callable[[int], None], steps: int, warmup: int, device: torch.device) -> np.ndarray:
     for i in range(warmup):
         run(i)
     latencies = np.empty(steps)
     for i in range(steps):
-        _sync(device)
+        synchronize(device)
         start = time.perf_counter()
         run(i)
-        _sync(device)
+        synchronize(device)
         latencies[i] = time.perf_counter() - start
     return latencies
 

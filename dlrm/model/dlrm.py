@@ -128,7 +128,7 @@ class DLRM(nn.Module):
         """Bottom MLP, interaction with ``embedded`` ``[B, F, D]``, top MLP -> logits ``[B]``."""
         if not torch.is_autocast_enabled(numerical.device.type):
             # Storage dtype (e.g. float16 from disk) -> parameter dtype; autocast casts by itself.
-            numerical = numerical.to(self.bottom_mlp.layers[0].weight.dtype)
+            numerical = numerical.to(next(self.bottom_mlp.parameters()).dtype)
         bottom = self.bottom_mlp(numerical)
         return self.top_mlp(self.interaction(bottom, embedded)).squeeze(1)
 

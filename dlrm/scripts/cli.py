@@ -17,6 +17,11 @@ What a user sees, whatever the script:
   ``<prefix()>error: <message>`` on one line of stderr; exit 2.
 - Anything else is a bug and keeps its traceback.
 
+Library messages name a setting in library terms, as `name` or `name=value` in backquotes (a
+config field or a function parameter); ``flag_terms`` shows them as the script's flags
+(``--name``, ``--name=value``, ``--name``/``--noname`` for booleans), through ``LIBRARY_FLAGS``
+where the two names differ. A setting the script has no flag for is shown without the quotes.
+
 main's return value is the exit status (None: 0), as with ``app.run``, whose logging set-up this
 keeps: it is ``app.run`` with a flags parser and a guard around main.
 """
@@ -41,6 +46,14 @@ DEFAULT_ERRORS: tuple[type[BaseException] | str, ...] = (
 )
 USAGE_ERROR_EXIT = 2
 
+# Library setting -> flag, where the names differ ("name=value" entries match that value only).
+LIBRARY_FLAGS = {
+    "verify=False": "skip_checkpoint_verify",  # load_checkpoint(verify=False)
+    "capacity": "device_memory_gb",  # plan_tables(capacity=bytes per rank)
+    "override": "table_placement",  # plan_tables(override=placement)
+}
+_SETTING = re.compile(r"`(\w+)(?:=([^`\s]*))?`")
+
 _SHORT_HELP = {"-h", "-?", "--help", "-help", "--helpshort", "-helpshort"}
 _FULL_HELP = {"--helpfull", "-helpfull"}
 _REQUIRED = re.compile(r"^flag --(\w+)=None: Flag --\1 must have a value other than None\.?$")
@@ -64,13 +77,33 @@ def _one_line(message: object) -> str:
     return "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
 
 
+def flag_terms(message: str, flag_values: flags.FlagValues = FLAGS) -> str:
+    """``message`` with its `setting` names shown as the flags of ``flag_values`` (module docstring)."""
+    def as_flag(match: re.Match) -> str:
+        name, value = match.group(1), match.group(2)
+        flag = LIBRARY_FLAGS.get(f"{name}={value}")
+        if flag is not None:
+            value = None  # the flag says it all: verify=False -> --skip_checkpoint_verify
+        else:
+            flag = LIBRARY_FLAGS.get(name, name)
+        if flag not in flag_values:
+            return match.group(0)[1:-1]
+        if value is None:
+            return f"--{flag}"
+        if getattr(flag_values[flag], "boolean", False) and value in ("True", "False"):
+            return f"--{flag}" if value == "True" else f"--no{flag}"
+        return f"--{flag}={value}"
+
+    return _SETTING.sub(as_flag, message)
+
+
 def _fail(prefix: Callable[[], str], message: object) -> NoReturn:
     try:
         where = prefix()
     except Exception:  # a prefix that fails must not hide the error being reported
         where = ""
     sys.stdout.flush()
-    print(f"{where}error: {_one_line(message)}", file=sys.stderr, flush=True)
+    print(f"{where}error: {flag_terms(_one_line(message))}", file=sys.stderr, flush=True)
     sys.exit(USAGE_ERROR_EXIT)
 
 

@@ -367,7 +367,7 @@ def _run_train(run: _Run) -> int:
     """Trains (resuming from --load_checkpoint_path); returns the exit code: 0, or 128 + the
     signal that stopped the run after its checkpoint was saved."""
     optimizer = make_optimizer(run.model, FLAGS.lr)
-    scaler = run.precision.grad_scaler()
+    scaler = run.precision.grad_scaler(process_group=run.collectives.process_group)
     train_cfg = TrainConfig(
         schedule=_schedule(),  # checked by _validate_flags
         epochs=FLAGS.epochs, max_steps=FLAGS.max_steps, test_freq=FLAGS.test_freq,

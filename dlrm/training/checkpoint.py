@@ -39,6 +39,7 @@ from typing import Any, BinaryIO
 
 import torch
 
+from dlrm.data.atomic import fsync_dir
 from dlrm.distributed.collectives import Collectives
 
 FORMAT_VERSION = 1
@@ -173,7 +174,7 @@ class CheckpointLock:
             os.close(fd)
             raise CheckpointError(
                 f"{self.path}: another run ({holder}) is saving checkpoints to {self.path[:-5]}; "
-                "give this run its own --save_checkpoint_path, or stop the other run first"
+                "give this run its own `save_checkpoint_path`, or stop the other run first"
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
@@ -191,14 +192,6 @@ class CheckpointLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def save_checkpoint(
@@ -243,7 +236,7 @@ def save_checkpoint(
                 shutil.rmtree(old)
             os.rename(path, old)
         os.rename(tmp, path)
-        _fsync_dir(parent)
+        fsync_dir(parent)
         shutil.rmtree(old, ignore_errors=True)
     collectives.barrier()
 
@@ -293,7 +286,7 @@ def _write_rest(
         json.dump(meta, f, indent=1, default=str)
         f.flush()
         os.fsync(f.fileno())
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
 
 
 _META_KEYS = {"model_config": dict, "tables": list, "dense": dict, "train_state": dict, "run_config": dict,
@@ -342,7 +335,7 @@ def verify_checksums(path: str, meta: dict[str, Any], names: list[str], threads:
         if actual[name] != crc:
             raise CheckpointError(
                 f"{os.path.join(path, name)}: checksum {actual[name]} differs from the {crc} it was saved with: "
-                "the file is damaged; load an earlier checkpoint (or pass --skip_checkpoint_verify to load it anyway)"
+                "the file is damaged; load an earlier checkpoint (or load it anyway with `verify=False`)"
             )
 
 
@@ -368,9 +361,9 @@ def _check_shapes(path: str, meta: dict[str, Any], model: torch.nn.Module) -> No
     saved_hashing = bool(meta["model_config"].get("hash_indices", False))
     if saved_hashing != model.config.hash_indices:
         raise CheckpointError(
-            f"{path} was trained {'with' if saved_hashing else 'without'} --hash_indices and this run is "
+            f"{path} was trained {'with' if saved_hashing else 'without'} `hash_indices` and this run is "
             f"{'with' if model.config.hash_indices else 'without'} it: ids would reach other rows; "
-            f"{'add' if saved_hashing else 'drop'} --hash_indices"
+            f"{'add' if saved_hashing else 'drop'} `hash_indices`"
         )
     expected_tables = _expected_tables(model)
     if len(meta["tables"]) != len(expected_tables):
@@ -382,7 +375,7 @@ def _check_shapes(path: str, meta: dict[str, Any], model: torch.nn.Module) -> No
         if saved != wanted:
             raise CheckpointError(
                 f"{path}: embedding table {i} has shape {saved} in the checkpoint but {wanted} in the model "
-                "(check --embedding_dim, --max_table_size and the dataset's cardinalities)"
+                "(check `embedding_dim`, `max_table_size` and the dataset's cardinalities)"
             )
     dense = {k: list(v.shape) for k, v in _dense_state(model).items()}
     missing = sorted(set(dense) - set(meta["dense"]))
@@ -390,13 +383,13 @@ def _check_shapes(path: str, meta: dict[str, Any], model: torch.nn.Module) -> No
     if missing or unexpected:
         raise CheckpointError(
             f"{path}: dense tensors differ from the model's: missing {missing}, unexpected {unexpected} "
-            "(check --bottom_mlp_sizes, --top_mlp_sizes and --interaction_op)"
+            "(check `bottom_mlp_sizes`, `top_mlp_sizes` and `interaction_op`)"
         )
     for name, wanted in dense.items():
         if meta["dense"][name] != wanted:
             raise CheckpointError(
                 f"{path}: tensor {name} has shape {meta['dense'][name]} in the checkpoint but {wanted} in the model "
-                "(check --bottom_mlp_sizes, --top_mlp_sizes, --embedding_dim and --interaction_op)"
+                "(check `bottom_mlp_sizes`, `top_mlp_sizes`, `embedding_dim` and `interaction_op`)"
             )
 
 
@@ -411,7 +404,7 @@ def _load_optimizer(path: str, optimizer: torch.optim.Optimizer, saved: dict[str
     if saved["state"]:
         raise CheckpointError(
             f"{path}: the optimizer state has per-parameter entries and was written for another embedding "
-            "layout or number of processes; resume with the same --embedding_type and process count"
+            "layout or number of processes; resume with the same `embedding_type` and process count"
         )
     for group, saved_group in zip(optimizer.param_groups, saved["param_groups"]):
         group.update({k: v for k, v in saved_group.items() if k != "params"})

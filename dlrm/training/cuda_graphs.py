@@ -30,16 +30,16 @@ def check_cuda_graphs_supported(model: torch.nn.Module, device: torch.device, wo
     """Raise ValueError naming what stands in the way of ``--cuda_graphs`` and the fix (for
     inference only the device matters)."""
     if device.type != "cuda":
-        raise ValueError(f"--cuda_graphs needs a CUDA device, the run uses {device}: drop --cuda_graphs")
+        raise ValueError(f"`cuda_graphs` needs a CUDA device, the run uses {device}: set `cuda_graphs=False`")
     if not training:
         return
     if not model.fused_embeddings():
         raise ValueError(
-            f"--cuda_graphs needs --embedding_type joint_fused (got {model.config.embedding_type!r}): sparse "
+            f"`cuda_graphs` needs `embedding_type=joint_fused` (got {model.config.embedding_type!r}): sparse "
             "gradients change size with every batch, which a captured graph cannot do"
         )
     if world_size != 1:
-        raise ValueError(f"--cuda_graphs supports one process only, this run has {world_size}: drop --cuda_graphs")
+        raise ValueError(f"`cuda_graphs` supports one process only, this run has {world_size}: set `cuda_graphs=False`")
 
 
 class GraphedTrainStep:
@@ -109,7 +109,7 @@ class GraphedInference:
                  pool: object | None = None) -> None:
         device = next(model.parameters()).device
         if device.type != "cuda":
-            raise ValueError(f"CUDA graphs need a CUDA device, the model is on {device}: drop --cuda_graphs")
+            raise ValueError(f"CUDA graphs need a CUDA device, the model is on {device}: set `cuda_graphs=False`")
         self.model, self.precision, self.warmup = model, precision, warmup
         self.pool = torch.cuda.graph_pool_handle() if pool is None else pool  # shared by all shapes
         self.captured: dict[tuple, _Captured] = {}

@@ -34,15 +34,15 @@ class LRSchedule:
 
     def __post_init__(self) -> None:
         if self.warmup_steps < 0 or self.decay_steps < 0 or self.decay_start_step < 0:
-            raise ValueError("--warmup_steps, --decay_steps and --decay_start_step must be >= 0")
+            raise ValueError("`warmup_steps`, `decay_steps` and `decay_start_step` must be >= 0")
         if self.warmup_factor < 0:
-            raise ValueError("--warmup_factor must be a non-negative integer")
+            raise ValueError("`warmup_factor` must be a non-negative integer")
         if not self.decay_power > 0:
-            raise ValueError(f"--decay_power must be positive, got {self.decay_power}")
+            raise ValueError(f"`decay_power` must be positive, got {self.decay_power}")
         if self.decay_steps > 0 and self.decay_start_step < self.warmup_steps:
             raise ValueError(
-                f"--decay_start_step ({self.decay_start_step}) must not be smaller than "
-                f"--warmup_steps ({self.warmup_steps}): warmup must finish before decay starts"
+                f"`decay_start_step` ({self.decay_start_step}) must not be smaller than "
+                f"`warmup_steps` ({self.warmup_steps}): warmup must finish before decay starts"
             )
 
     def factor(self, step: int) -> float:

@@ -105,7 +105,7 @@ def train_step(
     loss = global_batch_loss(model, batch, precision)
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()
-    collectives.sync_gradients(model, scaler)
+    collectives.sync_gradients(model)
     scaler.step(optimizer)  # skipped as a whole when fp16 gradients overflowed
     scaler.update()
     return loss.detach()
@@ -139,7 +139,7 @@ def fused_train_step(
     loss = global_batch_loss(model, batch, precision, autocast_cache)
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()
-    collectives.sync_gradients(model, scaler)
+    collectives.sync_gradients(model)
     with torch.no_grad():  # the updates below are in place on leaf weights
         with_grad = [p for p in params if p.grad is not None]
         grads = [p.grad for p in with_grad]
@@ -149,6 +149,7 @@ def fused_train_step(
             inv_scale = scaler_state.unscale_and_check_(grads, found_inf)
             for embedding in fused:
                 found_inf += embedding.pending_nonfinite().float()
+            found_inf = collectives.sum(found_inf)  # each process holds other tables: all skip together
             skip = found_inf.reshape(()) > 0
             for p, g in zip(with_grad, grads):
                 p.sub_(torch.where(skip, 0.0, g * lr))  # where, not 0 * g: g may hold inf/NaN
@@ -192,7 +193,8 @@ def make_train_step(
     return step
 
 
-def _sync(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Waits for the work queued on ``device`` (a no-op on the CPU), so wall-clock times count it."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -212,7 +214,7 @@ def evaluate(
     (e.g. a ``GraphedInference`` of it); autocast is then up to it."""
     was_training = model.training
     model.eval()
-    _sync(device)
+    synchronize(device)
     start = time.perf_counter()
     scores, labels = [], []
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
@@ -234,7 +236,7 @@ def evaluate(
     samples = scores.numel()
     auc = roc_auc(labels, scores) if samples else float("nan")
     loss = float(collectives.sum(loss_sum)) / samples if samples else float("nan")
-    _sync(device)
+    synchronize(device)
     model.train(was_training)
     return EvalResult(auc=auc, loss=loss, samples=samples, seconds=time.perf_counter() - start)
 
@@ -255,11 +257,11 @@ class Meter:
         self._restart()
 
     def _restart(self) -> None:
-        _sync(self.device)
+        synchronize(self.device)
         self._t = time.perf_counter()
 
     def _lap(self) -> None:
-        _sync(self.device)
+        synchronize(self.device)
         now = time.perf_counter()
         elapsed, self._t = now - self._t, now
         self._window_seconds += elapsed
@@ -312,7 +314,7 @@ def _check_resumable(state: TrainState, batch_size: int, cfg: TrainConfig) -> No
     if cfg.shuffle_batch_order and state.sample_in_epoch and state.batch_size != batch_size:
         raise CheckpointError(
             f"the checkpoint stopped {state.sample_in_epoch} samples into epoch {state.epoch}, whose shuffled batch "
-            f"order is of batches of {state.batch_size} samples: resume with --batch_size {state.batch_size} "
+            f"order is of batches of {state.batch_size} samples: resume with `batch_size={state.batch_size}` "
             "(a different batch size can continue in unshuffled order, or from the start of an epoch)"
         )
 
