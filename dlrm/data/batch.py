@@ -1,10 +1,48 @@
-"""The unit that flows from every data source to the model."""
+"""The unit that flows from every data source to the model: a ``Batch``; multi-hot ids as ``Bags``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+
+@dataclass
+class Bags:
+    """Multi-hot ids of ``num_features`` features for ``batch_size`` samples, jagged and
+    feature-major: bag ``f * batch_size + b`` (feature ``f`` of sample ``b``) holds
+    ``values[offsets[i]:offsets[i + 1]]`` for ``i = f * batch_size + b``. A bag may be empty.
+
+    This is the layout ``torch.nn.functional.embedding_bag`` takes for all features at once
+    (one joint table, ``offsets[:-1]``), and one-hot ids ``[B, F]`` are its special case of
+    bags of one (``Bags.from_one_hot``). Pooling (sum or mean) is the model's, per feature.
+    """
+
+    values: torch.Tensor  # [nnz], any integer dtype (storage dtype on the host)
+    offsets: torch.Tensor  # [num_features * batch_size + 1], int64, offsets[0] == 0, non-decreasing
+    num_features: int
+
+    @property
+    def batch_size(self) -> int:
+        return (self.offsets.shape[0] - 1) // self.num_features if self.num_features else 0
+
+    @staticmethod
+    def from_one_hot(ids: torch.Tensor) -> "Bags":
+        """``[B, F]`` ids as bags of one id each."""
+        batch, features = ids.shape
+        offsets = torch.arange(batch * features + 1, dtype=torch.int64, device=ids.device)
+        return Bags(ids.t().reshape(-1), offsets, features)
+
+    def lengths(self) -> torch.Tensor:
+        """Ids per bag, ``[num_features, batch_size]``."""
+        return (self.offsets[1:] - self.offsets[:-1]).view(self.num_features, self.batch_size)
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Bags":
+        return Bags(self.values.to(device, non_blocking=non_blocking),
+                    self.offsets.to(device, non_blocking=non_blocking), self.num_features)
+
+    def pin_memory(self) -> "Bags":
+        return Bags(self.values.pin_memory(), self.offsets.pin_memory(), self.num_features)
 
 
 @dataclass
@@ -17,11 +55,18 @@ class Batch:
     """
 
     numerical: torch.Tensor  # [B, num_numerical], float16 or float32
-    categorical: torch.Tensor  # [B, num_categorical], any integer dtype
+    # [B, num_categorical] one id per feature (any integer dtype), or Bags when any feature is multi-hot
+    categorical: torch.Tensor | Bags
     label: torch.Tensor  # [B], bool / uint8 / float
 
     def __len__(self) -> int:
         return self.label.shape[0]
+
+    @property
+    def categorical_rows(self) -> int:
+        """Samples the ids cover: in a hybrid-parallel run the global batch, else ``len(self)``."""
+        c = self.categorical
+        return c.batch_size if isinstance(c, Bags) else c.shape[0]
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
         return Batch(

@@ -85,7 +85,7 @@ def global_batch_loss(model: torch.nn.Module, batch: Batch, precision: Precision
     (``batch.categorical`` has one row per sample of the global batch, ``label`` only ours)."""
     with precision.autocast(cache_enabled=autocast_cache):
         logits = model(batch.numerical, batch.categorical)
-    return bce_loss(logits, batch.label, reduction="sum") / batch.categorical.shape[0]
+    return bce_loss(logits, batch.label, reduction="sum") / batch.categorical_rows
 
 
 def train_step(
@@ -425,8 +425,8 @@ def train(
                     lr = cfg.schedule.apply(optimizer, state.step + 1)
                     loss = step_fn(batch)
                     step_epoch = state.epoch
-                    epoch_done = state.advance(batch.categorical.shape[0], batch_size, num_samples)  # global batch
-                    meter.step(batch.categorical.shape[0], loss)
+                    epoch_done = state.advance(batch.categorical_rows, batch_size, num_samples)  # global batch
+                    meter.step(batch.categorical_rows, loss)
                     epochs = state.epoch + state.sample_in_epoch / num_samples
                     stop_reason = schedule.after_step(state, epochs, step_epoch, epoch_done,
                                                       int(final_step - state.step), lr) or stop_reason
