@@ -39,7 +39,8 @@ from dlrm.distributed.parallelize import parallelize
 from dlrm.distributed.planner import plan_tables
 from dlrm.model.dlrm import DLRMConfig
 from dlrm.model.precision import Precision
-from dlrm.training.train import make_optimizer, train_step
+from dlrm.training.train import train_step
+from dlrm.training.optimizers import make_optimizer
 
 CPU = torch.device("cpu")
 

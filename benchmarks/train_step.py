@@ -26,7 +26,8 @@ import torch
 from dlrm.data.synthetic import FL15_CARDINALITIES, SyntheticDataset
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.model.precision import Precision
-from dlrm.training.train import make_optimizer, make_train_step
+from dlrm.training.train import make_train_step
+from dlrm.training.optimizers import make_optimizer
 
 PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 VARIANTS = {  # name -> (embedding_type, interaction_op, cuda_graphs)

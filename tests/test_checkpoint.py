@@ -9,7 +9,7 @@ from dlrm.training.checkpoint import (
     CheckpointError, CheckpointLock, TrainState, file_crc32, load_checkpoint, read_meta, save_checkpoint,
 )
 from dlrm.model.precision import Precision
-from dlrm.training.train import make_optimizer
+from dlrm.training.optimizers import make_optimizer
 
 
 def small_config(**overrides) -> DLRMConfig:

@@ -17,7 +17,8 @@ from dlrm.distributed.collectives import ProcessGroupCollectives
 from dlrm.distributed.exchange import EmbeddingExchange
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.model.precision import Precision
-from dlrm.training.train import evaluate, make_optimizer, make_train_step, train_step
+from dlrm.training.train import evaluate, make_train_step, train_step
+from dlrm.training.optimizers import make_optimizer
 
 CPU = torch.device("cpu")
 STEPS, BATCH, LR = 6, 250, 0.5  # 250 does not divide by 3 or 4: uneven local batches

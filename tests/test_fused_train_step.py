@@ -9,7 +9,8 @@ import torch
 from dlrm.data.batch import Batch
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.model.precision import Precision
-from dlrm.training.train import fused_train_step, make_optimizer, make_train_step, train_step
+from dlrm.training.train import fused_train_step, make_train_step, train_step
+from dlrm.training.optimizers import make_optimizer
 
 TABLES = [50, 7, 300, 3, 20]
 

@@ -13,7 +13,8 @@ from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.model.precision import Precision
 from dlrm.training.logger import RunLogger
 from dlrm.training.lr_schedule import LRSchedule
-from dlrm.training.train import TrainConfig, bce_loss, evaluate, make_optimizer, train, train_step
+from dlrm.training.train import TrainConfig, bce_loss, evaluate, train, train_step
+from dlrm.training.optimizers import make_optimizer
 
 pytestmark = pytest.mark.gpu
 TABLES = [50, 400, 3, 1000, 20, 7, 200, 60]

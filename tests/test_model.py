@@ -208,7 +208,7 @@ def test_autocast_bf16(overrides):
         (dict(embedding_dim=0, bottom_mlp_sizes=[16, 0]), "embedding_dim"),
         (dict(bottom_mlp_sizes=[]), "bottom_mlp_sizes is empty"),
         (dict(top_mlp_sizes=[0, 1]), "top_mlp_sizes must contain positive integers"),
-        (dict(interaction_op="dott"), r"interaction_op must be one of \('dot', 'cuda_dot', 'cat'\), got 'dott'"),
+        (dict(interaction_op="dott"), r"interaction_op must be one of \('dot', 'cuda_dot', 'cat', 'dcn'\), got 'dott'"),
         (dict(embedding_type="joined"), r"embedding_type must be one of \('joint', 'multi_table', 'joint_fused'\)"),
     ],
 )

@@ -20,7 +20,8 @@ from dlrm.model.precision import Precision
 from dlrm.training.checkpoint import CheckpointError, TrainState, load_checkpoint
 from dlrm.training.logger import RunLogger
 from dlrm.training.lr_schedule import LRSchedule
-from dlrm.training.train import TrainConfig, make_optimizer, train
+from dlrm.training.train import TrainConfig, train
+from dlrm.training.optimizers import make_optimizer
 
 from conftest import REPO
 

@@ -14,7 +14,8 @@ from dlrm.model.precision import Precision
 from dlrm.training.checkpoint import load_checkpoint
 from dlrm.training.logger import RunLogger
 from dlrm.training.lr_schedule import LRSchedule
-from dlrm.training.train import TrainConfig, evaluate, make_optimizer, train, train_step
+from dlrm.training.train import TrainConfig, evaluate, train, train_step
+from dlrm.training.optimizers import make_optimizer
 
 CPU = torch.device("cpu")
 TABLES = [50, 400, 3, 1000, 20, 7, 200, 60]

@@ -170,14 +170,15 @@ class Plan:
 # Sizes
 
 
-def table_bytes(rows: Sequence[int], dim: int) -> list[int]:
-    """Bytes each table needs on its rank: rows * dim fp32 values (the trainer's sparse SGD keeps
-    no optimizer state next to the weights)."""
+def table_bytes(rows: Sequence[int], dim: int, state_bytes_per_row: int = 0) -> list[int]:
+    """Bytes each table needs on its rank: rows * (dim fp32 values + the optimizer state of a row:
+    0 for SGD, 4 for row-wise Adagrad, 4 * dim for Adagrad)."""
     if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence):
         raise ValueError("rows must be a list with the number of rows of each table")
     if len(rows) == 0:
         raise ValueError("rows is empty: a model needs at least one embedding table")
     per_row = _whole(dim, "embedding dim", minimum=1) * _BYTES_PER_VALUE
+    per_row += _whole(state_bytes_per_row, "optimizer state bytes per row")
     return [_whole(r, f"rows of table {i}", minimum=1) * per_row for i, r in enumerate(rows)]
 
 
@@ -251,16 +252,18 @@ def plan_tables(
     world_size: int,
     capacity: int | Sequence[int],
     override: Sequence[Sequence[int]] | None = None,
+    state_bytes_per_row: int = 0,
 ) -> Plan:
     """Place whole tables on ranks; see docs/distributed.md for the algorithm and the flags.
 
-    ``capacity`` is bytes per rank available for tables (one number for all, or one per rank).
+    ``capacity`` is bytes per rank available for tables (one number for all, or one per rank);
+    ``state_bytes_per_row`` the embedding optimizer's state per row, counted with the weights.
     The greedy balances bytes with at most ``ceil(tables / ranks)`` tables per rank.
     ``override`` (``override[r]`` = tables on rank ``r``) replaces the greedy; it is validated
     and must fit, but the cap on tables per rank does not apply to it.
     Raises ``ValueError`` for malformed inputs and ``PlanError`` for placements that cannot work.
     """
-    sizes = table_bytes(rows, dim)
+    sizes = table_bytes(rows, dim, state_bytes_per_row)
     row_counts = [int(r) for r in rows]
     world_size = _whole(world_size, "world size", minimum=1)
     capacities = _capacities(capacity, world_size)

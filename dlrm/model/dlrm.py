@@ -15,10 +15,10 @@ import torch
 from torch import nn
 
 from dlrm.nn.embeddings import JointEmbedding, JointFusedEmbedding, MultiTableEmbedding
-from dlrm.nn.interactions import CatInteraction, DotInteraction
+from dlrm.nn.interactions import CatInteraction, DCNInteraction, DotInteraction
 from dlrm.nn.mlp import MLP
 
-INTERACTION_OPS = ("dot", "cuda_dot", "cat")  # cuda_dot: the fused Triton kernel where it runs, else dot
+INTERACTION_OPS = ("dot", "cuda_dot", "cat", "dcn")  # cuda_dot: the fused Triton kernel where it runs, else dot
 EMBEDDING_TYPES = ("joint", "multi_table", "joint_fused")
 _EMBEDDING_CLASSES = {"joint": JointEmbedding, "multi_table": MultiTableEmbedding, "joint_fused": JointFusedEmbedding}
 
@@ -32,11 +32,16 @@ class DLRMConfig:
     embedding_dim: int = 128
     bottom_mlp_sizes: list[int] = field(default_factory=lambda: [512, 256, 128])
     top_mlp_sizes: list[int] = field(default_factory=lambda: [1024, 1024, 512, 256, 1])
-    interaction_op: str = "dot"  # "dot" | "cuda_dot" (same result, fused kernel) | "cat"
+    interaction_op: str = "dot"  # "dot" | "cuda_dot" (same result, fused kernel) | "cat" | "dcn" (DCNv2)
     # "joint" (one table + offsets) | "multi_table" (one per feature) | "joint_fused" (joint, with
     # a fused gather and an in-place SGD update kernel instead of sparse gradients)
     embedding_type: str = "joint"
     hash_indices: bool = False  # ids -> id % table_size inside the model
+    # interaction_op="dcn" only: cross layers, and the rank r of each layer's K -> r -> K product.
+    # Last, so positional construction of the fields above keeps working; saved configs without
+    # them (older checkpoints) load with these defaults.
+    dcn_num_layers: int = 3
+    dcn_low_rank_dim: int = 512
 
     @property
     def num_categorical_features(self) -> int:
@@ -65,6 +70,13 @@ class DLRMConfig:
             raise ValueError(f"interaction_op must be one of {INTERACTION_OPS}, got {self.interaction_op!r}")
         if self.embedding_type not in EMBEDDING_TYPES:
             raise ValueError(f"embedding_type must be one of {EMBEDDING_TYPES}, got {self.embedding_type!r}")
+        # Checked whatever the interaction: a bad value is a mistake even where it goes unused.
+        for name, meaning in (("dcn_num_layers", "cross layers"), ("dcn_low_rank_dim", "rank of each cross layer")):
+            value = getattr(self, name)
+            if not _is_positive_int(value):
+                raise ValueError(
+                    f"`{name}` ({meaning} of interaction_op='dcn') must be a positive integer, got {value!r}"
+                )
         if self.interaction_op in ("dot", "cuda_dot") and self.bottom_mlp_sizes[-1] != self.embedding_dim:
             raise ValueError(
                 f"bottom_mlp_sizes[-1] ({self.bottom_mlp_sizes[-1]}) must equal embedding_dim "
@@ -110,6 +122,12 @@ class DLRM(nn.Module):
         if config.interaction_op in ("dot", "cuda_dot"):
             use_kernel = config.interaction_op == "cuda_dot"
             self.interaction = DotInteraction(num_features, config.embedding_dim, use_kernel=use_kernel)
+        elif config.interaction_op == "dcn":
+            # Its kernels draw from the global generator here, between the bottom and top MLPs.
+            self.interaction = DCNInteraction(
+                num_features, config.embedding_dim, config.bottom_mlp_sizes[-1], num_layers=config.dcn_num_layers,
+                low_rank_dim=config.dcn_low_rank_dim, device=device,
+            )
         else:
             self.interaction = CatInteraction(num_features, config.embedding_dim, config.bottom_mlp_sizes[-1])
         self.interaction.to(torch.get_default_device() if device is None else device)  # its buffers

@@ -70,6 +70,11 @@ class EmbeddingTables(nn.Module):
         """Table ``i`` as a ``[rows_i, D]`` view of the storage (detached), e.g. for checkpoints."""
         raise NotImplementedError
 
+    def table_parameter(self, i: int) -> tuple[nn.Parameter, int]:
+        """The parameter that stores table ``i`` and the table's first row in it: optimizer
+        state is kept per parameter, and checkpoints store it per table."""
+        raise NotImplementedError
+
     def _init_table_(self, i: int) -> None:
         weight = self.table_weight(i)
         init_embedding_table_(weight, table_generator(self.init_seed, self.table_indices[i], weight.device))
@@ -124,6 +129,10 @@ class JointEmbedding(EmbeddingTables):
         self._check_index(i)
         return self.weight.detach()[self._starts[i] : self._starts[i + 1]]
 
+    def table_parameter(self, i: int) -> tuple[nn.Parameter, int]:
+        self._check_index(i)
+        return self.weight, self._starts[i]
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(self._prepare_ids(ids) + self.offsets, self.weight, sparse=True)
 
@@ -153,6 +162,10 @@ class MultiTableEmbedding(EmbeddingTables):
     def table_weight(self, i: int) -> torch.Tensor:
         self._check_index(i)
         return self.tables[i].weight.detach()
+
+    def table_parameter(self, i: int) -> tuple[nn.Parameter, int]:
+        self._check_index(i)
+        return self.tables[i].weight, 0
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         ids = self._prepare_ids(ids)

@@ -4,11 +4,14 @@
 ``dlrm.kernels.dot_interaction`` beside the fused kernel that must match it exactly in layout,
 and is imported from there (the dependency goes nn -> kernels only). ``DotInteraction`` runs
 the kernel when asked to and it supports the inputs, the reference otherwise.
+``CatInteraction`` only concatenates; ``DCNInteraction`` (DCNv2 low-rank cross layers, as in
+TorchRec's ``LowRankCrossNet`` and the MLPerf DLRMv2 model) learns the interaction terms.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from dlrm.kernels.dot_interaction import (
@@ -70,6 +73,74 @@ class CatInteraction(nn.Module):
 
     def extra_repr(self) -> str:
         return f"num_features={self.num_features}, embedding_dim={self.embedding_dim}, num_outputs={self.num_outputs}"
+
+
+class DCNInteraction(nn.Module):
+    """DCNv2 cross network over ``x0 = [bottom, embeddings flattened]`` (width ``K``).
+
+    Layer ``l`` computes ``x_{l+1} = x0 * (W_l (V_l x_l) + b_l) + x_l`` with ``V_l: [r, K]`` (no
+    bias), ``W_l: [K, r]`` and ``b_l: [K]``, as TorchRec's ``LowRankCrossNet`` (Wang et al.,
+    "DCN V2", arXiv:2008.13535, eq. 1 with the low-rank ``W = U V``). The output keeps the
+    width ``K``. Parameters are named and shaped as TorchRec's, except that ``bias.<l>`` is
+    ``[K]`` rather than ``[K, 1]``.
+
+    Initialisation as TorchRec's (xavier-normal kernels, zero bias), drawn here from torch's
+    global generator in a fixed order (``W_0 .. W_{L-1}``, then ``V_0 .. V_{L-1}``, TorchRec's
+    order) so that a model built after ``torch.manual_seed`` is deterministic and identical on
+    every process of a hybrid-parallel run.
+    """
+
+    def __init__(
+        self,
+        num_features: int,
+        embedding_dim: int,
+        bottom_dim: int | None = None,
+        num_layers: int = 3,
+        low_rank_dim: int = 512,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        if num_features < 1 or embedding_dim < 1:
+            raise ValueError(f"need num_features >= 1 and embedding_dim >= 1, got {num_features}, {embedding_dim}")
+        if num_layers < 1 or low_rank_dim < 1:
+            raise ValueError(f"need num_layers >= 1 and low_rank_dim >= 1, got {num_layers}, {low_rank_dim}")
+        self.num_features = num_features
+        self.embedding_dim = embedding_dim
+        self.bottom_dim = embedding_dim if bottom_dim is None else bottom_dim
+        self.num_layers = num_layers
+        self.low_rank_dim = low_rank_dim
+        width = self.bottom_dim + (num_features - 1) * embedding_dim
+        self.num_outputs = width  # the cross layers keep the width of x0
+        device = torch.get_default_device() if device is None else device
+        # torch.empty draws nothing; the kernels are drawn below in TorchRec's order.
+        self.W_kernels = nn.ParameterList(
+            nn.Parameter(torch.empty(width, low_rank_dim, device=device)) for _ in range(num_layers)
+        )
+        self.V_kernels = nn.ParameterList(
+            nn.Parameter(torch.empty(low_rank_dim, width, device=device)) for _ in range(num_layers)
+        )
+        self.bias = nn.ParameterList(nn.Parameter(torch.zeros(width, device=device)) for _ in range(num_layers))
+        with torch.no_grad():
+            for kernel in [*self.W_kernels, *self.V_kernels]:
+                nn.init.xavier_normal_(kernel)  # N(0, sqrt(2 / (K + r)))
+
+    def forward(self, bottom: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
+        _check_features(self.num_features, embedded)
+        if bottom.dim() != 2 or bottom.shape[1] != self.bottom_dim:
+            # Caught here: the first cross layer would fail with an anonymous matmul shape error.
+            raise ValueError(f"expected bottom of shape [B, {self.bottom_dim}], got {list(bottom.shape)}")
+        x0 = torch.cat([bottom, embedded.flatten(1)], dim=1)
+        x = x0
+        for w, v, b in zip(self.W_kernels, self.V_kernels, self.bias):
+            # Two thin matmuls (K -> r -> K) instead of one K x K: the point of the low rank.
+            x = x0 * F.linear(F.linear(x, v), w, b) + x
+        return x
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_features={self.num_features}, embedding_dim={self.embedding_dim}, bottom_dim={self.bottom_dim}, "
+            f"num_layers={self.num_layers}, low_rank_dim={self.low_rank_dim}, num_outputs={self.num_outputs}"
+        )
 
 
 def _check_features(num_features: int, embedded: torch.Tensor) -> None:

@@ -42,7 +42,8 @@ from dlrm.training.checkpoint import CheckpointError, CheckpointLock, load_check
 from dlrm.training.cuda_graphs import GraphedInference, check_cuda_graphs_supported
 from dlrm.training.logger import RunLogger
 from dlrm.training.lr_schedule import LRSchedule
-from dlrm.training.train import TrainConfig, evaluate, make_optimizer, train
+from dlrm.training.train import TrainConfig, evaluate, train
+from dlrm.training.optimizers import DENSE_OPTIMIZERS, EMBEDDING_OPTIMIZERS, OptimizerConfig, make_optimizer
 
 FLAGS = flags.FLAGS
 
@@ -60,7 +61,14 @@ flags.DEFINE_boolean("allow_tf32", True, "Use TF32 for float32 matmuls on GPUs t
 # Training
 flags.DEFINE_integer("batch_size", 65536, "Training batch size.")
 flags.DEFINE_integer("test_batch_size", 65536, "Batch size for testing.")
-flags.DEFINE_float("lr", 24.0, "Base learning rate (SGD, embeddings and MLPs).")
+flags.DEFINE_float("lr", 24.0, "Base learning rate (embeddings and MLPs).")
+flags.DEFINE_enum("optimizer", "sgd", list(EMBEDDING_OPTIMIZERS),
+                  "Optimizer of the embedding tables: sgd, adagrad (an accumulator per weight) or rowwise_adagrad "
+                  "(one per row, as FBGEMM/TorchRec/MLPerf DLRMv2). Each updates only the rows a batch used.")
+flags.DEFINE_enum("dense_optimizer", None, list(DENSE_OPTIMIZERS),
+                  "Optimizer of the MLPs (and interaction weights). Default: sgd with --optimizer sgd, adagrad with "
+                  "adagrad or rowwise_adagrad.")
+flags.DEFINE_float("optimizer_eps", 1e-8, "Epsilon of Adagrad, row-wise Adagrad and Adam.")
 flags.DEFINE_integer("epochs", 1, "Number of epochs.")
 flags.DEFINE_integer("max_steps", None, "Stop after this many optimizer steps.")
 
@@ -80,9 +88,12 @@ flags.DEFINE_enum("embedding_type", "joint", ["joint", "multi_table", "joint_fus
 flags.DEFINE_integer("embedding_dim", 128, "Embedding dimension (the bottom MLP's last size must equal it for dot).")
 flags.DEFINE_list("top_mlp_sizes", ["1024", "1024", "512", "256", "1"], "Top MLP layer sizes; the last must be 1.")
 flags.DEFINE_list("bottom_mlp_sizes", ["512", "256", "128"], "Bottom MLP layer sizes.")
-flags.DEFINE_enum("interaction_op", "auto", ["auto", "cuda_dot", "dot", "cat"],
+flags.DEFINE_enum("interaction_op", "auto", ["auto", "cuda_dot", "dot", "cat", "dcn"],
                   "Feature interaction: pairwise dot products (cuda_dot: the fused Triton kernel, falling back to dot "
-                  "where it cannot run), or concatenation. auto: cuda_dot on CUDA, dot elsewhere.")
+                  "where it cannot run), concatenation, or dcn: DCNv2 low-rank cross layers over the concatenation "
+                  "(MLPerf DLRMv2). auto: cuda_dot on CUDA, dot elsewhere.")
+flags.DEFINE_integer("dcn_num_layers", 3, "Cross layers of --interaction_op dcn.")
+flags.DEFINE_integer("dcn_low_rank_dim", 512, "Rank of each cross layer of --interaction_op dcn (MLPerf DLRMv2: 512).")
 flags.DEFINE_boolean("cuda_graphs", False,
                      "Capture the training step and the test forward as CUDA graphs (CUDA, one process, "
                      "--embedding_type joint_fused).")
@@ -175,6 +186,15 @@ def _validate_flags() -> None:
         raise app.UsageError("--synthetic_dataset_table_sizes must be positive integers")
     if FLAGS.dataset_type in SPLIT_BINARY_TYPES and not FLAGS.dataset:
         raise app.UsageError(f"--dataset_type {FLAGS.dataset_type} needs --dataset")
+    config = _optimizer_config()
+    try:
+        config.validate()
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
+    if FLAGS.embedding_type == "joint_fused" and (config.embedding, config.dense_optimizer) != ("sgd", "sgd"):
+        raise app.UsageError(f"--embedding_type joint_fused updates with SGD inside its kernels; got --optimizer "
+                             f"{config.embedding} and --dense_optimizer {config.dense_optimizer}: use --embedding_type "
+                             "joint (or multi_table) for other optimizers")
     try:
         _schedule()
     except ValueError as e:
@@ -264,6 +284,10 @@ def main(argv: list[str]) -> int:
     return code
 
 
+def _optimizer_config() -> OptimizerConfig:
+    return OptimizerConfig(embedding=FLAGS.optimizer, dense=FLAGS.dense_optimizer, eps=FLAGS.optimizer_eps)
+
+
 def _plan(model_cfg: DLRMConfig, env: DistEnv, device: torch.device, logger: RunLogger) -> list[list[int]]:
     """Tables per rank: from --table_placement, or the memory-balancing planner."""
     if FLAGS.device_memory_gb is not None:
@@ -271,7 +295,9 @@ def _plan(model_cfg: DLRMConfig, env: DistEnv, device: torch.device, logger: Run
     else:
         capacity = int(0.9 * device_memory_bytes(device, env.local_world_size))
     override = load_override(FLAGS.table_placement) if FLAGS.table_placement else None
-    plan = plan_tables(model_cfg.table_sizes, model_cfg.embedding_dim, env.world_size, capacity, override=override)
+    state_bytes = _optimizer_config().state_bytes_per_row(model_cfg.embedding_dim) if FLAGS.mode == "train" else 0
+    plan = plan_tables(model_cfg.table_sizes, model_cfg.embedding_dim, env.world_size, capacity, override=override,
+                       state_bytes_per_row=state_bytes)
     logger.print(format_plan(plan))
     logger.record("plan", tables=plan.tables, bytes=[plan.rank_bytes(r) for r in range(env.world_size)])
     return plan.tables
@@ -336,6 +362,8 @@ def _build(env: DistEnv | None, device: torch.device, collectives: Collectives, 
         bottom_mlp_sizes=_ints(FLAGS.bottom_mlp_sizes, "bottom_mlp_sizes"),
         top_mlp_sizes=_ints(FLAGS.top_mlp_sizes, "top_mlp_sizes"),
         interaction_op=_interaction_op(FLAGS.interaction_op, device),
+        dcn_num_layers=FLAGS.dcn_num_layers,
+        dcn_low_rank_dim=FLAGS.dcn_low_rank_dim,
         embedding_type=FLAGS.embedding_type,
         hash_indices=FLAGS.hash_indices,
     )
@@ -366,7 +394,7 @@ def _build(env: DistEnv | None, device: torch.device, collectives: Collectives, 
 def _run_train(run: _Run) -> int:
     """Trains (resuming from --load_checkpoint_path); returns the exit code: 0, or 128 + the
     signal that stopped the run after its checkpoint was saved."""
-    optimizer = make_optimizer(run.model, FLAGS.lr)
+    optimizer = make_optimizer(run.model, FLAGS.lr, _optimizer_config())
     scaler = run.precision.grad_scaler(process_group=run.collectives.process_group)
     train_cfg = TrainConfig(
         schedule=_schedule(),  # checked by _validate_flags

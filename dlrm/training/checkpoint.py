@@ -5,6 +5,8 @@ Layout (independent of the embedding storage and of how tables are placed on dev
     <path>/meta.json          format, model config, tensor shapes, train state, run flags, file sizes
                               and CRC-32 checksums
     <path>/table_<i>.pt       embedding table i (global table index), [rows, dim]
+    <path>/table_<i>_optimizer.pt  its optimizer state (Adagrad: [rows, dim], row-wise: [rows]);
+                              absent with SGD, which keeps none
     <path>/dense.pt           every non-embedding parameter and buffer
     <path>/optimizer.pt       optimizer and gradient-scaler state
     <path>/rng.pt             torch RNG states (CPU and CUDA)
@@ -88,6 +90,22 @@ class TrainState:
 
 def _table_file(index: int) -> str:
     return f"table_{index}.pt"
+
+
+def _table_state_file(index: int) -> str:
+    return f"table_{index}_optimizer.pt"
+
+
+def _table_optimizer_state(optimizer: Any, embeddings: torch.nn.Module, i: int) -> dict[str, torch.Tensor]:
+    """The embedding optimizer's state of local table ``i``: per-row tensors sliced to the
+    table's rows, scalars (e.g. Adagrad's step count) as they are. Empty for SGD."""
+    state_of = getattr(optimizer, "embedding_state", None)
+    if state_of is None:
+        return {}
+    param, start = embeddings.table_parameter(i)
+    rows = embeddings.table_sizes[i]
+    return {key: value[start: start + rows] if value.dim() > 0 else value
+            for key, value in state_of(param).items() if isinstance(value, torch.Tensor)}
 
 
 def _dense_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -221,6 +239,11 @@ def save_checkpoint(
         for i, index in enumerate(embeddings.table_indices):
             name = _table_file(index)
             checksums[name] = _save_tensor_file(_host_copy(embeddings.table_weight(i)), os.path.join(tmp, name))
+            table_state = _table_optimizer_state(optimizer, embeddings, i)
+            if table_state:
+                name = _table_state_file(index)
+                state_copy = {k: _host_copy(v) for k, v in table_state.items()}
+                checksums[name] = _save_tensor_file(state_copy, os.path.join(tmp, name))
         # Every process's table checksums, on every process (also the barrier after the tables).
         checksums = {name: crc for part in collectives.gather_objects(checksums) for name, crc in part.items()}
         if first:
@@ -277,6 +300,7 @@ def _write_rest(
         "train_state": dataclasses.asdict(state),
         "run_config": run_config or {},
         "world_size": world_size,
+        "optimizer": _optimizer_names(optimizer),
         "files": {
             name: {"bytes": os.path.getsize(os.path.join(tmp, name)), "crc32": checksums[name]}
             for name in sorted(os.listdir(tmp))
@@ -383,7 +407,7 @@ def _check_shapes(path: str, meta: dict[str, Any], model: torch.nn.Module) -> No
     if missing or unexpected:
         raise CheckpointError(
             f"{path}: dense tensors differ from the model's: missing {missing}, unexpected {unexpected} "
-            "(check `bottom_mlp_sizes`, `top_mlp_sizes` and `interaction_op`)"
+            "(check `bottom_mlp_sizes`, `top_mlp_sizes`, `interaction_op`, `dcn_num_layers` and `dcn_low_rank_dim`)"
         )
     for name, wanted in dense.items():
         if meta["dense"][name] != wanted:
@@ -393,21 +417,68 @@ def _check_shapes(path: str, meta: dict[str, Any], model: torch.nn.Module) -> No
             )
 
 
-def _load_optimizer(path: str, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
-    """Loads the optimizer state. With a different number of processes the embedding group holds
-    other parameters; that is exact as long as the optimizer keeps no per-parameter state (plain
-    SGD), in which case only the groups' hyperparameters are restored."""
-    sizes = [len(g["params"]) for g in optimizer.param_groups]
-    if sizes == [len(g["params"]) for g in saved["param_groups"]]:
-        optimizer.load_state_dict(saved)
+def _optimizer_names(optimizer: Any) -> dict[str, str]:
+    config = getattr(optimizer, "config", None)
+    if config is None:  # e.g. a plain torch SGD
+        return {"embedding": "sgd", "dense": "sgd"}
+    return {"embedding": config.embedding, "dense": config.dense_optimizer}
+
+
+def _saved_optimizers(meta: dict[str, Any]) -> tuple[str, str]:
+    """(embedding, dense) optimizer of a checkpoint; checkpoints from before the choice: SGD."""
+    names = meta.get("optimizer")
+    if not isinstance(names, dict):
+        return "sgd", "sgd"
+    return str(names.get("embedding", "sgd")), str(names.get("dense", "sgd"))
+
+
+def _check_optimizer_kind(path: str, meta: dict[str, Any], optimizer: Any) -> None:
+    config = getattr(optimizer, "config", None)
+    if config is None:
         return
-    if saved["state"]:
+    saved = _saved_optimizers(meta)
+    wanted = (config.embedding, config.dense_optimizer)
+    if saved != wanted:
         raise CheckpointError(
-            f"{path}: the optimizer state has per-parameter entries and was written for another embedding "
-            "layout or number of processes; resume with the same `embedding_type` and process count"
+            f"{path} was trained with `optimizer={saved[0]}` and `dense_optimizer={saved[1]}`, this run uses "
+            f"`optimizer={wanted[0]}` and `dense_optimizer={wanted[1]}`: resume with the checkpoint's optimizers "
+            "(their state does not carry over to others)"
         )
+
+
+def _load_optimizer(path: str, optimizer: Any, saved: dict[str, Any]) -> None:
+    """Loads the dense optimizer's state and every group's hyperparameters. The embeddings' state
+    is per table (``_load_table_state``), so any number of processes can resume a checkpoint.
+    Checkpoints from before the optimizer choice hold a plain SGD state dict: SGD keeps no state,
+    so their groups' hyperparameters are all there is to restore."""
+    if saved.get("format") == "combined":
+        try:
+            optimizer.load_state_dict(saved)
+        except (KeyError, ValueError, RuntimeError) as e:
+            raise CheckpointError(f"{path}: the optimizer state does not fit this model ({e}): "
+                                  "it was written for another model") from None
+        return
+    if saved.get("state"):
+        raise CheckpointError(f"{path}: the optimizer state has per-parameter entries this program does not write: "
+                              "the checkpoint is damaged or not one of this program's")
     for group, saved_group in zip(optimizer.param_groups, saved["param_groups"]):
         group.update({k: v for k, v in saved_group.items() if k != "params"})
+
+
+def _load_table_state(path: str, name: str, state: dict[str, torch.Tensor]) -> None:
+    """Copies one table's saved optimizer state into ``state`` (views of the live state)."""
+    saved = _load_file(path, name)
+    if not isinstance(saved, dict) or set(saved) != set(state):
+        raise CheckpointError(f"{os.path.join(path, name)}: holds {sorted(saved) if isinstance(saved, dict) else saved!r}, "
+                              f"the optimizer keeps {sorted(state)}: the checkpoint is damaged")
+    for key, target in state.items():
+        value = saved[key]
+        if not isinstance(value, torch.Tensor) or value.shape != target.shape:
+            raise CheckpointError(f"{os.path.join(path, name)}: {key} has shape "
+                                  f"{list(getattr(value, 'shape', []))}, expected {list(target.shape)}: "
+                                  "the checkpoint is damaged")
+        with torch.no_grad():
+            target.copy_(value)
 
 
 def load_checkpoint(
@@ -429,7 +500,12 @@ def load_checkpoint(
     _check_shapes(path, meta, model)
     embeddings = model.embeddings
     tables = [_table_file(index) for index in embeddings.table_indices]
-    names = tables + ["dense.pt", "optimizer.pt"] + (["rng.pt"] if restore_rng else [])
+    table_states = []
+    if optimizer is not None:
+        _check_optimizer_kind(path, meta, optimizer)
+        if any(_table_optimizer_state(optimizer, embeddings, i) for i in range(embeddings.num_tables)):
+            table_states = [_table_state_file(index) for index in embeddings.table_indices]
+    names = tables + table_states + ["dense.pt", "optimizer.pt"] + (["rng.pt"] if restore_rng else [])
     missing = [n for n in names if n not in meta["files"]]
     if missing:
         raise CheckpointError(f"{os.path.join(path, META)}: lists no {missing[0]}: the checkpoint is damaged")
@@ -449,6 +525,8 @@ def load_checkpoint(
         model.load_state_dict(dense, strict=False)
     if optimizer is not None and extra["optimizer"] is not None:
         _load_optimizer(path, optimizer, extra["optimizer"])
+        for i, name in enumerate(table_states):
+            _load_table_state(path, name, _table_optimizer_state(optimizer, embeddings, i))
     if scaler is not None and scaler.is_enabled() and extra["scaler"] is not None:
         scaler.load_state_dict(extra["scaler"])
     if rng is not None:

@@ -58,22 +58,6 @@ class EvalResult:
         return self.samples / self.seconds if self.seconds > 0 else float("nan")
 
 
-def make_optimizer(model: torch.nn.Module, lr: float) -> torch.optim.SGD:
-    """One SGD over two groups, so a GradScaler's skipped step skips the embedding update too.
-
-    SGD applies the embeddings' sparse gradients to the rows a batch used and nothing else.
-    ``joint_fused`` embeddings update themselves (``fused_train_step``), so their group is empty.
-    """
-    fused = {id(p) for module in model.fused_embeddings() for p in module.parameters()}
-    return torch.optim.SGD(
-        [
-            {"params": model.dense_parameters(), "name": "dense"},
-            {"params": [p for p in model.sparse_parameters() if id(p) not in fused], "name": "embeddings"},
-        ],
-        lr=lr,
-    )
-
-
 def bce_loss(logits: torch.Tensor, label: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """Binary cross-entropy on logits, in at least float32 whatever the autocast dtype."""
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
