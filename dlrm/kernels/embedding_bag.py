@@ -1,0 +1,703 @@
+"""Multi-hot (bag) embedding kernels: a pooled lookup, and SGD and row-wise Adagrad updates
+that deduplicate ids and change only the rows a batch used, in place.
+
+Layout (``dlrm.data.batch.Bags``): one joint ``weight [rows, D]`` holds every table; for ``T``
+features and ``B`` samples, ``values [nnz]`` are row ids into it (table offsets already added)
+and ``offsets [T*B + 1]`` cut them into bags, feature-major: bag ``i = t*B + b`` (feature ``t``
+of sample ``b``) is ``values[offsets[i]:offsets[i + 1]]``, possibly empty. Optional
+``per_sample_weights [nnz]`` weigh each id (mean pooling is weights ``1 / len``), so sum is the
+only pooling the kernels know. ``offsets[0] == 0`` and ``offsets[-1] == nnz`` as in ``Bags``.
+
+``bag_gather(weight, values, offsets, per_sample_weights, out_dtype)`` is the pooled forward,
+``out[i] = sum_j w_j * weight[values[j]]`` over bag ``i``, accumulated in fp32 whatever the
+weight and output dtypes, written straight in ``out_dtype``: ``[T*B, D]``, or ``[B, T, D]``
+(per sample, what the interaction takes) with ``num_features=T``; ``pooled_per_sample`` views
+a ``[T*B, D]`` result as ``[B, T, D]`` without a copy. One program pools ``BLOCK_B``
+consecutive bags (one feature's bags for consecutive samples, usually of similar length) over
+a block of columns, one id of every bag per step (bags of one id take a single step).
+
+``bag_sgd_update(weight, values, offsets, grad_pooled, lr, grad_scale, skip, ...)`` is the
+backward and the update in one: for every distinct row ``r``,
+``weight[r] -= lr * grad_scale * sum(w_j * grad_pooled[bag(j)] for values[j] == r)``, the sum
+over all bags in fp32, nothing when ``skip``: torch's sparse SGD step on the gradient of
+``embedding_bag``, without its ``[nnz, D]`` gradient or COO tensor. As ``embedding.sgd_update``:
+
+1. ``bag(j)`` of every position comes from ``torch.searchsorted(offsets, j)`` and
+   ``torch.sort(values)`` puts equal ids next to each other (both static sizes, on the device).
+2. One kernel walks the sorted ids; a program owns ``SPAN = TILE * TILES`` sorted positions and
+   a block of columns, loads ``TILE`` gradient rows at a time straight from ``grad_pooled``
+   (position -> original position -> bag -> row, times the id's weight), sums runs of equal ids
+   with a ``[TILE, TILE]`` equality select, carries a run into the next tile, and writes each
+   run once: a plain store when the run lies in the program, an atomic add of the partial sum
+   when a hot id crosses programs.
+
+``bag_rowwise_adagrad_update(weight, state, ...)`` is FBGEMM's / TorchRec's row-wise Adagrad
+on the same summed gradient ``g = grad_scale * sum(...)``: ``state[r] += mean(g * g)``, then
+``weight[r] -= lr * g / (sqrt(state[r]) + eps)``. The state needs the whole row's sum, so a
+program covers all ``D`` columns, and a run crossing programs cannot be finished by atomics on
+the weight: its partial sums are added into an fp32 scratch row (one per program, keyed by the
+program where the run starts) and a second small kernel finishes those rows.
+
+``lr``, ``grad_scale`` and ``skip`` are 0-dim device tensors read inside the kernels: no host
+sync, static shapes (CUDA-graph capture), and a skipped step (an fp16 overflow) writes nothing.
+Ids outside ``[0, rows)`` are not checked (the data layer does): the kernels read zeros for
+them and skip their update; the references raise. Each function falls back to its reference
+when ``supports_*`` says no (no Triton or GPU, float64, fp16/bf16 master weights for the
+updates, unsupported layouts).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from dlrm.kernels.backend import interpreting, triton_installed, triton_usable
+
+if triton_installed():
+    import triton
+    import triton.language as tl
+else:  # the references run instead; nothing below is reached without Triton
+    triton = None
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+INDEX_DTYPES = (torch.int32, torch.int64)
+UPDATE_WEIGHT_DTYPES = (torch.float32,)  # master weights: atomics and in-place fp32 accumulation
+ADAGRAD_EPS = 1e-8  # FBGEMM's default
+
+# Kernels are built for the interpreter or for the GPU when they are defined (triton.jit reads
+# TRITON_INTERPRET then): CPU tensors may only go to interpreted ones, CUDA tensors to compiled.
+_KERNELS_INTERPRETED = interpreting()
+
+GATHER_ELEMENTS = 4096  # bags x columns per gather program
+GATHER_MAX_BLOCK_D = 128
+UPDATE_TILE = 16  # sorted positions summed at once: [TILE, TILE, BLOCK_D] selects per tile
+UPDATE_TILES = 16  # a hot id costs one atomic per TILE * TILES occurrences
+UPDATE_MAX_BLOCK_D = 32  # SGD: columns per program (registers: TILE * TILE * BLOCK_D / threads)
+ADAGRAD_SELECT_ELEMENTS = 8192  # Adagrad: TILE * TILE * BLOCK_D, with BLOCK_D the whole row
+ADAGRAD_SPAN = 256  # sorted positions per Adagrad program
+ADAGRAD_MAX_DIM = 1024  # wider rows take the reference
+
+
+# ----------------------------------------------------------------------------- layout helpers
+
+
+def pooled_per_sample(pooled: torch.Tensor, num_features: int) -> torch.Tensor:
+    """``[T*B, D]`` (feature-major bags) viewed as ``[B, T, D]`` (per sample), no copy. The
+    updates take that view (or its gradient) as ``grad_pooled`` as it is."""
+    if num_features <= 0 or pooled.dim() != 2 or pooled.shape[0] % num_features:
+        raise ValueError(f"pooled {tuple(pooled.shape)} does not hold num_features={num_features} features "
+                         "of whole batches")
+    return pooled.view(num_features, pooled.shape[0] // num_features, pooled.shape[1]).transpose(0, 1)
+
+
+def _num_bags(offsets: torch.Tensor) -> int:
+    if offsets.dim() != 1 or offsets.shape[0] < 1:
+        raise ValueError(f"offsets must be 1-D with num_bags + 1 entries, got shape {tuple(offsets.shape)}")
+    return offsets.shape[0] - 1
+
+
+def _grad_per_bag(grad_pooled: torch.Tensor, num_bags: int) -> torch.Tensor:
+    """``grad_pooled`` as ``[num_bags, D]`` in bag order (a copy only for ``[B, T, D]``)."""
+    if grad_pooled.dim() == 2 and grad_pooled.shape[0] == num_bags:
+        return grad_pooled
+    if grad_pooled.dim() == 3 and grad_pooled.shape[0] * grad_pooled.shape[1] == num_bags:
+        return grad_pooled.transpose(0, 1).reshape(num_bags, grad_pooled.shape[2])
+    raise ValueError(f"grad_pooled {tuple(grad_pooled.shape)} is neither [num_bags, D] nor [B, T, D] "
+                     f"with num_bags={num_bags}")
+
+
+def bag_of_positions(offsets: torch.Tensor, nnz: int) -> torch.Tensor:
+    """The bag of every position ``j < nnz``: the last ``i`` with ``offsets[i] <= j`` (empty bags
+    are passed over), as int64 on the device, without a host sync."""
+    positions = torch.arange(nnz, dtype=offsets.dtype, device=offsets.device)
+    return torch.searchsorted(offsets.contiguous(), positions, right=True).sub_(1).to(torch.int64)
+
+
+# ----------------------------------------------------------------------------- references
+
+
+def bag_gather_reference(
+    weight: torch.Tensor,
+    values: torch.Tensor,
+    offsets: torch.Tensor,
+    per_sample_weights: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    num_features: int | None = None,
+) -> torch.Tensor:
+    """``torch.nn.functional.embedding_bag(mode="sum")`` of the bags, in fp32 (fp64 for an fp64
+    weight) on the rows the bags use (no copy of the table), cast to ``out_dtype`` (default: the
+    weight's): ``[T*B, D]``, or ``[B, T, D]`` with ``num_features``."""
+    out_dtype = out_dtype or weight.dtype
+    acc_dtype = torch.promote_types(weight.dtype, torch.float32)
+    _num_bags(offsets)  # raises on malformed offsets
+    values = values.reshape(-1).to(torch.int64)
+    rows = weight.detach().index_select(0, values).to(acc_dtype)
+    weights = None if per_sample_weights is None else per_sample_weights.reshape(-1).to(acc_dtype)
+    positions = torch.arange(values.shape[0], device=values.device)
+    pooled = F.embedding_bag(positions, rows, offsets.to(torch.int64), mode="sum",
+                             per_sample_weights=weights, include_last_offset=True)
+    pooled = pooled.to(out_dtype)
+    return pooled if num_features is None else pooled_per_sample(pooled, num_features).contiguous()
+
+
+def _summed_rows(
+    weight: torch.Tensor,
+    values: torch.Tensor,
+    offsets: torch.Tensor,
+    grad_pooled: torch.Tensor,
+    per_sample_weights: torch.Tensor | None,
+    acc_dtype: torch.dtype,
+):
+    """Sorted ids, the run index of each sorted position, and each run's summed gradient
+    ``[nnz, D]`` (rows past the number of runs are zero): torch ops, no host sync."""
+    values = values.reshape(-1).to(torch.int64)
+    num_bags = _num_bags(offsets)
+    grad = _grad_per_bag(grad_pooled, num_bags)
+    if grad.shape[1] != weight.shape[1]:
+        raise ValueError(f"grad_pooled has {grad.shape[1]} columns, the weight {weight.shape[1]}")
+    contributions = grad.index_select(0, bag_of_positions(offsets, values.shape[0])).to(acc_dtype)
+    if per_sample_weights is not None:
+        contributions *= per_sample_weights.reshape(-1, 1).to(acc_dtype)
+    sorted_rows, perm = torch.sort(values)
+    starts = torch.ones_like(sorted_rows, dtype=torch.bool)
+    starts[1:] = sorted_rows[1:] != sorted_rows[:-1]
+    run = torch.cumsum(starts, 0) - 1
+    sums = torch.zeros(values.shape[0], weight.shape[1], dtype=acc_dtype, device=weight.device)
+    sums.index_add_(0, run, contributions.index_select(0, perm))
+    return sorted_rows, run, sums
+
+
+@torch.no_grad()
+def bag_sgd_update_reference(
+    weight: torch.Tensor,
+    values: torch.Tensor,
+    offsets: torch.Tensor,
+    grad_pooled: torch.Tensor,
+    lr: torch.Tensor,
+    grad_scale: torch.Tensor,
+    skip: torch.Tensor,
+    per_sample_weights: torch.Tensor | None = None,
+) -> None:
+    """In place: ``weight[r] -= lr * grad_scale * sum(w_j * grad_pooled[bag(j)] for
+    values[j] == r)`` per distinct ``r``, nothing when ``skip``. Sums in fp32 (fp64 for an fp64
+    weight) and rounds once into the weight's dtype; no host sync, no dense ``[rows, D]``."""
+    if values.numel() == 0:
+        return
+    acc_dtype = torch.promote_types(weight.dtype, torch.float32)
+    sorted_rows, run, sums = _summed_rows(weight, values, offsets, grad_pooled, per_sample_weights, acc_dtype)
+    factor = lr.to(acc_dtype) * grad_scale.to(acc_dtype)
+    old = weight.index_select(0, sorted_rows)
+    new = (old.to(acc_dtype) - factor * sums.index_select(0, run)).to(weight.dtype)
+    # Duplicates of a row write the same value, so the order of the copies does not matter.
+    weight.index_copy_(0, sorted_rows, torch.where(skip.to(torch.bool), old, new))
+
+
+@torch.no_grad()
+def bag_rowwise_adagrad_update_reference(
+    weight: torch.Tensor,
+    state: torch.Tensor,
+    values: torch.Tensor,
+    offsets: torch.Tensor,
+    grad_pooled: torch.Tensor,
+    lr: torch.Tensor,
+    grad_scale: torch.Tensor,
+    skip: torch.Tensor,
+    per_sample_weights: torch.Tensor | None = None,
+    eps: float = ADAGRAD_EPS,
+) -> None:
+    """In place, per distinct row ``r`` with summed gradient ``g = grad_scale * sum(w_j *
+    grad_pooled[bag(j)] for values[j] == r)``: ``state[r] += mean(g * g)``, then
+    ``weight[r] -= lr * g / (sqrt(state[r]) + eps)``; nothing when ``skip``. fp32 arithmetic
+    (fp64 for an fp64 weight), no host sync."""
+    if values.numel() == 0:
+        return
+    acc_dtype = torch.promote_types(weight.dtype, torch.float32)
+    sorted_rows, run, sums = _summed_rows(weight, values, offsets, grad_pooled, per_sample_weights, acc_dtype)
+    g = sums.index_select(0, run) * grad_scale.to(acc_dtype)
+    old_state = state.index_select(0, sorted_rows)
+    new_state = old_state.to(acc_dtype) + (g * g).mean(dim=1)
+    old = weight.index_select(0, sorted_rows)
+    step = lr.to(acc_dtype) * g / (new_state.sqrt() + eps)[:, None]
+    new = (old.to(acc_dtype) - step).to(weight.dtype)
+    skip = skip.to(torch.bool)
+    state.index_copy_(0, sorted_rows, torch.where(skip, old_state, new_state.to(state.dtype)))
+    weight.index_copy_(0, sorted_rows, torch.where(skip, old, new))
+
+
+# ----------------------------------------------------------------------------- support checks
+
+
+def _kernels_run_on(device: torch.device) -> bool:
+    return triton is not None and _KERNELS_INTERPRETED == (device.type == "cpu")
+
+
+def _inner_contiguous(t: torch.Tensor) -> bool:
+    return t.shape[-1] == 1 or t.stride(-1) == 1
+
+
+def _bf16_ok(device: torch.device, *dtypes: torch.dtype) -> bool:
+    return (torch.bfloat16 not in dtypes or device.type != "cuda"
+            or torch.cuda.get_device_capability(device) >= (8, 0))
+
+
+def _bags_ok(values: torch.Tensor, offsets: torch.Tensor, per_sample_weights: torch.Tensor | None) -> bool:
+    return (
+        values.dim() == 1
+        and values.dtype in INDEX_DTYPES
+        and offsets.dim() == 1
+        and offsets.shape[0] >= 1
+        and offsets.dtype in INDEX_DTYPES
+        and (per_sample_weights is None
+             or (per_sample_weights.shape == values.shape and per_sample_weights.dtype in FLOAT_DTYPES))
+    )
+
+
+def supports_bag_gather(
+    weight: torch.Tensor,
+    values: torch.Tensor,
+    offsets: torch.Tensor,
+    per_sample_weights: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> bool:
+    """Whether ``bag_gather`` runs its kernel: a 2-D fp32/fp16/bf16 weight with unit column
+    stride (any row stride), 1-D int32/int64 values and offsets (any stride), float per-sample
+    weights of the values' shape, a float ``out_dtype``, all on one device Triton can use."""
+    out_dtype = out_dtype or weight.dtype
+    tensors = [weight, values, offsets] + ([] if per_sample_weights is None else [per_sample_weights])
+    return (
+        triton_usable(*tensors)
+        and _kernels_run_on(weight.device)
+        and weight.dim() == 2
+        and weight.dtype in FLOAT_DTYPES
+        and out_dtype in FLOAT_DTYPES
+        and _inner_contiguous(weight)
+        and _bags_ok(values, offsets, per_sample_weights)
+        and _bf16_ok(weight.device, weight.dtype, out_dtype, *(t.dtype for t in tensors[3:]))
+    )
+
+
+def _grad_ok(grad_pooled: torch.Tensor, num_bags: int, dim: int) -> bool:
+    if grad_pooled.dtype not in FLOAT_DTYPES or not _inner_contiguous(grad_pooled) or grad_pooled.shape[-1] != dim:
+        return False
+    if grad_pooled.dim() == 2:
+        return grad_pooled.shape[0] == num_bags
+    return grad_pooled.dim() == 3 and grad_pooled.shape[0] * grad_pooled.shape[1] == num_bags
+
+
+def _update_ok(weight, values, offsets, grad_pooled, per_sample_weights, others, scalars) -> bool:
+    tensors = [weight, values, offsets, grad_pooled, *others, *scalars]
+    if per_sample_weights is not None:
+        tensors.append(per_sample_weights)
+    return (
+        triton_usable(*tensors)
+        and _kernels_run_on(weight.device)
+        and weight.dim() == 2
+        and weight.dtype in UPDATE_WEIGHT_DTYPES
+        and _inner_contiguous(weight)
+        and _bags_ok(values, offsets, per_sample_weights)
+        and _grad_ok(grad_pooled, offsets.shape[0] - 1, weight.shape[1])
+        and _bf16_ok(weight.device, *(t.dtype for t in tensors))
+        and all(s.dim() == 0 for s in scalars)
+    )
+
+
+def supports_bag_update(
+    weight: torch.Tensor,
+    values: torch.Tensor,
+    offsets: torch.Tensor,
+    grad_pooled: torch.Tensor,
+    per_sample_weights: torch.Tensor | None = None,
+    *scalars: torch.Tensor,
+) -> bool:
+    """Whether ``bag_sgd_update`` runs its kernel: an fp32 2-D weight with unit column stride,
+    bags as ``supports_bag_gather`` takes them, a float ``grad_pooled`` ``[T*B, D]`` or
+    ``[B, T, D]`` with unit column stride (any other strides), and (when given) 0-dim
+    ``lr``/``grad_scale``/``skip``, all on one device Triton can use."""
+    return _update_ok(weight, values, offsets, grad_pooled, per_sample_weights, (), scalars)
+
+
+def supports_bag_rowwise_adagrad(
+    weight: torch.Tensor,
+    state: torch.Tensor,
+    values: torch.Tensor,
+    offsets: torch.Tensor,
+    grad_pooled: torch.Tensor,
+    per_sample_weights: torch.Tensor | None = None,
+    *scalars: torch.Tensor,
+) -> bool:
+    """Whether ``bag_rowwise_adagrad_update`` runs its kernels: what ``supports_bag_update``
+    asks, an fp32 ``state [rows]`` (any stride), and ``1 <= D <= ADAGRAD_MAX_DIM`` (a program
+    holds whole rows)."""
+    return (
+        _update_ok(weight, values, offsets, grad_pooled, per_sample_weights, (state,), scalars)
+        and state.dtype == torch.float32
+        and state.dim() == 1
+        and state.shape[0] == weight.shape[0]
+        and 1 <= weight.shape[1] <= ADAGRAD_MAX_DIM
+    )
+
+
+# ----------------------------------------------------------------------------- kernels
+
+if triton is not None:
+
+    @triton.jit
+    def _cast(x, DTYPE: tl.constexpr, INTERPRETER: tl.constexpr):
+        """``x.to(DTYPE)`` rounding to nearest even, as compiled kernels and torch do; the
+        interpreter truncates fp32 -> bf16 (Triton 3.x), so there the rounding is spelled out."""
+        if INTERPRETER and DTYPE == tl.bfloat16:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+            x = bits.to(tl.float32, bitcast=True)
+        return x.to(DTYPE)
+
+    @triton.jit
+    def _bag_gather_kernel(weight_ptr, values_ptr, offsets_ptr, psw_ptr, out_ptr,
+                           num_bags, batch, nnz, num_rows, dim, weight_stride,
+                           values_stride, offsets_stride, psw_stride, out_stride_t, out_stride_b,
+                           HAS_WEIGHTS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
+                           INTERPRETER: tl.constexpr):
+        """Program ``(i, j)``: bags ``[i*BLOCK_B, +BLOCK_B)`` x columns ``[j*BLOCK_D, +BLOCK_D)``.
+        Step ``k`` adds the ``k``-th id of every bag still that long, in fp32."""
+        bags = tl.program_id(0).to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B)
+        cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+        bag_ok = bags < num_bags
+        col_ok = cols < dim
+        starts = tl.load(offsets_ptr + bags * offsets_stride, mask=bag_ok, other=0).to(tl.int64)
+        ends = tl.load(offsets_ptr + (bags + 1) * offsets_stride, mask=bag_ok, other=0).to(tl.int64)
+        # Never read outside values, whatever the offsets say.
+        starts = tl.maximum(starts, 0)
+        lengths = tl.maximum(tl.minimum(ends, nnz) - starts, 0)
+        longest = tl.max(lengths, axis=0)
+        acc = tl.zeros([BLOCK_B, BLOCK_D], dtype=tl.float32)
+        for k in range(longest):
+            ok = k < lengths
+            pos = starts + k
+            ids = tl.load(values_ptr + pos * values_stride, mask=ok, other=-1).to(tl.int64)
+            row_ok = ok & (ids >= 0) & (ids < num_rows)
+            rows = tl.load(weight_ptr + ids[:, None] * weight_stride + cols[None, :],
+                           mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
+            if HAS_WEIGHTS:
+                w = tl.load(psw_ptr + pos * psw_stride, mask=ok, other=0.0).to(tl.float32)
+                rows = rows * w[:, None]
+            acc += rows
+        t = bags // batch
+        b = bags - t * batch
+        tl.store(out_ptr + (t * out_stride_t + b * out_stride_b)[:, None] + cols[None, :],
+                 _cast(acc, out_ptr.dtype.element_ty, INTERPRETER), mask=bag_ok[:, None] & col_ok[None, :])
+
+    @triton.jit
+    def _load_tile(sorted_ptr, perm_ptr, bag_ptr, psw_ptr, grad_ptr, pos, end, cols, col_ok,
+                   num_bags, batch, grad_stride_t, grad_stride_b, psw_stride, HAS_WEIGHTS: tl.constexpr):
+        """Sorted ids at ``pos`` (-1 past ``end``), the next id (-1 at ``end``), and each
+        position's gradient row ``w_j * grad_pooled[bag(j)]`` in fp32 (zeros past ``end``)."""
+        valid = pos < end
+        ids = tl.load(sorted_ptr + pos, mask=valid, other=-1).to(tl.int64)
+        nxt = tl.load(sorted_ptr + pos + 1, mask=valid & (pos + 1 < end), other=-1).to(tl.int64)
+        src = tl.load(perm_ptr + pos, mask=valid, other=0)
+        bag = tl.load(bag_ptr + src, mask=valid, other=-1)
+        bag_ok = valid & (bag >= 0) & (bag < num_bags)
+        bag = tl.where(bag_ok, bag, 0)
+        t = bag // batch
+        b = bag - t * batch
+        grad = tl.load(grad_ptr + (t * grad_stride_t + b * grad_stride_b)[:, None] + cols[None, :],
+                       mask=bag_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
+        if HAS_WEIGHTS:
+            w = tl.load(psw_ptr + src * psw_stride, mask=bag_ok, other=0.0).to(tl.float32)
+            grad = grad * w[:, None]
+        return valid, ids, nxt, grad
+
+    @triton.jit
+    def _run_sums(ids, nxt, valid, grad, carry, carry_id, lane, TILE: tl.constexpr):
+        """``sums[p]`` = the gradient of every position of the tile with ``ids[p]`` (a select,
+        never a multiply: an inf in one row must not turn others into NaN), plus the carry of a
+        run that began in an earlier tile; and the carry the last lane hands to the next tile."""
+        same = ids[:, None] == ids[None, :]
+        sums = tl.sum(tl.where(same[:, :, None], grad[None, :, :], 0.0), axis=1)
+        sums += tl.where((ids == carry_id)[:, None], carry[None, :], 0.0)
+        goes_on = valid & (ids == nxt) & (lane == TILE - 1)
+        carry = tl.sum(tl.where(goes_on[:, None], sums, 0.0), axis=0)
+        carry_id = tl.max(tl.where(goes_on, ids, -1), axis=0)
+        return sums, carry, carry_id
+
+    @triton.jit
+    def _bag_sgd_update_kernel(weight_ptr, sorted_ptr, perm_ptr, bag_ptr, psw_ptr, grad_ptr,
+                               lr_ptr, scale_ptr, skip_ptr,
+                               n, num_rows, dim, num_bags, batch, weight_stride,
+                               grad_stride_t, grad_stride_b, psw_stride,
+                               HAS_WEIGHTS: tl.constexpr, TILE: tl.constexpr, TILES: tl.constexpr,
+                               BLOCK_D: tl.constexpr):
+        """Program ``(p, j)``: sorted positions ``[p*SPAN, +SPAN)`` x a block of columns. A run
+        inside the program is written with a load/store, one shared with a neighbour with an
+        atomic add of this program's partial sum."""
+        factor = tl.load(lr_ptr).to(tl.float32) * tl.load(scale_ptr).to(tl.float32)
+        start = tl.program_id(0).to(tl.int64) * (TILE * TILES)
+        end = tl.minimum(start + TILE * TILES, n)
+        before = tl.load(sorted_ptr + start - 1, mask=start > 0, other=-1).to(tl.int64)
+        after = tl.load(sorted_ptr + end, mask=end < n, other=-1).to(tl.int64)
+        # A skipped step owns no positions (an empty range rather than a scalar flag in every
+        # mask: the interpreter mistypes scalar-bool & tensor-bool).
+        end = tl.where(tl.load(skip_ptr).to(tl.int32) != 0, start, end)
+        cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+        col_ok = cols < dim
+        lane = tl.arange(0, TILE)
+        carry = tl.zeros([BLOCK_D], dtype=tl.float32)
+        carry_id = tl.full([], -1, tl.int64)
+        for t in range(TILES):
+            pos = start + t * TILE + lane
+            valid, ids, nxt, grad = _load_tile(sorted_ptr, perm_ptr, bag_ptr, psw_ptr, grad_ptr, pos, end,
+                                               cols, col_ok, num_bags, batch, grad_stride_t, grad_stride_b,
+                                               psw_stride, HAS_WEIGHTS)
+            sums, carry, carry_id = _run_sums(ids, nxt, valid, grad, carry, carry_id, lane, TILE)
+            ends = valid & (ids != nxt) & (ids >= 0) & (ids < num_rows)
+            shared = (ids == before) | (ids == after)
+            offsets = ids[:, None] * weight_stride + cols[None, :]
+            step = factor * sums
+            mask = ends[:, None] & col_ok[None, :]
+            tl.atomic_add(weight_ptr + offsets, -step, mask=mask & shared[:, None], sem="relaxed")
+            own = mask & ~shared[:, None]
+            old = tl.load(weight_ptr + offsets, mask=own, other=0.0)
+            tl.store(weight_ptr + offsets, old - step, mask=own)
+
+    @triton.jit
+    def _adagrad_rows(weight_ptr, state_ptr, ids, g, mask_rows, cols, col_ok, lr, eps, dim,
+                      weight_stride, state_stride):
+        """Row-wise Adagrad on rows ``ids`` (where ``mask_rows``) with summed gradients ``g``."""
+        mean_sq = tl.sum(g * g, axis=1) / dim  # masked columns are zero
+        state = tl.load(state_ptr + ids * state_stride, mask=mask_rows, other=0.0) + mean_sq
+        tl.store(state_ptr + ids * state_stride, state, mask=mask_rows)
+        offsets = ids[:, None] * weight_stride + cols[None, :]
+        mask = mask_rows[:, None] & col_ok[None, :]
+        old = tl.load(weight_ptr + offsets, mask=mask, other=0.0)
+        tl.store(weight_ptr + offsets, old - (lr / (tl.sqrt_rn(state) + eps))[:, None] * g, mask=mask)
+
+    @triton.jit
+    def _bag_adagrad_kernel(weight_ptr, state_ptr, sorted_ptr, perm_ptr, bag_ptr, psw_ptr, grad_ptr,
+                            first_slot_ptr, scratch_ptr, lr_ptr, scale_ptr, skip_ptr, eps,
+                            n, num_rows, dim, num_bags, batch, weight_stride, state_stride,
+                            grad_stride_t, grad_stride_b, psw_stride,
+                            HAS_WEIGHTS: tl.constexpr, TILE: tl.constexpr, TILES: tl.constexpr,
+                            BLOCK_D: tl.constexpr):
+        """Program ``p``: sorted positions ``[p*SPAN, +SPAN)``, whole rows. Runs inside the
+        program are updated here; a run shared with a neighbour adds its partial sum into
+        ``scratch[slot]`` (``slot``: the program where the run starts) for the finishing kernel."""
+        lr = tl.load(lr_ptr).to(tl.float32)
+        scale = tl.load(scale_ptr).to(tl.float32)
+        pid = tl.program_id(0).to(tl.int64)
+        start = pid * (TILE * TILES)
+        end = tl.minimum(start + TILE * TILES, n)
+        before = tl.load(sorted_ptr + start - 1, mask=start > 0, other=-1).to(tl.int64)
+        after = tl.load(sorted_ptr + end, mask=end < n, other=-1).to(tl.int64)
+        before_slot = tl.load(first_slot_ptr + pid - 1, mask=pid > 0, other=0)
+        end = tl.where(tl.load(skip_ptr).to(tl.int32) != 0, start, end)
+        cols = tl.arange(0, BLOCK_D)
+        col_ok = cols < dim
+        lane = tl.arange(0, TILE)
+        carry = tl.zeros([BLOCK_D], dtype=tl.float32)
+        carry_id = tl.full([], -1, tl.int64)
+        for t in range(TILES):
+            pos = start + t * TILE + lane
+            valid, ids, nxt, grad = _load_tile(sorted_ptr, perm_ptr, bag_ptr, psw_ptr, grad_ptr, pos, end,
+                                               cols, col_ok, num_bags, batch, grad_stride_t, grad_stride_b,
+                                               psw_stride, HAS_WEIGHTS)
+            sums, carry, carry_id = _run_sums(ids, nxt, valid, grad, carry, carry_id, lane, TILE)
+            ends = valid & (ids != nxt) & (ids >= 0) & (ids < num_rows)
+            shared = (ids == before) | (ids == after)
+            slot = tl.where(ids == before, before_slot, pid)
+            tl.atomic_add(scratch_ptr + slot[:, None] * dim + cols[None, :], sums,
+                          mask=(ends & shared)[:, None] & col_ok[None, :], sem="relaxed")
+            _adagrad_rows(weight_ptr, state_ptr, ids, scale * sums, ends & ~shared, cols, col_ok, lr, eps, dim,
+                          weight_stride, state_stride)
+
+    @triton.jit
+    def _bag_adagrad_finish_kernel(weight_ptr, state_ptr, sorted_ptr, scratch_ptr, lr_ptr, scale_ptr,
+                                   skip_ptr, eps, n, num_rows, dim, weight_stride, state_stride,
+                                   SPAN: tl.constexpr, BLOCK_D: tl.constexpr):
+        """Program ``q``: the run that starts in program ``q`` of the first kernel and crosses out
+        of it, if any, gets its update from the complete sum in ``scratch[q]``."""
+        q = tl.program_id(0).to(tl.int64)
+        start = q * SPAN
+        end = tl.minimum(start + SPAN, n)
+        last = tl.load(sorted_ptr + end - 1).to(tl.int64)
+        before = tl.load(sorted_ptr + start - 1, mask=start > 0, other=-1).to(tl.int64)
+        after = tl.load(sorted_ptr + end, mask=end < n, other=-1).to(tl.int64)
+        owner = (last == after) & (last != before) & (last >= 0) & (last < num_rows)
+        owner = owner & (tl.load(skip_ptr).to(tl.int32) == 0)
+        # One lane carries the row, masked as a vector (see the scalar-bool note above).
+        lane = tl.arange(0, 2)
+        ids = tl.where(lane == 0, last, 0)
+        mask_rows = (lane == 0) & (lane * 0 + owner.to(tl.int32) != 0)
+        cols = tl.arange(0, BLOCK_D)
+        col_ok = cols < dim
+        g = tl.load(scratch_ptr + q * dim + cols[None, :] + lane[:, None] * 0,
+                    mask=mask_rows[:, None] & col_ok[None, :], other=0.0)
+        g = g * tl.load(scale_ptr).to(tl.float32)
+        _adagrad_rows(weight_ptr, state_ptr, ids, g, mask_rows, cols, col_ok, tl.load(lr_ptr).to(tl.float32),
+                      eps, dim, weight_stride, state_stride)
+
+
+def _pow2(x: int, low: int, high: int) -> int:
+    return min(max(triton.next_power_of_2(max(x, 1)), low), high)
+
+
+# ----------------------------------------------------------------------------- public functions
+
+
+def bag_gather(
+    weight: torch.Tensor,
+    values: torch.Tensor,
+    offsets: torch.Tensor,
+    per_sample_weights: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    num_features: int | None = None,
+) -> torch.Tensor:
+    """Pooled bags, ``out[i] = sum_j w_j * weight[values[j]]`` over bag ``i``, accumulated in
+    fp32 and written in ``out_dtype`` (default: the weight's dtype): ``[T*B, D]`` in bag order,
+    or ``[B, T, D]`` per sample when ``num_features=T`` is given (written directly, no copy).
+    Empty bags give zeros. The kernel when ``supports_bag_gather`` says so, else the reference;
+    not differentiable by itself (the updates consume its gradient)."""
+    out_dtype = out_dtype or weight.dtype
+    if not supports_bag_gather(weight, values, offsets, per_sample_weights, out_dtype):
+        return bag_gather_reference(weight, values, offsets, per_sample_weights, out_dtype, num_features)
+    num_bags, dim = offsets.shape[0] - 1, weight.shape[1]
+    if num_features is None:
+        out = torch.empty(num_bags, dim, dtype=out_dtype, device=weight.device)
+        batch, stride_t, stride_b = max(num_bags, 1), 0, dim
+    else:
+        if num_features <= 0 or num_bags % num_features:
+            raise ValueError(f"{num_bags} bags are not num_features={num_features} features of whole batches")
+        batch = num_bags // num_features
+        out = torch.empty(batch, num_features, dim, dtype=out_dtype, device=weight.device)
+        stride_t, stride_b = dim, num_features * dim
+    if num_bags == 0 or dim == 0:
+        return out
+    if values.shape[0] == 0:  # every bag empty; no launch with an empty (null) values pointer
+        return out.zero_()
+    block_d = _pow2(dim, 16, GATHER_MAX_BLOCK_D)
+    block_b = max(GATHER_ELEMENTS // block_d, 1)
+    grid = (triton.cdiv(num_bags, block_b), triton.cdiv(dim, block_d))
+    psw = values if per_sample_weights is None else per_sample_weights
+    _bag_gather_kernel[grid](weight, values, offsets, psw, out,
+                             num_bags, max(batch, 1), values.shape[0], weight.shape[0], dim, weight.stride(0),
+                             values.stride(0), offsets.stride(0), psw.stride(0), stride_t, stride_b,
+                             HAS_WEIGHTS=per_sample_weights is not None, BLOCK_B=block_b, BLOCK_D=block_d,
+                             INTERPRETER=_KERNELS_INTERPRETED)
+    return out
+
+
+def _grad_strides(grad_pooled: torch.Tensor, num_bags: int) -> tuple[int, int, int]:
+    """``(batch, stride_t, stride_b)``: bag ``t*batch + b`` is at ``t*stride_t + b*stride_b``."""
+    if grad_pooled.dim() == 2:
+        return max(num_bags, 1), 0, grad_pooled.stride(0)
+    return max(grad_pooled.shape[0], 1), grad_pooled.stride(1), grad_pooled.stride(0)
+
+
+def _prepare_update(values, offsets, grad_pooled, per_sample_weights):
+    """Sorted ids, their permutation, every position's bag, and the kernel's layout arguments."""
+    num_bags = offsets.shape[0] - 1
+    sorted_rows, perm = torch.sort(values)
+    bags = bag_of_positions(offsets, values.shape[0])
+    psw = values if per_sample_weights is None else per_sample_weights
+    batch, stride_t, stride_b = _grad_strides(grad_pooled, num_bags)
+    return sorted_rows, perm, bags, psw, (num_bags, batch), (stride_t, stride_b, psw.stride(0))
+
+
+def bag_sgd_update(
+    weight: torch.Tensor,
+    values: torch.Tensor,
+    offsets: torch.Tensor,
+    grad_pooled: torch.Tensor,
+    lr: torch.Tensor,
+    grad_scale: torch.Tensor,
+    skip: torch.Tensor,
+    per_sample_weights: torch.Tensor | None = None,
+) -> None:
+    """In place, per distinct row ``r``: ``weight[r] -= lr * grad_scale * sum(w_j *
+    grad_pooled[bag(j)] for values[j] == r)``, duplicates within and across bags summed (fp32)
+    before the update; nothing when ``skip``. ``grad_pooled`` is ``[T*B, D]`` (bag order) or
+    ``[B, T, D]`` (per sample, as ``bag_gather(num_features=T)`` returns). Sort + one kernel, no
+    host sync; the reference when ``supports_bag_update`` says no."""
+    if not supports_bag_update(weight, values, offsets, grad_pooled, per_sample_weights, lr, grad_scale, skip):
+        bag_sgd_update_reference(weight, values, offsets, grad_pooled, lr, grad_scale, skip, per_sample_weights)
+        return
+    _bag_sgd_update_triton(weight, values, offsets, grad_pooled, lr, grad_scale, skip, per_sample_weights)
+
+
+def _bag_sgd_update_triton(weight, values, offsets, grad_pooled, lr, grad_scale, skip, per_sample_weights=None,
+                           tile: int = UPDATE_TILE, tiles: int = UPDATE_TILES) -> None:
+    """The kernel path of ``bag_sgd_update``; ``tile``/``tiles`` are exposed so tests can make
+    runs cross many programs with few ids."""
+    n, dim = values.shape[0], weight.shape[1]
+    if n == 0 or dim == 0:
+        return
+    sorted_rows, perm, bags, psw, (num_bags, batch), (stride_t, stride_b, psw_stride) = _prepare_update(
+        values, offsets, grad_pooled, per_sample_weights)
+    block_d = _pow2(dim, 16, UPDATE_MAX_BLOCK_D)
+    grid = (triton.cdiv(n, tile * tiles), triton.cdiv(dim, block_d))
+    _bag_sgd_update_kernel[grid](weight, sorted_rows, perm, bags, psw, grad_pooled, lr, grad_scale, skip,
+                                 n, weight.shape[0], dim, num_bags, batch, weight.stride(0),
+                                 stride_t, stride_b, psw_stride,
+                                 HAS_WEIGHTS=per_sample_weights is not None, TILE=tile, TILES=tiles,
+                                 BLOCK_D=block_d)
+
+
+def bag_rowwise_adagrad_update(
+    weight: torch.Tensor,
+    state: torch.Tensor,
+    values: torch.Tensor,
+    offsets: torch.Tensor,
+    grad_pooled: torch.Tensor,
+    lr: torch.Tensor,
+    grad_scale: torch.Tensor,
+    skip: torch.Tensor,
+    per_sample_weights: torch.Tensor | None = None,
+    eps: float = ADAGRAD_EPS,
+) -> None:
+    """In place, per distinct row ``r`` with ``g = grad_scale * sum(w_j * grad_pooled[bag(j)]
+    for values[j] == r)``: ``state[r] += mean(g * g)`` (over ``D``), ``weight[r] -= lr * g /
+    (sqrt(state[r]) + eps)``; nothing when ``skip``. FBGEMM's / TorchRec's row-wise Adagrad
+    (``state`` is their ``momentum1``, fp32 ``[rows]``). Sort + two kernels, no host sync; the
+    reference when ``supports_bag_rowwise_adagrad`` says no."""
+    if not supports_bag_rowwise_adagrad(weight, state, values, offsets, grad_pooled, per_sample_weights,
+                                        lr, grad_scale, skip):
+        bag_rowwise_adagrad_update_reference(weight, state, values, offsets, grad_pooled, lr, grad_scale, skip,
+                                             per_sample_weights, eps)
+        return
+    _bag_rowwise_adagrad_triton(weight, state, values, offsets, grad_pooled, lr, grad_scale, skip,
+                                per_sample_weights, eps)
+
+
+def _bag_rowwise_adagrad_triton(weight, state, values, offsets, grad_pooled, lr, grad_scale, skip,
+                                per_sample_weights=None, eps: float = ADAGRAD_EPS,
+                                tile: int | None = None, tiles: int | None = None) -> None:
+    """The kernel path of ``bag_rowwise_adagrad_update``; ``tile``/``tiles`` as in the SGD one."""
+    n, dim = values.shape[0], weight.shape[1]
+    if n == 0 or dim == 0:
+        return
+    sorted_rows, perm, bags, psw, (num_bags, batch), (stride_t, stride_b, psw_stride) = _prepare_update(
+        values, offsets, grad_pooled, per_sample_weights)
+    block_d = _pow2(dim, 16, ADAGRAD_MAX_DIM)
+    if tile is None:
+        tile = 2
+        while tile * 2 * tile * 2 * block_d <= ADAGRAD_SELECT_ELEMENTS and tile < 16:
+            tile *= 2
+    tiles = tiles or max(ADAGRAD_SPAN // tile, 1)
+    span = tile * tiles
+    programs = triton.cdiv(n, span)
+    # The program where the run crossing each program boundary starts: its scratch row.
+    if programs > 1:
+        last_positions = torch.arange(1, programs, device=values.device) * span - 1
+        boundary_ids = sorted_rows.index_select(0, last_positions)
+        first_slot = torch.searchsorted(sorted_rows, boundary_ids) // span
+    else:
+        first_slot = torch.zeros(1, dtype=torch.int64, device=values.device)  # never read
+    scratch = torch.zeros(programs, dim, dtype=torch.float32, device=weight.device)
+    _bag_adagrad_kernel[(programs,)](weight, state, sorted_rows, perm, bags, psw, grad_pooled, first_slot, scratch,
+                                     lr, grad_scale, skip, float(eps),
+                                     n, weight.shape[0], dim, num_bags, batch, weight.stride(0), state.stride(0),
+                                     stride_t, stride_b, psw_stride,
+                                     HAS_WEIGHTS=per_sample_weights is not None, TILE=tile, TILES=tiles,
+                                     BLOCK_D=block_d)
+    _bag_adagrad_finish_kernel[(programs,)](weight, state, sorted_rows, scratch, lr, grad_scale, skip, float(eps),
+                                            n, weight.shape[0], dim, weight.stride(0), state.stride(0),
+                                            SPAN=span, BLOCK_D=block_d)
