@@ -80,6 +80,8 @@ def test_nvidia_spec_loads(tmp_path):
     assert spec.categorical_dtypes == [np.dtype("int8"), np.dtype("int32")]
     assert spec.num_numerical == 2
     assert spec.base_directory == str(tmp_path)
+    assert spec.multi_hot_features == [] and spec.poolings == [None, None]  # one-hot, as NVIDIA's files are
+    assert not spec.is_multi_hot("cat_1.bin") and spec.bag_size(0) is None
     p = spec.paths("test")
     assert p == SplitPaths(
         label=str(tmp_path / "test" / "label.bin"),

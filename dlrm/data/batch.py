@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +44,30 @@ class Bags:
 
     def pin_memory(self) -> "Bags":
         return Bags(self.values.pin_memory(), self.offsets.pin_memory(), self.num_features)
+
+    def select(self, features: Sequence[int]) -> "Bags":
+        """The bags of ``features`` (indices into this ``Bags``), in that order: what a
+        hybrid-parallel process keeps of a generated global batch. One slice per feature."""
+        batch = self.batch_size
+        bounds = self.offsets[[i * batch for f in features for i in (f, f + 1)]].tolist() if features else []
+        parts, pieces, base = [], [], 0
+        for k, f in enumerate(features):
+            start, end = bounds[2 * k], bounds[2 * k + 1]
+            parts.append(self.values[start:end])
+            pieces.append(self.offsets[f * batch:(f + 1) * batch] - (start - base))
+            base += end - start
+        pieces.append(torch.tensor([base], dtype=self.offsets.dtype, device=self.offsets.device))
+        values = torch.cat(parts) if parts else self.values[:0]
+        return Bags(values, torch.cat(pieces), len(features))
+
+    def equals(self, other: "Bags") -> bool:
+        """Same bags holding the same ids (values compared as int64, so storage dtypes may differ)."""
+        return (
+            isinstance(other, Bags)
+            and self.num_features == other.num_features
+            and torch.equal(self.offsets.long(), other.offsets.long())
+            and torch.equal(self.values.long(), other.values.long())
+        )
 
 
 @dataclass

@@ -4,11 +4,18 @@ The on-disk form is NVIDIA's ``feature_spec.yaml`` (top-level keys ``feature_spe
 ``channel_spec``, ``source_spec``, ``metadata``), so datasets prepared by their pipeline load
 unchanged. Only the ``split_binary`` source type exists: one file per categorical feature, one
 file for all numerical features (float16, in channel order), one file for the label (bool).
+
+A categorical feature may be multi-hot (a bag of ids per sample), an extension NVIDIA's files
+never use, so they read as before: ``bag_size: L`` stores ``L`` ids per sample in one
+``[rows, L]`` file padded with -1, ``bag_size: variable`` a values file plus an int64 offsets
+file; ``pooling`` (``sum`` or ``mean``) says how the model pools the bag. See
+docs/data_format.md.
 """
 
 from __future__ import annotations
 
 import copy
+import difflib
 import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -27,6 +34,18 @@ LABEL = "label"
 CHANNELS = (CATEGORICAL, NUMERICAL, LABEL)
 TOP_LEVEL_KEYS = ("feature_spec", "channel_spec", "source_spec", "metadata")
 CATEGORICAL_DTYPES = tuple(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64))
+
+# Multi-hot (bag) features: keys of a categorical feature's entry in ``feature_spec``.
+BAG_SIZE = "bag_size"  # an int L >= 1 (fixed-size bags, -1 padded) or VARIABLE (values + offsets)
+POOLING = "pooling"  # how the model pools a bag: one of POOLINGS
+VARIABLE = "variable"
+POOLINGS = ("sum", "mean")
+PADDING_ID = -1  # fills the unused slots of a fixed-size bag; readers drop it
+OFFSETS_DTYPE = np.dtype("<i8")  # offsets files: int64, rows + 1 values, a leading 0
+# Keys that other tools use for multi-hot features: a spec that uses one is refused with the fix
+# rather than read as one-hot. (Other unknown keys are kept, as before, for compatibility.)
+_FOREIGN_MULTI_HOT_KEYS = ("max_hotness", "hotness", "multi_hot", "multi_hot_size", "multihot",
+                           "pooling_mode", "pooling_type", "combiner", "mode", "offsets", "bag_sizes")
 
 
 def dtype_for_cardinality(cardinality: int) -> np.dtype:
@@ -55,13 +74,32 @@ def _first_bad_byte(path: str) -> str:
     return "it changed while being read"
 
 
+def _looks_multi_hot(key: Any) -> bool:
+    """An entry key meant to declare a multi-hot feature but not ours: another tool's name, or a
+    misspelling of `bag_size` / `pooling` (close by difflib's ratio)."""
+    key = str(key)
+    if key in (BAG_SIZE, POOLING):
+        return False
+    return key in _FOREIGN_MULTI_HOT_KEYS or bool(difflib.get_close_matches(key, (BAG_SIZE, POOLING), n=1, cutoff=0.75))
+
+
+def default_offsets_file(values_file: str) -> str:
+    """Where ``FeatureSpec.default`` puts the offsets of a variable-length feature: beside its
+    values file, ``cat_3.bin`` -> ``cat_3.offsets.bin``."""
+    stem = values_file[: -len(".bin")] if values_file.endswith(".bin") else values_file
+    return f"{stem}.offsets.bin"
+
+
 @dataclass
 class SplitPaths:
-    """Absolute file paths of one split; ``categorical`` follows the categorical channel order."""
+    """Absolute file paths of one split; ``categorical`` follows the categorical channel order
+    (for a variable-length bag feature, its values file)."""
 
     label: str
     numerical: str | None  # None when the dataset has no numerical features
     categorical: list[str]
+    # categorical channel index -> offsets file, for the ``bag_size: variable`` features only
+    offsets: dict[int, str] = field(default_factory=dict)
 
 
 class _NoAliasDumper(yaml.SafeDumper):
@@ -136,13 +174,30 @@ class FeatureSpec:
         cardinalities: Sequence[int],
         splits: Sequence[str] = ("train", "test", "validation"),
         base_directory: str | None = None,
+        bag_sizes: Sequence[int | str | None] | None = None,
+        pooling: str | Sequence[str | None] = "sum",
     ) -> "FeatureSpec":
-        """NVIDIA's default naming: ``num_<i>``, ``cat_<i>.bin``, ``label``; files under ``<split>/``."""
+        """NVIDIA's default naming: ``num_<i>``, ``cat_<i>.bin``, ``label``; files under ``<split>/``.
+
+        ``bag_sizes`` (one entry per categorical feature) makes features multi-hot: an int ``L``
+        for fixed-size bags, ``"variable"`` for variable-length ones (offsets in
+        ``cat_<i>.offsets.bin``), None for one-hot; ``pooling`` is one mode for all of them or
+        one per feature."""
         numerical = [f"num_{i}" for i in range(num_numerical)]
         categorical = [f"cat_{i}.bin" for i in range(len(cardinalities))]
+        if bag_sizes is None:
+            bag_sizes = [None] * len(categorical)
+        if len(bag_sizes) != len(categorical):
+            raise FeatureSpecError(f"{len(bag_sizes)} `bag_sizes` given for {len(categorical)} categorical features")
+        poolings = [pooling] * len(categorical) if isinstance(pooling, str) or pooling is None else list(pooling)
+        if len(poolings) != len(categorical):
+            raise FeatureSpecError(f"{len(poolings)} `pooling` modes given for {len(categorical)} categorical features")
         features: dict[str, dict] = {}
-        for name, card in zip(categorical, cardinalities):
+        for name, card, bag, pool in zip(categorical, cardinalities, bag_sizes, poolings):
             features[name] = {"dtype": str(dtype_for_cardinality(card)), "cardinality": int(card)}
+            if bag is not None:
+                features[name][BAG_SIZE] = bag if isinstance(bag, str) else int(bag)
+                features[name][POOLING] = pool
         for name in numerical:
             features[name] = {"dtype": "float16"}
         features[LABEL] = {"dtype": "bool"}
@@ -153,7 +208,10 @@ class FeatureSpec:
                 chunks.append({"type": SPLIT_BINARY, "features": list(numerical), "files": [f"{split}/numerical.bin"]})
             chunks.append({"type": SPLIT_BINARY, "features": [LABEL], "files": [f"{split}/label.bin"]})
             for name in categorical:
-                chunks.append({"type": SPLIT_BINARY, "features": [name], "files": [f"{split}/{name}"]})
+                files = [f"{split}/{name}"]
+                if features[name].get(BAG_SIZE) == VARIABLE:
+                    files.append(default_offsets_file(files[0]))
+                chunks.append({"type": SPLIT_BINARY, "features": [name], "files": files})
             source[split] = chunks
         spec = cls(
             feature_spec=features,
@@ -243,6 +301,11 @@ class FeatureSpec:
                 dtype = np.dtype(info["dtype"])
             except TypeError:
                 raise FeatureSpecError(f"feature '{name}': dtype {info['dtype']!r} is not a numpy dtype") from None
+            if channel != CATEGORICAL and (BAG_SIZE in info or POOLING in info):
+                raise FeatureSpecError(
+                    f"{channel} feature '{name}': `{BAG_SIZE}` and `{POOLING}` apply to categorical features "
+                    f"only; remove them"
+                )
             if channel == LABEL and dtype != np.bool_:
                 raise FeatureSpecError(f"label feature '{name}': dtype must be 'bool' (1 byte per sample), got '{dtype}'")
             if channel == NUMERICAL and dtype != np.float16:
@@ -262,6 +325,44 @@ class FeatureSpec:
                         f"categorical feature '{name}': dtype '{dtype}' cannot hold ids up to cardinality-1 = "
                         f"{int(card) - 1}; use dtype '{dtype_for_cardinality(int(card))}' (and files written with it)"
                     )
+                self._validate_bags(name, info)
+
+    @staticmethod
+    def _validate_bags(name: str, info: dict) -> None:
+        """A multi-hot feature names both its bag layout and its pooling; nothing else is guessed."""
+        foreign = [k for k in info if _looks_multi_hot(k)]
+        if foreign:
+            raise FeatureSpecError(
+                f"categorical feature '{name}': unknown key(s) {foreign}; a multi-hot feature is declared with "
+                f"`{BAG_SIZE}` (ids per sample: an integer for fixed-size bags, '{VARIABLE}' for variable-length "
+                f"ones) and `{POOLING}` ({' or '.join(POOLINGS)}); see docs/data_format.md"
+            )
+        bag, pooling = info.get(BAG_SIZE), info.get(POOLING)
+        if bag is None and BAG_SIZE in info:
+            raise FeatureSpecError(
+                f"categorical feature '{name}': `{BAG_SIZE}` is empty; give an integer >= 1 or '{VARIABLE}', "
+                f"or remove it (and `{POOLING}`) for a one-hot feature"
+            )
+        if bag is None and POOLING in info:
+            raise FeatureSpecError(
+                f"categorical feature '{name}' has `{POOLING}: {pooling}` but no `{BAG_SIZE}`; a one-hot feature has "
+                f"no pooling: add `{BAG_SIZE}` (an integer for fixed-size bags, '{VARIABLE}' for variable-length "
+                f"ones) or remove `{POOLING}`"
+            )
+        if bag is None:
+            return
+        if bag != VARIABLE and (isinstance(bag, bool) or not isinstance(bag, (int, np.integer)) or bag < 1):
+            raise FeatureSpecError(
+                f"categorical feature '{name}': `{BAG_SIZE}` must be an integer >= 1 (ids per sample, in a "
+                f"[rows, {BAG_SIZE}] file padded with {PADDING_ID}) or '{VARIABLE}' (a values file and an offsets "
+                f"file), got {bag!r}"
+            )
+        if pooling not in POOLINGS:
+            raise FeatureSpecError(
+                f"categorical feature '{name}' is multi-hot (`{BAG_SIZE}: {bag}`) "
+                + (f"but has no `{POOLING}`" if pooling is None else f"with an unknown `{POOLING}: {pooling!r}`")
+                + f"; set `{POOLING}` to one of {list(POOLINGS)}"
+            )
 
     def _validate_sources(self, channel_of: dict[str, str]) -> None:
         if not self.source_spec:
@@ -283,11 +384,24 @@ class FeatureSpec:
                 paths = chunk.get("files")
                 if not isinstance(feats, list) or not feats or not all(isinstance(f, str) for f in feats):
                     raise FeatureSpecError(f"{at}: 'features' must be a non-empty list of names, got {feats!r}")
-                if not isinstance(paths, list) or len(paths) != 1 or not isinstance(paths[0], str):
-                    raise FeatureSpecError(f"{at} (features {feats}): 'files' must list exactly one path, got {paths!r}")
-                if paths[0] in files:
-                    raise FeatureSpecError(f"{at}: file '{paths[0]}' is used by two chunks of split '{split}'")
-                files.add(paths[0])
+                variable = len(feats) == 1 and self._is_variable(feats[0])
+                if variable:
+                    if not isinstance(paths, list) or len(paths) != 2 or not all(isinstance(p, str) for p in paths):
+                        raise FeatureSpecError(
+                            f"{at} (feature '{feats[0]}', `{BAG_SIZE}: {VARIABLE}`): 'files' must list two paths, "
+                            f"the values file then the offsets file (int64, rows + 1 values), e.g. "
+                            f"[{split}/{feats[0]}, {split}/{default_offsets_file(feats[0])}]; got {paths!r}"
+                        )
+                elif not isinstance(paths, list) or len(paths) != 1 or not isinstance(paths[0], str):
+                    hint = (f" (only `{BAG_SIZE}: {VARIABLE}` features have a second file, of offsets)"
+                            if isinstance(paths, list) and len(paths) == 2 else "")
+                    raise FeatureSpecError(f"{at} (features {feats}): 'files' must list exactly one path{hint}, got {paths!r}")
+                if len(set(paths)) != len(paths):
+                    raise FeatureSpecError(f"{at}: the values and offsets files of '{feats[0]}' must differ, got {paths!r}")
+                for path in paths:
+                    if path in files:
+                        raise FeatureSpecError(f"{at}: file '{path}' is used by two chunks of split '{split}'")
+                    files.add(path)
                 for name in feats:
                     if name not in channel_of:
                         raise FeatureSpecError(f"{at}: feature '{name}' is not declared in channel_spec/feature_spec")
@@ -308,6 +422,10 @@ class FeatureSpec:
             absent = [n for n in channel_of if n not in seen]
             if absent:
                 raise FeatureSpecError(f"split '{split}' has no file for feature(s) {absent}; add chunks for them to {where}")
+
+    def _is_variable(self, name: str) -> bool:
+        info = self.feature_spec.get(name)
+        return isinstance(info, dict) and info.get(BAG_SIZE) == VARIABLE
 
     # ------------------------------------------------------------------ accessors
 
@@ -331,6 +449,41 @@ class FeatureSpec:
     def categorical_dtypes(self) -> list[np.dtype]:
         return [np.dtype(self.feature_spec[n]["dtype"]) for n in self.categorical_names]
 
+    def _categorical_info(self, feature: str | int) -> dict:
+        """The feature_spec entry of a categorical feature given by name or channel index."""
+        names = self.categorical_names
+        if isinstance(feature, (int, np.integer)) and not isinstance(feature, bool):
+            if not 0 <= feature < len(names):
+                raise IndexError(f"categorical feature index {feature} out of range; the spec has {len(names)}")
+            feature = names[feature]
+        if feature not in names:
+            raise KeyError(f"'{feature}' is not a categorical feature of this spec; they are {names}")
+        return self.feature_spec[feature]
+
+    def is_multi_hot(self, feature: str | int) -> bool:
+        """Whether a categorical feature (name or channel index) holds bags: its batches come as ``Bags``."""
+        return self._categorical_info(feature).get(BAG_SIZE) is not None
+
+    def bag_size(self, feature: str | int) -> int | str | None:
+        """``L`` for fixed-size bags, ``"variable"`` for variable-length ones, None for a one-hot feature."""
+        return self._categorical_info(feature).get(BAG_SIZE)
+
+    def pooling(self, feature: str | int) -> str | None:
+        """How the model pools the feature's bag (``"sum"`` or ``"mean"``); None for a one-hot
+        feature (a bag of one id, where both agree)."""
+        info = self._categorical_info(feature)
+        return info.get(POOLING) if info.get(BAG_SIZE) is not None else None
+
+    @property
+    def multi_hot_features(self) -> list[str]:
+        """Names of the multi-hot categorical features, in channel (table) order."""
+        return [n for n in self.categorical_names if self.is_multi_hot(n)]
+
+    @property
+    def poolings(self) -> list[str | None]:
+        """``pooling(f)`` for every categorical feature, in channel (table) order."""
+        return [self.pooling(n) for n in self.categorical_names]
+
     @property
     def num_numerical(self) -> int:
         return len(self.numerical_names)
@@ -352,13 +505,17 @@ class FeatureSpec:
             )
         if self.base_directory is None:
             raise DatasetError("feature spec has no base_directory; load it with FeatureSpec.from_yaml or set base_directory")
-        by_feature = {}
+        by_feature, offsets_of = {}, {}
         for chunk in self.source_spec[split]:
-            path = os.path.abspath(os.path.join(self.base_directory, chunk["files"][0]))
-            by_feature[chunk["features"][0]] = path
+            files = [os.path.abspath(os.path.join(self.base_directory, f)) for f in chunk["files"]]
+            by_feature[chunk["features"][0]] = files[0]
+            if len(files) == 2:  # a variable-length bag feature: values, then offsets
+                offsets_of[chunk["features"][0]] = files[1]
         numerical = by_feature[self.numerical_names[0]] if self.numerical_names else None
+        names = self.categorical_names
         return SplitPaths(
             label=by_feature[self.label_name],
             numerical=numerical,
-            categorical=[by_feature[n] for n in self.categorical_names],
+            categorical=[by_feature[n] for n in names],
+            offsets={i: offsets_of[n] for i, n in enumerate(names) if n in offsets_of},
         )

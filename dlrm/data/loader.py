@@ -15,7 +15,7 @@ from typing import Any, Iterator, Protocol, Sequence
 import numpy as np
 import torch
 
-from dlrm.data.batch import Batch
+from dlrm.data.batch import Bags, Batch
 
 _POLL_S = 0.05  # how often blocked queue operations look at the stop event
 
@@ -94,7 +94,11 @@ class _Failure:
 
 
 def _tensors(batch: Batch) -> tuple[torch.Tensor, ...]:
-    return batch.numerical, batch.categorical, batch.label
+    """Every tensor of a batch (a ``Bags`` contributes its values and offsets)."""
+    c = batch.categorical
+    if isinstance(c, Bags):
+        return batch.numerical, c.values, c.offsets, batch.label
+    return batch.numerical, c, batch.label
 
 
 def _on_device(batch: Batch, device: torch.device) -> bool:

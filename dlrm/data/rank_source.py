@@ -3,6 +3,7 @@
 A process needs the ids of its own tables for the whole global batch (it looks them up for
 everyone) and the label and numerical rows of its own samples only (it trains on those), so it
 reads exactly that: its categorical files for the batch, and a row range of the other files.
+Multi-hot ids (``Bags``) travel the same way: the bags of its tables for the whole batch.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dlrm.data.batch import Batch
+import torch
+
+from dlrm.data.batch import Bags, Batch
 
 
 def local_batch_sizes(global_batch: int, world_size: int) -> list[int]:
@@ -59,8 +62,17 @@ class RankSource:
             own_start, own_count = self._own_rows(start, count)
             whole = self._whole.read_batch(index)
             rows = slice(own_start - start, own_start - start + own_count)
-            return Batch(whole.numerical[rows], whole.categorical[:, self.tables], whole.label[rows])
+            return Batch(whole.numerical[rows], self._own_tables(whole.categorical), whole.label[rows])
         return self.read_rows(start, count)
+
+    def _own_tables(self, categorical: torch.Tensor | Bags) -> torch.Tensor | Bags:
+        """This process's tables of a generated global batch: columns of ``[B, F]`` ids, or their
+        bags (no tables: ``[B, 0]``, as the split-binary reader returns for an empty selection)."""
+        if not isinstance(categorical, Bags):
+            return categorical[:, self.tables]
+        if not self.tables:
+            return categorical.values.new_empty((categorical.batch_size, 0))
+        return categorical.select(self.tables)
 
     def read_rows(self, start: int, count: int) -> Batch:
         """The global batch of rows [start, start+count): ids of this process's tables for every

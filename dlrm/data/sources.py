@@ -28,6 +28,10 @@ class DataConfig:
     synthetic_num_test_entries: int = 1 << 18
     synthetic_table_sizes: list[int] = field(default_factory=lambda: [100_000] * 26)
     synthetic_num_numerical: int = 13
+    # Multi-hot synthetic data: ids per sample for every table (e.g. MLPERF_MULTI_HOT_SIZES) and
+    # the pooling of all of them; None keeps one id per table.
+    synthetic_bag_sizes: list[int] | None = None
+    synthetic_pooling: str = "sum"
     seed: int = 12345
 
     @property
@@ -37,7 +41,8 @@ class DataConfig:
 
 def load_feature_spec(cfg: DataConfig) -> FeatureSpec:
     if cfg.synthetic:
-        return FeatureSpec.default(cfg.synthetic_num_numerical, cfg.synthetic_table_sizes)
+        return FeatureSpec.default(cfg.synthetic_num_numerical, cfg.synthetic_table_sizes,
+                                   bag_sizes=cfg.synthetic_bag_sizes, pooling=cfg.synthetic_pooling)
     if cfg.dataset_type not in SPLIT_BINARY_TYPES:
         raise ValueError(f"unknown `dataset_type` {cfg.dataset_type!r}; use one of {SPLIT_BINARY_TYPES + SYNTHETIC_TYPES}")
     if not cfg.dataset:
@@ -63,6 +68,7 @@ def make_source(
         return SyntheticDataset(
             cfg.synthetic_num_numerical, cfg.synthetic_table_sizes, entries, batch_size,
             device=device, seed=cfg.seed, split=split,
+            bag_sizes=cfg.synthetic_bag_sizes, pooling=cfg.synthetic_pooling,
         )
     if split not in spec.splits:
         return None

@@ -11,7 +11,9 @@ The hidden model (see docs/synthetic_data.md) is
 
 where per-id quantities (a random effect, a 4-dim vector) come from an integer hash of
 (table, id) computed in torch: no per-id tables are stored, so tables with tens of millions of
-rows cost no memory.
+rows cost no memory. With multi-hot features (``bag_sizes``) every id of a bag contributes: the
+effects and vectors of a bag are pooled (sum / sqrt(bag size), or mean) before they enter the
+same formula, as an embedding-bag model pools its embeddings.
 """
 
 from __future__ import annotations
@@ -27,13 +29,26 @@ from dataclasses import dataclass
 import torch
 
 from dlrm.data.atomic import remove_stale_temporaries, temporary_name
-from dlrm.data.batch import Batch
+from dlrm.data.batch import Bags, Batch
 
 # NVIDIA's preprocessed Criteo 1TB with frequency threshold 15.
 FL15_CARDINALITIES: list[int] = [
     7912889, 33823, 17139, 7339, 20046, 4, 7105, 1382, 63, 5554114, 582469, 245828, 11,
     2209, 10667, 104, 4, 968, 15, 8165896, 2675940, 7156453, 302516, 12022, 97, 35,
 ]  # fmt: skip
+
+# MLPerf Training DLRMv2 (DLRM-DCNv2): ids per sample of each of the 26 Criteo features in its
+# synthetic multi-hot dataset, and the table sizes (capped at 40M) it trains with. From
+# mlcommons/training, recommendation_v2/torchrec_dlrm/README.MD (`--multi_hot_sizes`,
+# `--num_embeddings_per_feature`); see docs/synthetic_data.md.
+MLPERF_MULTI_HOT_SIZES: list[int] = [
+    3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1,
+]  # fmt: skip
+MLPERF_DLRMV2_CARDINALITIES: list[int] = [
+    40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10, 2209,
+    11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36,
+]  # fmt: skip
+POOLINGS = ("sum", "mean")
 
 _MASK32 = 0xFFFFFFFF
 _MASK64 = (1 << 64) - 1
@@ -117,11 +132,14 @@ class HiddenModel:
         logit_std: float = 1.4,
         positive_rate: float = 0.3,
         weights: tuple[float, float, float] = (0.3, 0.4, 0.3),
+        bag_sizes: Sequence[int] | None = None,
+        pooling: str | Sequence[str] = "sum",
     ) -> None:
         self.num_numerical = num_numerical
         self.table_sizes = [int(s) for s in table_sizes]
         if any(s < 1 for s in self.table_sizes):
             raise ValueError(f"table sizes must be >= 1, got {self.table_sizes}")
+        self.bag_sizes, self.poolings = _bag_config(bag_sizes, pooling, len(self.table_sizes))
         self.seed = seed
         num_tables = len(self.table_sizes)
         gen = torch.Generator().manual_seed(_derive(seed, "hidden model"))
@@ -165,12 +183,16 @@ class HiddenModel:
         self.part_scale = torch.zeros(3)
         self.bias = 0.0
         gen = torch.Generator().manual_seed(_derive(self.seed, "calibration"))
-        numerical, categorical = self.sample_features(_CALIBRATION_ROWS, gen)
+        if self.bag_sizes is None:
+            numerical, categorical = self.sample_features(_CALIBRATION_ROWS, gen)
+        else:  # about as many ids as the one-hot sample (at least 8192 rows): bags cost per id
+            rows = len(self.table_sizes) * _CALIBRATION_ROWS // max(sum(self.bag_sizes), 1)
+            numerical, categorical = self.sample_bags(min(_CALIBRATION_ROWS, max(rows, 8192)), gen)
         if self.num_numerical:
             self.num_mean = numerical.float().mean(0)
             self.num_std = numerical.float().std(0).clamp_min(1e-3)
         self._device_cache.clear()  # constants changed
-        parts = self._parts(numerical, categorical)  # [3, rows]
+        parts = self._parts(numerical, categorical) if self.bag_sizes is None else self._bag_parts(numerical, categorical)
         stds = parts.std(1)
         present = stds > 1e-6  # e.g. no interactions when every table has one row
         w = torch.where(present, torch.tensor(weights, dtype=torch.float32), 0.0)
@@ -202,13 +224,94 @@ class HiddenModel:
         numerical = counts.log1p_().masked_fill_(missing, 0.0).to(torch.float16)
         return numerical, categorical
 
+    def sample_bags(
+        self, rows: int, gen: torch.Generator, device: torch.device | str = "cpu"
+    ) -> tuple[torch.Tensor, Bags]:
+        """Draw (numerical float16 [rows, N], int64 ``Bags`` of ``bag_sizes[t]`` ids per sample of
+        table t) with `gen`: each id from the table's Zipf law, independently, so a bag may repeat
+        an id (as a user's history repeats an item). Needs ``bag_sizes``."""
+        if self.bag_sizes is None:
+            raise ValueError("sample_bags needs a hidden model built with `bag_sizes`")
+        c = self._constants(device)
+        values = []
+        for t, size in enumerate(self.bag_sizes):  # feature-major: table t's bags are contiguous
+            u = torch.rand(rows * size, generator=gen, device=device, dtype=c["max_id"].dtype)
+            base = u.mul_(c["neg_zipf_span"][t]).add_(1.0)
+            x = base.square().square_().mul_(base).reciprocal_().sub_(1.0)
+            values.append(torch.minimum(x, c["max_id"][t]).long())
+        g = torch.randn(rows, self.num_numerical, generator=gen, device=device)
+        missing = torch.rand(rows, self.num_numerical, generator=gen, device=device) < c["num_missing"]
+        counts = g.mul_(c["num_sigma"]).add_(c["num_mu"]).exp_().floor_()
+        numerical = counts.log1p_().masked_fill_(missing, 0.0).to(torch.float16)
+        lengths = c["bag_sizes"].repeat_interleave(rows)
+        offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
+        return numerical, Bags(torch.cat(values), offsets, len(self.bag_sizes))
+
     # ----------------------------------------------------------------------------------------
     # The model
 
-    def logit(self, numerical: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
+    def logit(self, numerical: torch.Tensor, categorical: torch.Tensor | Bags) -> torch.Tensor:
         """The true logit (float32 [B]) of each sample, on the device of the inputs."""
         c = self._constants(numerical.device)
+        if isinstance(categorical, Bags):
+            return c["part_scale"] @ self._bag_parts(numerical, categorical) + self.bias
         return c["part_scale"] @ self._parts(numerical, categorical) + self.bias
+
+    def _bag_parts(self, numerical: torch.Tensor, bags: Bags) -> torch.Tensor:
+        """``_parts`` for bags: each table's per-id effects and vectors pooled over the bag,
+
+            pool(bag) = sum(bag) / sqrt(bag_size)  (sum pooling)   or   sum(bag) / len(bag)  (mean),
+
+        with bag_size the table's configured size (1 without ``bag_sizes``, so bags of one give
+        the one-hot logit). The sum is scaled so that a table's share of the logit does not grow
+        with its bag size; a sum-pooled embedding bag learns the constant scale."""
+        c = self._constants(numerical.device)
+        rows = numerical.shape[0]
+        if bags.num_features != len(self.table_sizes) or bags.batch_size != rows:
+            raise ValueError(f"bags of {bags.num_features} features for {bags.batch_size} samples, expected "
+                             f"{len(self.table_sizes)} features for {rows} samples")
+        x = (numerical.float() - c["num_mean"]) / c["num_std"]
+        linear = x @ c["linear"]
+        wide = max(self.table_sizes, default=1) > 2**32
+        bounds = bags.offsets[:: max(rows, 1)].tolist() if rows else [0] * (bags.num_features + 1)
+        slot = {t: i for i, t in enumerate(self.layout.vector_tables)}
+        effects = torch.zeros(len(self.table_sizes), rows, device=numerical.device)
+        vectors = torch.zeros(rows, len(slot) * _VECTOR_DIM, device=numerical.device)
+        for t in range(len(self.table_sizes)):
+            ids = bags.values[bounds[t]:bounds[t + 1]].long()
+            ends = bags.offsets[t * rows:(t + 1) * rows + 1] - bounds[t]  # [rows + 1] into ids
+            h = hash_ids(ids, c["salts"][t], wide=wide)
+            effects[t] = self._pool(h.float().sub_(2**31), ends, t)
+            if t in slot:
+                hv = _mix32(h.bitwise_xor_(c["vector_salts"][slot[t]]))
+                bytes_ = hv.unsqueeze(-1).bitwise_right_shift(c["byte_shifts"]).bitwise_and_(0xFF)
+                v = bytes_.float().sub_(127.5).mul_(1 / 73.9)  # [nnz, 4], mean 0, var 1
+                vectors[:, slot[t] * _VECTOR_DIM:(slot[t] + 1) * _VECTOR_DIM] = self._pool(v, ends, t)
+        id_effects = c["table_weight"] @ effects
+        interactions = torch.zeros(rows, device=numerical.device)
+        if slot:
+            interactions = (vectors * (vectors @ c["pair_matrix"] + x @ c["numerical_matrix"])).sum(1)
+        return torch.stack([linear, id_effects, interactions])
+
+    def _pool(self, x: torch.Tensor, ends: torch.Tensor, table: int) -> torch.Tensor:
+        """Pool per-id values ``x`` ([nnz] or [nnz, k]) over the bags bounded by ``ends``.
+
+        Bags all of the table's size (generated data) are a reshape and a sum; others (padded or
+        variable bags read from disk) take differences of a float64 prefix sum. Both are
+        deterministic on every device (no atomics)."""
+        size = self.bag_sizes[table] if self.bag_sizes is not None else 1
+        mean = self.poolings is not None and self.poolings[table] == "mean"
+        rows = ends.shape[0] - 1
+        lengths = ends[1:] - ends[:-1]
+        if x.shape[0] == rows * size and bool((lengths == size).all()):
+            sums = x.view(rows, size, *x.shape[1:]).sum(1)
+            return sums.div_(size if mean else math.sqrt(size))
+        prefix = torch.cat([x.new_zeros((1, *x.shape[1:]), dtype=torch.float64), x.double().cumsum(0)])
+        sums = prefix[ends[1:]] - prefix[ends[:-1]]
+        if mean:
+            counts = lengths.clamp_min(1).to(torch.float64)
+            return (sums / (counts.unsqueeze(-1) if sums.dim() > 1 else counts)).float()
+        return (sums / math.sqrt(size)).float()
 
     def _parts(self, numerical: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
         """[3, B] float32: linear numerical part, id effects, interactions (unnormalised)."""
@@ -258,6 +361,8 @@ class HiddenModel:
                 "numerical_matrix": self._numerical_matrix(),
                 "part_scale": self.part_scale,
             }
+            if self.bag_sizes is not None:
+                tensors["bag_sizes"] = torch.tensor(self.bag_sizes, dtype=torch.int64)
             self._device_cache[key] = {k: v.to(device) for k, v in tensors.items()}
         return self._device_cache[key]
 
@@ -308,6 +413,8 @@ class SyntheticDataset:
         device: torch.device | str = "cpu",
         seed: int = 12345,
         split: str = "train",
+        bag_sizes: Sequence[int] | None = None,
+        pooling: str | Sequence[str] = "sum",
     ) -> None:
         if num_samples < 0 or batch_size < 1:
             raise ValueError(f"need num_samples >= 0 and batch_size >= 1, got {num_samples}, {batch_size}")
@@ -318,7 +425,14 @@ class SyntheticDataset:
         self.device = torch.device(device)
         self.seed = seed
         self.split = split
-        self.hidden_model = HiddenModel(num_numerical, self.table_sizes, seed)
+        # Multi-hot: `bag_sizes[t]` ids per sample of table t, pooled by `pooling` (one mode, or
+        # one per table); batches then carry Bags. None: one id per table, as before.
+        self.bag_sizes, self.poolings = _bag_config(bag_sizes, pooling, len(self.table_sizes))
+        if self.bag_sizes is None:
+            self.hidden_model = HiddenModel(num_numerical, self.table_sizes, seed)
+        else:
+            self.hidden_model = HiddenModel(num_numerical, self.table_sizes, seed,
+                                            bag_sizes=self.bag_sizes, pooling=self.poolings)
         self._id_dtype = torch.int32 if max(self.table_sizes, default=1) <= 2**31 else torch.int64
 
     def __len__(self) -> int:
@@ -331,6 +445,12 @@ class SyntheticDataset:
         rows = min(self.batch_size, self.num_samples - index * self.batch_size)
         gen = torch.Generator(device=self.device)
         gen.manual_seed(_derive(self.seed, self.split, index))
+        if self.bag_sizes is not None:
+            numerical, bags = self.hidden_model.sample_bags(rows, gen, self.device)
+            logit = self.hidden_model.logit(numerical, bags)
+            label = torch.rand(rows, generator=gen, device=self.device) < torch.sigmoid(logit)
+            ids = Bags(bags.values.to(self._id_dtype), bags.offsets, bags.num_features)
+            return Batch(numerical=numerical, categorical=ids, label=label)
         numerical, categorical = self.hidden_model.sample_features(rows, gen, self.device)
         logit = self.hidden_model.logit(numerical, categorical)
         u = torch.rand(rows, generator=gen, device=self.device)
@@ -342,6 +462,21 @@ class SyntheticDataset:
         return self.hidden_model.logit(batch.numerical, batch.categorical)
 
 
+def _bag_config(
+    bag_sizes: Sequence[int] | None, pooling: str | Sequence[str], tables: int
+) -> tuple[list[int] | None, list[str] | None]:
+    """Checked (bag sizes, poolings) per table, or (None, None) for one-hot data."""
+    if bag_sizes is None:
+        return None, None
+    sizes = [int(b) for b in bag_sizes]
+    if len(sizes) != tables or any(b < 1 for b in sizes):
+        raise ValueError(f"`bag_sizes` needs one size >= 1 per table ({tables}), got {list(bag_sizes)}")
+    poolings = [pooling] * tables if isinstance(pooling, str) else list(pooling)
+    if len(poolings) != tables or any(p not in POOLINGS for p in poolings):
+        raise ValueError(f"`pooling` must be one of {list(POOLINGS)}, or a list of them with one per table; got {pooling!r}")
+    return sizes, poolings
+
+
 def write_synthetic_dataset(
     output_dir: str,
     num_numerical: int,
@@ -351,6 +486,9 @@ def write_synthetic_dataset(
     seed: int = 12345,
     overwrite: bool = False,
     progress: Callable[[str, int, int], None] | None = None,
+    bag_sizes: Sequence[int] | None = None,
+    pooling: str | Sequence[str] = "sum",
+    bag_layout: str = "fixed",
 ) -> None:
     """Write a split-binary dataset (feature_spec.yaml + one directory per split) of synthetic data.
 
@@ -358,11 +496,17 @@ def write_synthetic_dataset(
     dataset is built in a temporary directory beside `output_dir` and renamed into place at the
     end, so an interrupted run never leaves half a dataset. `progress(split, rows_done, rows)` is
     called after every batch.
+
+    With `bag_sizes` every table is multi-hot, stored as fixed-size bags (`bag_layout="fixed"`,
+    `bag_size: L` in the spec) or as values plus offsets (`bag_layout="variable"`).
     """
     # Imported here: the on-disk format is only needed by this writer, not by the generator.
     from dlrm.data.feature_spec import FeatureSpec
     from dlrm.data.split_binary import SplitBinaryWriter
 
+    sizes, poolings = _bag_config(bag_sizes, pooling, len(table_sizes))
+    if bag_layout not in ("fixed", "variable"):
+        raise ValueError(f"`bag_layout` must be 'fixed' or 'variable', got {bag_layout!r}")
     output_dir = os.path.abspath(output_dir)
     _check_writable(output_dir, overwrite)
     os.makedirs(os.path.dirname(output_dir), exist_ok=True)
@@ -370,10 +514,18 @@ def write_synthetic_dataset(
     staging = temporary_name(output_dir)
     os.mkdir(staging)  # not mkdtemp: the dataset should get the usual permissions, not 0700
     try:
-        spec = FeatureSpec.default(num_numerical, list(table_sizes), splits=tuple(samples), base_directory=staging)
+        if sizes is None:
+            spec = FeatureSpec.default(num_numerical, list(table_sizes), splits=tuple(samples), base_directory=staging)
+        else:
+            layout = sizes if bag_layout == "fixed" else ["variable"] * len(sizes)
+            spec = FeatureSpec.default(num_numerical, list(table_sizes), splits=tuple(samples), base_directory=staging,
+                                       bag_sizes=layout, pooling=poolings)
         spec.metadata = {"synthetic": {"seed": seed, "batch_size": batch_size, "generator": __name__}}
+        if sizes is not None:
+            spec.metadata["synthetic"]["bag_sizes"] = sizes
         for split, rows in samples.items():
-            source = SyntheticDataset(num_numerical, table_sizes, rows, batch_size, seed=seed, split=split)
+            source = SyntheticDataset(num_numerical, table_sizes, rows, batch_size, seed=seed, split=split,
+                                      bag_sizes=sizes, pooling=poolings or "sum")
             with SplitBinaryWriter(spec, split) as writer:
                 for i in range(len(source)):
                     writer.write(source.read_batch(i))
