@@ -27,6 +27,7 @@ from dlrm.data.synthetic import (
     SyntheticDataset,
     write_synthetic_dataset,
 )
+from test_distributed import _open_files  # what a process has open under a dataset root
 
 # cat_0 one-hot, cat_1 fixed bags of up to 3, cat_2 variable bags, cat_3 fixed bags of one (may
 # be empty), cat_4 variable bags of a wide-id table
@@ -577,16 +578,6 @@ def test_empty_split_has_a_lone_zero_offset(tmp_path):
 
 
 # ---------------------------------------------------------------------------- per process
-
-
-def _open_files(root):
-    paths = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            paths.append(os.readlink(f"/proc/self/fd/{fd}"))
-        except OSError:
-            pass
-    return sorted(os.path.relpath(p, root) for p in paths if p.startswith(root))
 
 
 def _files_of(tables):

@@ -494,20 +494,7 @@ class SplitBinaryReader:
             raise IndexError(f"rows {start}..{start + count} out of range for {self.num_samples} rows of split '{self.split}'")
         if self._bags:
             return self._read_bag_rows(start, count)
-
-        if self._label is not None:
-            label = self._label.read(start, count)
-            if self.check_ids and not self.validated and count and label.view(np.uint8).max() > 1:
-                raise DatasetError(f"{self._label.path}: label bytes must be 0 or 1 (rows {start}..{start + count - 1})")
-            label_t = torch.from_numpy(label)
-        else:
-            label_t = torch.empty((count, 0), dtype=torch.bool)
-
-        if self._numerical is not None:
-            numerical_t = torch.from_numpy(self._numerical.read(start, count))
-        else:
-            numerical_t = torch.empty((count, 0), dtype=torch.float16)
-
+        numerical_t, label_t = self._dense_rows(start, count)
         # Feature-major, so every column lands contiguously (read straight into place when its
         # dtype is the common one); the batch gets the [B, F] transposed view.
         categorical = np.empty((len(self._categorical), count), dtype=self._categorical_dtype)
