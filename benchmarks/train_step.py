@@ -46,8 +46,9 @@ def tables(name: str) -> list[int]:
 
 
 def time_variant(config: DLRMConfig, device: torch.device, precision: Precision, batches: list,
-                 steps: int, warmup: int, cuda_graphs: bool, lr: float) -> float:
-    """Samples per second over ``steps`` steps after ``warmup`` untimed ones."""
+                 steps: int, warmup: int, cuda_graphs: bool, lr: float, profile_rows: int = 0) -> float:
+    """Samples per second over ``steps`` steps after ``warmup`` untimed ones; with
+    ``profile_rows``, then prints the costliest ops of 5 more steps (torch.profiler)."""
     torch.manual_seed(0)
     model = DLRM(config, device=device)
     optimizer = make_optimizer(model, lr)
@@ -61,10 +62,25 @@ def time_variant(config: DLRMConfig, device: torch.device, precision: Precision,
     sync(device)
     seconds = time.perf_counter() - start
     samples = steps * batches[0].categorical.shape[0]
+    if profile_rows:
+        print_profile(step, batches, device, profile_rows)
     del model, optimizer, step
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return samples / seconds
+
+
+def print_profile(step, batches: list, device: torch.device, rows: int) -> None:
+    """Device time per op over 5 steps, costliest first: where a step's time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for i in range(5):
+            step(batches[i % len(batches)])
+        sync(device)
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60), flush=True)
 
 
 def sync(device: torch.device) -> None:
@@ -82,6 +98,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="timed steps (default: 50 on CUDA, 3 on CPU)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default: 10 on CUDA, 1 on CPU)")
     parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--profile", type=int, default=0, metavar="ROWS",
+                        help="after each variant, print its ROWS costliest ops over 5 profiled steps")
     args = parser.parse_args()
 
     device = torch.device(args.device)
@@ -110,7 +128,7 @@ def main() -> None:
             if graphs and not cuda:
                 continue
             cfg = DLRMConfig(**{**config.__dict__, "embedding_type": embedding_type, "interaction_op": interaction_op})
-            rate = time_variant(cfg, device, precision, batches, steps, warmup, graphs, args.lr)
+            rate = time_variant(cfg, device, precision, batches, steps, warmup, graphs, args.lr, args.profile)
             baseline = rate if variant == "torch" else baseline
             speedup = f"{rate / baseline:.2f}x" if baseline else "-"
             print(f"{precision_name:<10}{variant:<10}{rate:>14,.0f}{speedup:>10}", flush=True)

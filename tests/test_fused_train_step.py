@@ -139,3 +139,41 @@ def test_cuda_graph_step_matches_eager_fused_step(dtype):
         batch = batch.to(device)
         torch.testing.assert_close(step_g(batch), step_e(batch), rtol=1e-5, atol=1e-6)
     assert_models_close(eager, graphed, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_capture_while_another_thread_pins_memory():
+    """The loader's thread pins host memory (cudaHostAlloc) while the step is captured; in
+    torch's default global capture mode that call invalidates the capture. Here a thread pins
+    fresh buffers without pause during warmup, capture and replays, and the graphed steps still
+    match eager ones; with the mode set back to "global" this fails."""
+    import threading
+
+    device = torch.device("cuda")
+    _, fused = model_pair()
+    eager, graphed = fused.to(device), DLRM(fused.config, device=device)
+    graphed.load_state_dict(eager.state_dict())
+    precision = Precision("cuda", torch.float16)
+    opt_e, opt_g = make_optimizer(eager, 0.5), make_optimizer(graphed, 0.5)
+    step_e = make_train_step(eager, opt_e, precision.grad_scaler(), precision)
+    step_g = make_train_step(graphed, opt_g, precision.grad_scaler(), precision, cuda_graphs=True)
+    stop, pinned = threading.Event(), []
+
+    def pin_forever():
+        size = 1 << 16
+        while not stop.is_set():
+            size += 4096  # a new size each time, so the host allocator's cache cannot serve it
+            pinned.append(torch.empty(size, dtype=torch.uint8, pin_memory=True))
+            del pinned[:-4]
+
+    thread = threading.Thread(target=pin_forever, daemon=True)
+    thread.start()
+    try:
+        for batch in batches(8):
+            batch = batch.to(device)
+            torch.testing.assert_close(step_g(batch), step_e(batch), rtol=1e-5, atol=1e-6)
+    finally:
+        stop.set()
+        thread.join()
+    assert len(pinned) > 0
+    assert_models_close(eager, graphed, rtol=1e-5, atol=1e-6)

@@ -218,6 +218,8 @@ def _device(env: DistEnv | None) -> torch.device:
         device = torch.device("cuda", env.local_rank)  # one GPU per process
     if device.type == "cuda" and not torch.cuda.is_available():
         raise app.UsageError(f"--base_device {name}: CUDA is not available on this machine; use --base_device cpu")
+    if device.type == "cuda" and device.index is None:  # torch.cuda.set_device needs an index
+        device = torch.device("cuda", torch.cuda.current_device())
     return device
 
 

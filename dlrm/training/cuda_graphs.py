@@ -24,6 +24,12 @@ import torch
 from dlrm.data.batch import Batch
 from dlrm.model.precision import Precision
 
+# The loader's background thread pins host memory and copies on its own stream while a step is
+# captured. In torch's default "global" mode such a call from any thread invalidates the
+# capture (seen on an H100: capture failed or not from run to run, as the thread's timing
+# fell); "thread_local" checks only the capturing thread, which is all the graph depends on.
+CAPTURE_MODE = "thread_local"
+
 
 def check_cuda_graphs_supported(model: torch.nn.Module, device: torch.device, world_size: int,
                                 training: bool = True) -> None:
@@ -67,7 +73,7 @@ class GraphedTrainStep:
         if self.graph is None:
             self.static_batch = Batch(batch.numerical.clone(), batch.categorical.clone(), batch.label.clone())
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):  # records only: the replay below runs this step
+            with torch.cuda.graph(self.graph, capture_error_mode=CAPTURE_MODE):  # records only: replayed below
                 self.static_loss = self.step(self.static_batch, True)
         elif not self._fits(batch):
             return self.step(batch, False)
@@ -138,6 +144,6 @@ class GraphedInference:
                 self._forward(static_numerical, static_categorical, cache=False)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode=CAPTURE_MODE):
             logits = self._forward(static_numerical, static_categorical, cache=False)
         return _Captured(graph, static_numerical, static_categorical, logits)

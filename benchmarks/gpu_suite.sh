@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Every GPU check and measurement docs/benchmarks.md lists, in one command, each stage
+# time-boxed so that one hang does not cost the others:
+#
+#     bash benchmarks/gpu_suite.sh LOGDIR [STAGE...]
+#
+# Stages (all by default, in this order): env, tests, kernels, steps, cli.
+# Each writes LOGDIR/<stage>.log; a summary of exit codes goes to the end of stdout.
+# TESTS_LIMIT, KERNELS_LIMIT, STEPS_LIMIT, CLI_LIMIT override a stage's time box (seconds).
+# Runs from a checkout without installing it (PYTHONPATH), on a machine whose python already
+# has a CUDA build of torch and triton.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit
+logdir=${1:?usage: gpu_suite.sh LOGDIR [STAGE...]}
+shift
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(env tests kernels steps cli)
+mkdir -p "$logdir"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+python=${PYTHON:-python3}
+summary=()
+
+run_stage() {  # name timeout_s command...
+    local name=$1 limit=$2
+    shift 2
+    local start=$SECONDS
+    echo "=== $name: $*" | tee "$logdir/$name.log"
+    timeout "$limit" "$@" >>"$logdir/$name.log" 2>&1
+    local rc=$?
+    summary+=("$name rc=$rc $((SECONDS - start))s")
+    tail -n 25 "$logdir/$name.log"
+}
+
+gpu_tests=$(grep -l "pytest.mark.gpu" tests/*.py)
+
+for stage in "${stages[@]}"; do
+    case $stage in
+    env)
+        run_stage env 60 bash -c "nvidia-smi; git log -1 --format='commit %H %cd' 2>/dev/null;
+            $python -c 'import torch, triton; print(\"torch\", torch.__version__, \"triton\", triton.__version__,
+            torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).multi_processor_count, \"SMs\")'" ;;
+    tests)
+        # shellcheck disable=SC2086
+        run_stage tests "${TESTS_LIMIT:-420}" "$python" -m pytest -m gpu -q -p no:cacheprovider $gpu_tests ;;
+    kernels)
+        run_stage kernels "${KERNELS_LIMIT:-240}" "$python" benchmarks/kernels.py --device cuda ;;
+    steps)
+        run_stage steps "${STEPS_LIMIT:-420}" "$python" benchmarks/train_step.py --device cuda ;;
+    cli)
+        fl15=$("$python" -c 'from dlrm.data.synthetic import FL15_CARDINALITIES as f; print(",".join(map(str, f)))')
+        run_stage cli "${CLI_LIMIT:-300}" "$python" -m dlrm.scripts.main --dataset_type synthetic \
+            --synthetic_dataset_table_sizes "$fl15" --synthetic_dataset_num_entries $((65536 * 600)) \
+            --synthetic_dataset_num_test_entries $((65536 * 4)) --batch_size 65536 --amp \
+            --embedding_type joint_fused --interaction_op cuda_dot --cuda_graphs \
+            --benchmark_warmup_steps 50 --max_steps 500 --log_path "$logdir/cli_log.json" ;;
+    *)
+        echo "unknown stage $stage" >&2; exit 2 ;;
+    esac
+done
+printf '%s\n' "${summary[@]}"
