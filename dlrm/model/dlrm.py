@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from dlrm.data.batch import Bags
+from dlrm.data.feature_spec import POOLINGS
 from dlrm.nn.embeddings import JointEmbedding, JointFusedEmbedding, MultiTableEmbedding
 from dlrm.nn.interactions import CatInteraction, DCNInteraction, DotInteraction
 from dlrm.nn.mlp import MLP
@@ -42,6 +44,9 @@ class DLRMConfig:
     # them (older checkpoints) load with these defaults.
     dcn_num_layers: int = 3
     dcn_low_rank_dim: int = 512
+    # Per table, how a multi-hot bag is pooled: "sum" or "mean" (None: all "sum"). One-hot ids
+    # are bags of one, where both agree. Last with a default, so older saved configs load.
+    poolings: list[str] | None = None
 
     @property
     def num_categorical_features(self) -> int:
@@ -77,12 +82,28 @@ class DLRMConfig:
                 raise ValueError(
                     f"`{name}` ({meaning} of interaction_op='dcn') must be a positive integer, got {value!r}"
                 )
+        self._validate_poolings()
         if self.interaction_op in ("dot", "cuda_dot") and self.bottom_mlp_sizes[-1] != self.embedding_dim:
             raise ValueError(
                 f"bottom_mlp_sizes[-1] ({self.bottom_mlp_sizes[-1]}) must equal embedding_dim "
                 f"({self.embedding_dim}) for interaction_op={self.interaction_op!r}: the bottom output is dotted with "
                 f"every embedding; make the last bottom layer {self.embedding_dim} wide or set "
                 f"embedding_dim={self.bottom_mlp_sizes[-1]}"
+            )
+
+    def _validate_poolings(self) -> None:
+        if self.poolings is None:
+            return
+        if isinstance(self.poolings, str) or len(self.poolings) != len(self.table_sizes):
+            raise ValueError(
+                f"`poolings` must list one pooling per table ({len(self.table_sizes)} tables), got "
+                f"{self.poolings!r}: give one of {list(POOLINGS)} for each table, or `poolings=None` for all 'sum'"
+            )
+        bad = [p for p in self.poolings if p not in POOLINGS]
+        if bad:
+            raise ValueError(
+                f"`poolings` may only hold {list(POOLINGS)}, got {bad} in {list(self.poolings)}: "
+                f"set each table's pooling to 'sum' or 'mean'"
             )
 
 
@@ -99,7 +120,8 @@ def _check_positive_list(name: str, values: list[int]) -> None:
 
 
 class DLRM(nn.Module):
-    """Click-through model: logits ``[B]`` from numerical ``[B, N]`` and categorical ``[B, F]``."""
+    """Click-through model: logits ``[B]`` from numerical ``[B, N]`` and categorical ids ``[B, F]``
+    (one-hot) or ``Bags`` of ``F`` features (multi-hot, pooled per table by ``config.poolings``)."""
 
     def __init__(
         self, config: DLRMConfig, device: torch.device | str | None = None, tables: Sequence[int] | None = None
@@ -116,6 +138,7 @@ class DLRM(nn.Module):
         self.embeddings = _EMBEDDING_CLASSES[config.embedding_type](
             [config.table_sizes[t] for t in tables], config.embedding_dim, hash_indices=config.hash_indices,
             device=device, table_indices=tables,
+            poolings=None if config.poolings is None else [config.poolings[t] for t in tables],
         )
         self.bottom_mlp = MLP(config.num_numerical_features, config.bottom_mlp_sizes, relu_last=True, device=device)
         num_features = config.num_categorical_features + 1  # the bottom output is one more feature
@@ -135,11 +158,12 @@ class DLRM(nn.Module):
         # Between the halves: nothing on one device; hybrid parallelism puts its all-to-all here.
         self.exchange: nn.Module = nn.Identity()
 
-    def forward(self, numerical: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
+    def forward(self, numerical: torch.Tensor, categorical: torch.Tensor | Bags) -> torch.Tensor:
         return self.dense_forward(numerical, self.exchange(self.embed(categorical)))
 
-    def embed(self, categorical: torch.Tensor) -> torch.Tensor:
-        """Ids ``[B, T]`` of the tables built here (any integer dtype) -> embeddings ``[B, T, D]``."""
+    def embed(self, categorical: torch.Tensor | Bags) -> torch.Tensor:
+        """Ids ``[B, T]`` (any integer dtype) or ``Bags`` with ``T`` features, for the tables built
+        here -> embeddings ``[B, T, D]`` (bags pooled by each table's pooling)."""
         return self.embeddings(categorical)
 
     def dense_forward(self, numerical: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:

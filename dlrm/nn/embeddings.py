@@ -17,14 +17,18 @@ table's row, so do not turn the data-side check off without ``hash_indices``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import skip_init
 
+from dlrm.data.batch import Bags
+from dlrm.data.feature_spec import POOLINGS
 from dlrm.kernels.backend import compute_dtype, exporting
 from dlrm.kernels.embedding import gather, sgd_update
+from dlrm.kernels.embedding_bag import bag_gather, bag_sgd_update
 from dlrm.nn.init import init_embedding_table_, table_generator
 
 
@@ -38,6 +42,7 @@ class EmbeddingTables(nn.Module):
         hash_indices: bool,
         table_indices: Sequence[int] | None = None,
         init_seed: int | None = None,
+        poolings: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
         table_sizes = [int(rows) for rows in table_sizes]
@@ -57,6 +62,10 @@ class EmbeddingTables(nn.Module):
         # embeddings get the same weights in every process.
         self.init_seed = int(torch.randint(0, 2**62, ())) if init_seed is None else init_seed
         self.register_buffer("rows", torch.tensor(table_sizes, dtype=torch.int64), persistent=False)
+        self.poolings = _check_poolings(poolings, len(table_sizes))
+        # Per table: whether its bags are mean-pooled (a device copy, so building weights never syncs).
+        self.register_buffer("mean_pooled", torch.tensor([p == "mean" for p in self.poolings], dtype=torch.bool),
+                             persistent=False)
 
     def _prepare_ids(self, ids: torch.Tensor) -> torch.Tensor:
         if ids.dim() != 2 or ids.shape[1] != self.num_tables:
@@ -65,6 +74,55 @@ class EmbeddingTables(nn.Module):
         if self.hash_indices:
             ids = ids % self.rows  # floor modulo: also maps negative ids into [0, rows)
         return ids
+
+    def _bag_batch_size(self, bags: Bags) -> int:
+        """The batch size of ``bags`` after checking that this module can pool them (shapes only,
+        no host sync); multi-hot export is refused here for every layout."""
+        if exporting():
+            raise ValueError(
+                "multi-hot ids (`Bags`) cannot be exported yet: export a model fed one-hot ids [B, F] "
+                "(one id per feature), or serve the multi-hot model from Python"
+            )
+        if bags.num_features != self.num_tables or self.num_tables == 0:
+            raise ValueError(
+                f"expected Bags with num_features={self.num_tables} (one per table held here), got "
+                f"num_features={bags.num_features}" + ("; pass ids of shape [B, 0] instead" if not self.num_tables else "")
+            )
+        offsets, values = bags.offsets, bags.values
+        if offsets.dim() != 1 or offsets.shape[0] < 1 or (offsets.shape[0] - 1) % self.num_tables:
+            raise ValueError(
+                f"expected Bags offsets of shape [num_features * batch_size + 1] = [{self.num_tables} * B + 1], "
+                f"got shape {list(offsets.shape)}"
+            )
+        if values.dim() != 1:
+            raise ValueError(f"expected Bags values of shape [nnz], got shape {list(values.shape)}")
+        return (offsets.shape[0] - 1) // self.num_tables
+
+    def _value_tables(self, bags: Bags, batch: int) -> torch.Tensor:
+        """The table of every value, ``[nnz]`` int64: each feature's values are one contiguous run,
+        of length ``offsets[(t+1)*B] - offsets[t*B]``. On the device, no host sync."""
+        per_feature = bags.offsets[::batch].diff()  # offsets[::B] holds the T + 1 feature bounds
+        tables = torch.arange(self.num_tables, device=bags.offsets.device)
+        return torch.repeat_interleave(tables, per_feature, output_size=bags.values.shape[0])
+
+    def _bag_ids(self, bags: Bags, tables: torch.Tensor) -> torch.Tensor:
+        """``values`` as int64 ids, hashed into their table with ``hash_indices`` as one-hot ids are."""
+        ids = bags.values.to(torch.int64)
+        if self.hash_indices:
+            ids = ids % self.rows[tables]
+        return ids
+
+    def _mean_weights(self, bags: Bags, batch: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """Per-value weights that make a weighted sum the mean: ``1 / len`` for the values of
+        mean-pooled bags, 1 elsewhere; None when every table sums (no weights at all)."""
+        if "mean" not in self.poolings:
+            return None
+        lengths = bags.offsets.diff()  # [T*B]
+        scale = lengths.clamp(min=1).to(dtype).reciprocal()
+        scale = torch.where(self.mean_pooled[:, None], scale.view(self.num_tables, batch), 1.0).reshape(-1)
+        bag = torch.repeat_interleave(torch.arange(lengths.shape[0], device=lengths.device), lengths,
+                                      output_size=bags.values.shape[0])
+        return scale[bag]
 
     def table_weight(self, i: int) -> torch.Tensor:
         """Table ``i`` as a ``[rows_i, D]`` view of the storage (detached), e.g. for checkpoints."""
@@ -98,6 +156,7 @@ class EmbeddingTables(nn.Module):
         return (
             f"tables={self.num_tables}, rows={sum(self.table_sizes)}, dim={self.embedding_dim}, "
             f"hash_indices={self.hash_indices}"
+            + ("" if "mean" not in self.poolings else f", poolings={self.poolings}")
         )
 
 
@@ -112,8 +171,9 @@ class JointEmbedding(EmbeddingTables):
         device: torch.device | str | None = None,
         table_indices: Sequence[int] | None = None,
         init_seed: int | None = None,
+        poolings: Sequence[str] | None = None,
     ) -> None:
-        super().__init__(table_sizes, embedding_dim, hash_indices, table_indices, init_seed)
+        super().__init__(table_sizes, embedding_dim, hash_indices, table_indices, init_seed, poolings)
         starts = [0]
         for rows in self.table_sizes:
             starts.append(starts[-1] + rows)
@@ -133,8 +193,28 @@ class JointEmbedding(EmbeddingTables):
         self._check_index(i)
         return self.weight, self._starts[i]
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor | Bags) -> torch.Tensor:
+        if isinstance(ids, Bags):
+            return self._pool_bags(ids)
         return F.embedding(self._prepare_ids(ids) + self.offsets, self.weight, sparse=True)
+
+    def _joint_bags(self, bags: Bags, batch: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Rows of the joint weight for every value (id + its table's offset) and the pooling
+        weights: the input of one pooled lookup over all features."""
+        tables = self._value_tables(bags, batch)
+        rows = self._bag_ids(bags, tables) + self.offsets[tables]
+        return rows, self._mean_weights(bags, batch, self.weight.dtype)
+
+    def _pool_bags(self, bags: Bags) -> torch.Tensor:
+        """One ``embedding_bag`` over the joint weight for every bag of every feature -> ``[B, T, D]``."""
+        batch = self._bag_batch_size(bags)
+        if batch == 0:
+            return self.weight.new_zeros(0, self.num_tables, self.embedding_dim)
+        rows, weights = self._joint_bags(bags, batch)
+        pooled = F.embedding_bag(rows, self.weight, bags.offsets.to(torch.int64), mode="sum", sparse=True,
+                                 per_sample_weights=weights, include_last_offset=True)
+        # bags are feature-major ([T*B, D]); the model takes samples first, contiguous as one-hot
+        return pooled.view(self.num_tables, batch, self.embedding_dim).transpose(0, 1).contiguous()
 
 
 class MultiTableEmbedding(EmbeddingTables):
@@ -148,8 +228,9 @@ class MultiTableEmbedding(EmbeddingTables):
         device: torch.device | str | None = None,
         table_indices: Sequence[int] | None = None,
         init_seed: int | None = None,
+        poolings: Sequence[str] | None = None,
     ) -> None:
-        super().__init__(table_sizes, embedding_dim, hash_indices, table_indices, init_seed)
+        super().__init__(table_sizes, embedding_dim, hash_indices, table_indices, init_seed, poolings)
         # skip_init: nn.Embedding's default N(0, 1) init would be overwritten anyway.
         device = torch.get_default_device() if device is None else device
         self.tables = nn.ModuleList(
@@ -167,12 +248,42 @@ class MultiTableEmbedding(EmbeddingTables):
         self._check_index(i)
         return self.tables[i].weight, 0
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor | Bags) -> torch.Tensor:
+        if isinstance(ids, Bags):
+            return self._pool_bags(ids)
         ids = self._prepare_ids(ids)
         return torch.stack([table(ids[:, i]) for i, table in enumerate(self.tables)], dim=1)
 
+    def _pool_bags(self, bags: Bags) -> torch.Tensor:
+        """One ``embedding_bag`` per table on its feature's slice of the values -> ``[B, T, D]``."""
+        batch = self._bag_batch_size(bags)
+        if batch == 0:
+            return self.tables[0].weight.new_zeros(0, self.num_tables, self.embedding_dim)
+        offsets = bags.offsets.to(torch.int64)
+        # One host sync per batch: slicing each feature's values needs its bounds on the host
+        # (the joint layout, one lookup for all features, needs none).
+        bounds = offsets[::batch].tolist()
+        pooled = []
+        for t, table in enumerate(self.tables):
+            ids = bags.values[bounds[t]:bounds[t + 1]].to(torch.int64)
+            if self.hash_indices:
+                ids = ids % self.table_sizes[t]
+            bag_offsets = offsets[t * batch:(t + 1) * batch + 1] - bounds[t]
+            pooled.append(F.embedding_bag(ids, table.weight, bag_offsets, mode=self.poolings[t], sparse=True,
+                                          include_last_offset=True))
+        return torch.stack(pooled, dim=1)
+
 
 PendingUpdate = tuple[torch.Tensor, torch.Tensor]  # (joint rows [N] int64, gradient rows [N, D])
+
+
+class PendingBagUpdate(NamedTuple):
+    """A queued multi-hot update: what ``bag_sgd_update`` takes besides the weight and scalars."""
+
+    values: torch.Tensor  # [nnz] joint rows
+    offsets: torch.Tensor  # [T*B + 1]
+    per_sample_weights: torch.Tensor | None  # [nnz] (mean pooling), or None (all sums)
+    grad: torch.Tensor  # [B, T, D], gradient of the pooled output
 
 
 class _FusedLookup(torch.autograd.Function):
@@ -194,6 +305,26 @@ class _FusedLookup(torch.autograd.Function):
         return None, None, None, None
 
 
+class _FusedBagLookup(torch.autograd.Function):
+    """``bag_gather`` forward (pooled ``[B, T, D]`` in ``out_dtype``); the backward queues a
+    ``PendingBagUpdate`` on the module instead of returning a weight gradient."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor,
+                per_sample_weights: torch.Tensor | None, out_dtype: torch.dtype, num_features: int,
+                pending: list) -> torch.Tensor:
+        ctx.save_for_backward(values, offsets, per_sample_weights)
+        ctx.pending = pending
+        return bag_gather(weight, values, offsets, per_sample_weights, out_dtype, num_features)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        values, offsets, per_sample_weights = ctx.saved_tensors
+        # contiguous: upstream gradients may be expanded views (stride 0) the kernel cannot read
+        ctx.pending.append(PendingBagUpdate(values, offsets, per_sample_weights, grad_out.contiguous()))
+        return None, None, None, None, None, None, None
+
+
 class JointFusedEmbedding(JointEmbedding):
     """``JointEmbedding`` (same constructor, init, ``table_weight``/``load_table_`` and state
     dict) on fused kernels: the lookup writes ``[B, F, D]`` in the compute dtype (the autocast
@@ -208,6 +339,9 @@ class JointFusedEmbedding(JointEmbedding):
     module's share to ``found_inf``). Several forward/backward passes before one update
     accumulate (one queued item each). Only plain SGD (no momentum, no weight decay), which
     is what the sparse path supports too.
+
+    Multi-hot ids (``Bags``) take ``bag_gather`` forward and queue ``(values, offsets,
+    per_sample_weights, grad)``, applied by ``bag_sgd_update``; both kinds may share a queue.
     """
 
     def __init__(
@@ -218,11 +352,14 @@ class JointFusedEmbedding(JointEmbedding):
         device: torch.device | str | None = None,
         table_indices: Sequence[int] | None = None,
         init_seed: int | None = None,
+        poolings: Sequence[str] | None = None,
     ) -> None:
-        super().__init__(table_sizes, embedding_dim, hash_indices, device, table_indices, init_seed)
-        self._pending: list[PendingUpdate] = []
+        super().__init__(table_sizes, embedding_dim, hash_indices, device, table_indices, init_seed, poolings)
+        self._pending: list[PendingUpdate | PendingBagUpdate] = []
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor | Bags) -> torch.Tensor:
+        if isinstance(ids, Bags):
+            return self._pool_bags(ids)
         if exporting():
             # torch.jit.trace / torch.export cannot record the kernel's autograd.Function: they
             # get the joint layout's plain gather of the same rows (in the weight's dtype).
@@ -232,6 +369,16 @@ class JointFusedEmbedding(JointEmbedding):
         out = _FusedLookup.apply(self.weight, rows, compute_dtype(self.weight), self._pending)
         return out.view(ids.shape[0], self.num_tables, self.embedding_dim)
 
+    def _pool_bags(self, bags: Bags) -> torch.Tensor:
+        """The joint layout's pooled lookup on the fused kernels: ``bag_gather`` writes ``[B, T, D]``
+        in the compute dtype, and the backward queues the bag update."""
+        batch = self._bag_batch_size(bags)  # also refuses export
+        if batch == 0:
+            return self.weight.new_zeros(0, self.num_tables, self.embedding_dim, dtype=compute_dtype(self.weight))
+        rows, weights = self._joint_bags(bags, batch)
+        return _FusedBagLookup.apply(self.weight, rows, bags.offsets.to(torch.int64), weights,
+                                     compute_dtype(self.weight), self.num_tables, self._pending)
+
     @property
     def has_pending_update(self) -> bool:
         return bool(self._pending)
@@ -239,7 +386,7 @@ class JointFusedEmbedding(JointEmbedding):
     def pending_nonfinite(self) -> torch.Tensor:
         """0-dim bool on the weight's device: whether any queued gradient value is inf/NaN
         (no host sync, so it can join the step's ``found_inf``)."""
-        flags = [torch.isfinite(grad).all().logical_not() for _, grad in self._pending]
+        flags = [torch.isfinite(item[-1]).all().logical_not() for item in self._pending]  # grad is last in both kinds
         if not flags:
             return torch.zeros((), dtype=torch.bool, device=self.weight.device)
         return torch.stack(flags).any()
@@ -258,13 +405,30 @@ class JointFusedEmbedding(JointEmbedding):
         lr_t = _device_scalar(lr, torch.float32, device)
         scale_t = _device_scalar(grad_scale, torch.float32, device)
         skip_t = _device_scalar(False if skip is None else skip, torch.bool, device)
-        for rows, grad in self._pending:
-            sgd_update(self.weight, rows, grad, lr_t, scale_t, skip_t)
+        for item in self._pending:
+            if isinstance(item, PendingBagUpdate):
+                bag_sgd_update(self.weight, item.values, item.offsets, item.grad, lr_t, scale_t, skip_t,
+                               item.per_sample_weights)
+            else:
+                rows, grad = item
+                sgd_update(self.weight, rows, grad, lr_t, scale_t, skip_t)
         self._pending.clear()
 
     def discard_pending_(self) -> None:
         """Drops the queued gradients (e.g. after an evaluation pass that ran a backward)."""
         self._pending.clear()
+
+
+def _check_poolings(poolings: Sequence[str] | None, num_tables: int) -> list[str]:
+    """One pooling per table, "sum" for all when None."""
+    if poolings is None:
+        return ["sum"] * num_tables
+    poolings = list(poolings)
+    if len(poolings) != num_tables or any(p not in POOLINGS for p in poolings):
+        raise ValueError(
+            f"`poolings` must give one of {list(POOLINGS)} per table ({num_tables} tables), got {poolings}"
+        )
+    return poolings
 
 
 def _device_scalar(value: float | bool | torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

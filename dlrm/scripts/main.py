@@ -30,6 +30,7 @@ from dlrm.data.feature_spec import FeatureSpec
 from dlrm.data.sources import (
     SPLIT_BINARY_TYPES, SYNTHETIC_TYPES, DataConfig, load_feature_spec, make_rank_source, make_source, table_sizes,
 )
+from dlrm.data.synthetic import MLPERF_DLRMV2_CARDINALITIES, MLPERF_MULTI_HOT_SIZES
 from dlrm.distributed.collectives import Collectives, ProcessGroupCollectives
 from dlrm.distributed.parallelize import parallelize
 from dlrm.distributed.planner import PlanError, format_plan, load_override, plan_tables
@@ -111,6 +112,15 @@ flags.DEFINE_integer("synthetic_dataset_num_entries", 1 << 20, "Training samples
 flags.DEFINE_integer("synthetic_dataset_num_test_entries", 1 << 18, "Test samples of synthetic data.")
 flags.DEFINE_list("synthetic_dataset_table_sizes", [str(10**5)] * 26, "Table sizes of synthetic data.")
 flags.DEFINE_integer("synthetic_dataset_numerical_features", 13, "Numerical features of synthetic data.")
+flags.DEFINE_list("synthetic_multi_hot_sizes", [],
+                  "Multi-hot synthetic data: ids per sample of each table (comma-separated, one per table), or "
+                  "'mlperf' for MLPerf DLRMv2's sizes. Empty: one id per feature.")
+flags.DEFINE_enum("synthetic_pooling", "sum", ["sum", "mean"], "How the model pools each synthetic bag.")
+flags.DEFINE_enum("preset", "none", ["none", "mlperf_dlrmv2"],
+                  "mlperf_dlrmv2: the MLPerf Training DLRM-DCNv2 shape on synthetic multi-hot data (dim 128, "
+                  "bottom 512-256-128, top 1024-1024-512-256-1, DCNv2 3 layers of rank 512, row-wise Adagrad with "
+                  "Adagrad for the MLPs at lr 0.005, MLPerf's multi-hot sizes and 40M-capped cardinalities). Flags "
+                  "given on the command line win; on a CPU add --max_table_size 100000 --hash_indices.")
 
 # Checkpoints
 flags.DEFINE_string("load_checkpoint_path", None, "Checkpoint directory to load; in train mode the run resumes from it.")
@@ -158,6 +168,46 @@ def _ints(values: list[str], flag: str) -> list[int]:
         return [int(v) for v in values]
     except ValueError:
         raise app.UsageError(f"--{flag} must be a comma-separated list of integers, got {','.join(values)}")
+
+
+# --preset: flag -> value, applied to every flag the command line does not set.
+PRESETS: dict[str, dict[str, Any]] = {
+    "mlperf_dlrmv2": {
+        "embedding_dim": 128,
+        "bottom_mlp_sizes": ["512", "256", "128"],
+        "top_mlp_sizes": ["1024", "1024", "512", "256", "1"],
+        "interaction_op": "dcn",
+        "dcn_num_layers": 3,
+        "dcn_low_rank_dim": 512,
+        "optimizer": "rowwise_adagrad",
+        "dense_optimizer": "adagrad",
+        "lr": 0.005,
+        "warmup_steps": 0,
+        "decay_steps": 0,
+        "synthetic_dataset_table_sizes": [str(n) for n in MLPERF_DLRMV2_CARDINALITIES],
+        "synthetic_multi_hot_sizes": ["mlperf"],
+        "synthetic_pooling": "sum",
+    },
+}
+
+
+def _apply_preset() -> None:
+    for name, value in PRESETS.get(FLAGS.preset, {}).items():
+        if not FLAGS[name].present:
+            FLAGS[name].value = value
+
+
+def _multi_hot_sizes() -> list[int] | None:
+    """--synthetic_multi_hot_sizes as a list (None: one-hot)."""
+    values = FLAGS.synthetic_multi_hot_sizes
+    if not values:
+        return None
+    if values == ["mlperf"]:
+        return list(MLPERF_MULTI_HOT_SIZES)
+    sizes = _ints(values, "synthetic_multi_hot_sizes")
+    if any(size < 1 for size in sizes):
+        raise app.UsageError(f"--synthetic_multi_hot_sizes must be positive, got {','.join(values)}")
+    return sizes
 
 
 def _interaction_op(flag: str, device: torch.device) -> str:
@@ -290,16 +340,30 @@ def _optimizer_config() -> OptimizerConfig:
     return OptimizerConfig(embedding=FLAGS.optimizer, dense=FLAGS.dense_optimizer, eps=FLAGS.optimizer_eps)
 
 
+def _capacity(device: torch.device, local_world_size: int) -> int:
+    if FLAGS.device_memory_gb is not None:
+        return int(FLAGS.device_memory_gb * 2**30)
+    return int(0.9 * device_memory_bytes(device, local_world_size))
+
+
+def _state_bytes(model_cfg: DLRMConfig) -> int:
+    return _optimizer_config().state_bytes_per_row(model_cfg.embedding_dim) if FLAGS.mode == "train" else 0
+
+
+def _plan_one_device(model_cfg: DLRMConfig, device: torch.device, logger: RunLogger) -> None:
+    """Every table on this device: print the bytes, and stop with the numbers (not an
+    out-of-memory crash half-way through building the model) when they do not fit."""
+    plan = plan_tables(model_cfg.table_sizes, model_cfg.embedding_dim, 1, _capacity(device, 1),
+                       state_bytes_per_row=_state_bytes(model_cfg))
+    logger.print(format_plan(plan))
+
+
 def _plan(model_cfg: DLRMConfig, env: DistEnv, device: torch.device, logger: RunLogger) -> list[list[int]]:
     """Tables per rank: from --table_placement, or the memory-balancing planner."""
-    if FLAGS.device_memory_gb is not None:
-        capacity = int(FLAGS.device_memory_gb * 2**30)
-    else:
-        capacity = int(0.9 * device_memory_bytes(device, env.local_world_size))
     override = load_override(FLAGS.table_placement) if FLAGS.table_placement else None
-    state_bytes = _optimizer_config().state_bytes_per_row(model_cfg.embedding_dim) if FLAGS.mode == "train" else 0
-    plan = plan_tables(model_cfg.table_sizes, model_cfg.embedding_dim, env.world_size, capacity, override=override,
-                       state_bytes_per_row=state_bytes)
+    plan = plan_tables(model_cfg.table_sizes, model_cfg.embedding_dim, env.world_size,
+                       _capacity(device, env.local_world_size), override=override,
+                       state_bytes_per_row=_state_bytes(model_cfg))
     logger.print(format_plan(plan))
     logger.record("plan", tables=plan.tables, bytes=[plan.rank_bytes(r) for r in range(env.world_size)])
     return plan.tables
@@ -354,9 +418,15 @@ def _build(env: DistEnv | None, device: torch.device, collectives: Collectives, 
         synthetic_num_test_entries=FLAGS.synthetic_dataset_num_test_entries,
         synthetic_table_sizes=_ints(FLAGS.synthetic_dataset_table_sizes, "synthetic_dataset_table_sizes"),
         synthetic_num_numerical=FLAGS.synthetic_dataset_numerical_features,
+        synthetic_bag_sizes=_multi_hot_sizes(),
+        synthetic_pooling=FLAGS.synthetic_pooling,
         seed=FLAGS.seed,
     )
     spec = load_feature_spec(data_cfg)
+    if FLAGS.cuda_graphs and spec.multi_hot_features:
+        raise app.UsageError(f"--cuda_graphs needs one-hot data: the multi-hot features ({', '.join(spec.multi_hot_features)}) "
+                             "hold a different number of ids in every batch, which a captured graph cannot take; "
+                             "drop --cuda_graphs")
     model_cfg = DLRMConfig(
         num_numerical_features=spec.num_numerical,
         table_sizes=table_sizes(spec, FLAGS.max_table_size),
@@ -368,6 +438,7 @@ def _build(env: DistEnv | None, device: torch.device, collectives: Collectives, 
         dcn_low_rank_dim=FLAGS.dcn_low_rank_dim,
         embedding_type=FLAGS.embedding_type,
         hash_indices=FLAGS.hash_indices,
+        poolings=[pooling or "sum" for pooling in spec.poolings],  # one-hot: a bag of one, either pooling
     )
     try:
         model_cfg.validate()
@@ -375,6 +446,7 @@ def _build(env: DistEnv | None, device: torch.device, collectives: Collectives, 
         raise app.UsageError(str(e)) from None
     logger.record("flags", **_our_flags())
     if env is None:
+        _plan_one_device(model_cfg, device, logger)
         model = DLRM(model_cfg, device=device)
         source = lambda split, batch_size: make_source(data_cfg, spec, split, batch_size, device)  # noqa: E731
     else:
@@ -494,6 +566,7 @@ def _main(argv: list[str], env: DistEnv | None) -> int:
     """Flags -> device and process group -> model and data -> the mode's run."""
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    _apply_preset()
     _validate_flags()
     device = _device(env)
     collectives = Collectives()

@@ -3,6 +3,8 @@ r"""Write a synthetic split-binary dataset (labels from a hidden model, so it ca
     python -m dlrm.scripts.prepare_synthetic_dataset --synthetic_dataset_dir /data/synthetic
     python -m dlrm.scripts.prepare_synthetic_dataset --synthetic_dataset_dir /data/fl15 \
         --preset criteo_fl15 --synthetic_dataset_num_entries 100000000
+    python -m dlrm.scripts.prepare_synthetic_dataset --synthetic_dataset_dir /data/dlrmv2 \
+        --preset mlperf_dlrmv2 --max_table_size 100000      # multi-hot, MLPerf DLRMv2's shape
 
 The result trains like any other dataset: python -m dlrm.scripts.main --dataset /data/synthetic
 """
@@ -15,7 +17,9 @@ import time
 
 from absl import app, flags
 
-from dlrm.data.synthetic import FL15_CARDINALITIES, write_synthetic_dataset
+from dlrm.data.synthetic import (
+    FL15_CARDINALITIES, MLPERF_DLRMV2_CARDINALITIES, MLPERF_MULTI_HOT_SIZES, write_synthetic_dataset,
+)
 from dlrm.scripts import cli
 
 FLAGS = flags.FLAGS
@@ -23,8 +27,18 @@ flags.DEFINE_string("synthetic_dataset_dir", None, "Dataset directory to write (
 flags.DEFINE_integer("num_numerical_features", 13, "Numerical features per sample.", lower_bound=0)
 flags.DEFINE_list("synthetic_dataset_table_sizes", [str(100_000)] * 26,
                   "Comma-separated rows per categorical feature (ignored with --preset criteo_fl15).")
-flags.DEFINE_enum("preset", "none", ["none", "criteo_fl15"],
-                  "criteo_fl15: the 26 cardinalities of NVIDIA's Criteo 1TB with frequency threshold 15.")
+flags.DEFINE_enum("preset", "none", ["none", "criteo_fl15", "mlperf_dlrmv2"],
+                  "criteo_fl15: the 26 cardinalities of NVIDIA's Criteo 1TB with frequency threshold 15; "
+                  "mlperf_dlrmv2: MLPerf DLRMv2's 40M-capped cardinalities and multi-hot sizes (flags given on the "
+                  "command line win).")
+flags.DEFINE_list("synthetic_multi_hot_sizes", [],
+                  "Ids per sample of each table (comma-separated, one per table), or 'mlperf'. Empty: one-hot.")
+flags.DEFINE_enum("synthetic_pooling", "sum", ["sum", "mean"], "Pooling written into the feature spec for every bag.")
+flags.DEFINE_enum("bag_layout", "fixed", ["fixed", "variable"],
+                  "fixed: [rows, L] ids per bag file with -1 padding (MLPerf's synthetic layout); variable: "
+                  "values + int64 offsets files (docs/data_format.md).")
+flags.DEFINE_integer("max_table_size", None, "Cap every table at this many rows (reduced MLPerf shapes on a CPU).",
+                     lower_bound=1)
 flags.DEFINE_integer("synthetic_dataset_num_entries", 1 << 22, "Rows of the train split.", lower_bound=0)
 flags.DEFINE_integer("num_test_entries", 1 << 19, "Rows of the test split.", lower_bound=0)
 flags.DEFINE_integer("num_validation_entries", 1 << 19, "Rows of the validation split.", lower_bound=0)
@@ -38,11 +52,30 @@ def _dir_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
+def _multi_hot_sizes() -> list[int] | None:
+    values = FLAGS.synthetic_multi_hot_sizes
+    if not values and FLAGS.preset == "mlperf_dlrmv2":
+        values = ["mlperf"]
+    if not values:
+        return None
+    if values == ["mlperf"]:
+        return list(MLPERF_MULTI_HOT_SIZES)
+    try:
+        sizes = [int(v) for v in values]
+    except ValueError:
+        raise app.UsageError(f"--synthetic_multi_hot_sizes must be integers or 'mlperf', got {','.join(values)}") from None
+    if any(size < 1 for size in sizes):
+        raise app.UsageError(f"--synthetic_multi_hot_sizes must be positive, got {','.join(values)}")
+    return sizes
+
+
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if FLAGS.preset == "criteo_fl15":
         table_sizes = list(FL15_CARDINALITIES)
+    elif FLAGS.preset == "mlperf_dlrmv2" and not FLAGS["synthetic_dataset_table_sizes"].present:
+        table_sizes = list(MLPERF_DLRMV2_CARDINALITIES)
     else:
         try:
             table_sizes = [int(s) for s in FLAGS.synthetic_dataset_table_sizes]
@@ -51,6 +84,9 @@ def main(argv: list[str]) -> int:
         if any(s < 1 for s in table_sizes):
             raise app.UsageError(f"--synthetic_dataset_table_sizes must be at least 1 (rows per table), "
                                  f"got {FLAGS.synthetic_dataset_table_sizes}")
+    if FLAGS.max_table_size is not None:
+        table_sizes = [min(size, FLAGS.max_table_size) for size in table_sizes]
+    bag_sizes = _multi_hot_sizes()
     rows = {"train": FLAGS.synthetic_dataset_num_entries, "test": FLAGS.num_test_entries,
             "validation": FLAGS.num_validation_entries}
     samples = {split: n for split, n in rows.items() if n > 0}  # a split of 0 rows is left out
@@ -66,7 +102,8 @@ def main(argv: list[str]) -> int:
     try:
         write_synthetic_dataset(FLAGS.synthetic_dataset_dir, FLAGS.num_numerical_features, table_sizes, samples,
                                 batch_size=FLAGS.batch_size, seed=FLAGS.seed, overwrite=FLAGS.overwrite,
-                                progress=progress)
+                                progress=progress, bag_sizes=bag_sizes, pooling=FLAGS.synthetic_pooling,
+                                bag_layout=FLAGS.bag_layout)
     except ValueError as e:  # settings the flags' own checks let through
         raise app.UsageError(str(e)) from None
     except OSError as e:
@@ -77,8 +114,9 @@ def main(argv: list[str]) -> int:
                              f"{e.strerror}" + (f" ({e.filename})" if e.filename else "")) from None
     seconds = time.perf_counter() - start
     out = FLAGS.synthetic_dataset_dir
-    print(f"wrote {out} in {seconds:.1f} s: {FLAGS.num_numerical_features} numerical, {len(table_sizes)} categorical "
-          f"features, seed {FLAGS.seed}")
+    kind = "one-hot" if bag_sizes is None else f"multi-hot ({FLAGS.bag_layout} bags, {FLAGS.synthetic_pooling} pooling)"
+    print(f"wrote {out} in {seconds:.1f} s: {FLAGS.num_numerical_features} numerical, {len(table_sizes)} {kind} "
+          f"categorical features, seed {FLAGS.seed}")
     for split, rows in samples.items():
         print(f"  {split:<10} {rows:>12} rows {_dir_bytes(os.path.join(out, split)):>16} bytes")
     total_rows = sum(samples.values())
