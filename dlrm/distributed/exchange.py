@@ -3,6 +3,11 @@
 Each process looks up its own tables for the whole global batch, ``[B, T_r, D]``; one
 all-to-all hands every process the rows of its own samples from every table, which it puts
 back in global table order, ``[B_r, F, D]``. The backward pass is the reverse all-to-all.
+
+The exchange carries the compute dtype: under autocast the embeddings are cast to the autocast
+dtype (bf16/fp16) before they are sent, so both directions move half the bytes of fp32, as
+NVIDIA's DLRM does; the dense part would cast them on arrival anyway. ``dtype`` fixes it instead
+(say fp32 under autocast, to exchange exactly).
 """
 
 from __future__ import annotations
@@ -38,8 +43,10 @@ class EmbeddingExchange(nn.Module):
     """``[B, T_rank, D]`` (this rank's tables, global batch) -> ``[B_rank, F, D]`` (own samples,
     every table in global order). Holds no parameters, so checkpoints do not see it."""
 
-    def __init__(self, tables_per_rank: Sequence[Sequence[int]], rank: int, group: dist.ProcessGroup | None = None):
+    def __init__(self, tables_per_rank: Sequence[Sequence[int]], rank: int, group: dist.ProcessGroup | None = None,
+                 dtype: torch.dtype | None = None):
         super().__init__()
+        self.dtype = dtype  # None: the autocast dtype under autocast, else the embeddings' own
         self.tables_per_rank = [list(t) for t in tables_per_rank]
         self.rank = rank
         self.group = group
@@ -52,7 +59,15 @@ class EmbeddingExchange(nn.Module):
     def world_size(self) -> int:
         return len(self.tables_per_rank)
 
+    def wire_dtype(self, local: torch.Tensor) -> torch.dtype:
+        """The dtype the all-to-all carries for ``local``."""
+        if self.dtype is not None:
+            return self.dtype
+        device = local.device.type
+        return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else local.dtype
+
     def forward(self, local: torch.Tensor) -> torch.Tensor:
+        local = local.to(self.wire_dtype(local))  # its backward casts the gradient back
         global_batch, num_local, dim = local.shape
         sizes = local_batch_sizes(global_batch, self.world_size)
         mine = sizes[self.rank]

@@ -46,12 +46,14 @@ class HybridParallel:
 
 
 def parallelize(
-    config: DLRMConfig, plan: list[list[int]], device: torch.device, collectives: ProcessGroupCollectives
+    config: DLRMConfig, plan: list[list[int]], device: torch.device, collectives: ProcessGroupCollectives,
+    exchange_dtype: torch.dtype | None = None,
 ) -> tuple[DLRM, HybridParallel]:
-    """This process's part of the hybrid-parallel model (see the module docstring)."""
+    """This process's part of the hybrid-parallel model (see the module docstring).
+    ``exchange_dtype``: what the all-to-all carries (None: the compute dtype)."""
     if len(plan) != collectives.world_size:
         raise ValueError(f"the plan has {len(plan)} ranks, the process group {collectives.world_size}")
     parallel = HybridParallel([list(tables) for tables in plan], collectives)
     model = DLRM(config, device=device, tables=parallel.tables)
-    model.exchange = EmbeddingExchange(parallel.plan, parallel.rank, collectives.group).to(device)
+    model.exchange = EmbeddingExchange(parallel.plan, parallel.rank, collectives.group, exchange_dtype).to(device)
     return model, parallel

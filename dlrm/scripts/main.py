@@ -150,6 +150,9 @@ flags.DEFINE_float("device_memory_gb", None,
 flags.DEFINE_string("table_placement", None,
                     'Manual table placement instead of the planner: JSON such as {"0": [0, 3], "1": [1, 2]} '
                     "(rank -> global table indices), or a path to a file holding it.")
+flags.DEFINE_enum("exchange_dtype", "auto", ["auto", "fp32", "fp16", "bf16"],
+                  "What the embedding all-to-all carries. auto: the compute dtype (the --amp dtype with --amp, "
+                  "else fp32), half the bytes of fp32 under AMP; fp32 exchanges exactly.")
 flags.DEFINE_float("dist_timeout", 300, "Seconds a collective may wait for a peer before every process stops with an error.")
 
 # Inference benchmark
@@ -450,7 +453,9 @@ def _build(env: DistEnv | None, device: torch.device, collectives: Collectives, 
         model = DLRM(model_cfg, device=device)
         source = lambda split, batch_size: make_source(data_cfg, spec, split, batch_size, device)  # noqa: E731
     else:
-        model, parallel = parallelize(model_cfg, _plan(model_cfg, env, device, logger), device, collectives)
+        exchange_dtype = {"auto": None, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+        model, parallel = parallelize(model_cfg, _plan(model_cfg, env, device, logger), device, collectives,
+                                      exchange_dtype[FLAGS.exchange_dtype])
         source = lambda split, batch_size: make_rank_source(  # noqa: E731
             data_cfg, spec, split, batch_size, device, parallel.tables, parallel.rank, parallel.world_size)
     n_params = sum(p.numel() for p in model.parameters())
