@@ -36,7 +36,7 @@ class DLRMConfig:
     top_mlp_sizes: list[int] = field(default_factory=lambda: [1024, 1024, 512, 256, 1])
     interaction_op: str = "dot"  # "dot" | "cuda_dot" (same result, fused kernel) | "cat" | "dcn" (DCNv2)
     # "joint" (one table + offsets) | "multi_table" (one per feature) | "joint_fused" (joint, with
-    # a fused gather and an in-place SGD update kernel instead of sparse gradients)
+    # a fused gather and an in-place SGD / row-wise Adagrad update kernel instead of sparse gradients)
     embedding_type: str = "joint"
     hash_indices: bool = False  # ids -> id % table_size inside the model
     # interaction_op="dcn" only: cross layers, and the rank r of each layer's K -> r -> K product.
@@ -179,8 +179,9 @@ class DLRM(nn.Module):
         return list(self.embeddings.parameters())
 
     def fused_embeddings(self) -> list[JointFusedEmbedding]:
-        """Embedding modules that apply their own SGD update (``embedding_type='joint_fused'``):
-        their weights get no gradient, ``fused_train_step`` updates them."""
+        """Embedding modules that apply their own update, SGD or row-wise Adagrad
+        (``embedding_type='joint_fused'``): their weights get no gradient, ``fused_train_step``
+        updates them."""
         return [self.embeddings] if isinstance(self.embeddings, JointFusedEmbedding) else []
 
     def dense_parameters(self) -> list[nn.Parameter]:

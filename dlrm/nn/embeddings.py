@@ -5,8 +5,8 @@ ids by its table's row offset: one gather for the whole batch. ``MultiTableEmbed
 one ``nn.Embedding`` per feature: one gather per table, but each table is its own tensor
 (easier to place, shard or give its own dtype). Both map ids ``[B, F]`` to ``[B, F, D]``.
 ``JointFusedEmbedding`` is the joint layout on the fused kernels of ``dlrm.kernels.embedding``:
-its lookup writes the compute dtype directly, and its SGD update is applied in place from the
-pending gradients instead of through a sparse ``weight.grad`` and ``torch.optim``.
+its lookup writes the compute dtype directly, and its SGD or row-wise Adagrad update is applied in
+place from the pending gradients instead of through a sparse ``weight.grad`` and ``torch.optim``.
 
 Ids are expected in ``[0, rows)`` per table. Nothing here checks that (a check would cost a
 device sync per batch); the data layer does. With ``hash_indices`` the model maps any id to
@@ -28,7 +28,7 @@ from dlrm.data.batch import Bags
 from dlrm.data.feature_spec import POOLINGS
 from dlrm.kernels.backend import compute_dtype, exporting
 from dlrm.kernels.embedding import gather, sgd_update
-from dlrm.kernels.embedding_bag import bag_gather, bag_sgd_update
+from dlrm.kernels.embedding_bag import ADAGRAD_EPS, bag_gather, bag_rowwise_adagrad_update, bag_sgd_update
 from dlrm.nn.init import init_embedding_table_, table_generator
 
 
@@ -328,8 +328,8 @@ class _FusedBagLookup(torch.autograd.Function):
 class JointFusedEmbedding(JointEmbedding):
     """``JointEmbedding`` (same constructor, init, ``table_weight``/``load_table_`` and state
     dict) on fused kernels: the lookup writes ``[B, F, D]`` in the compute dtype (the autocast
-    dtype when autocast is on for the weight's device, else the weight's), and SGD updates
-    the used rows in place with their duplicates summed, from a deferred update.
+    dtype when autocast is on for the weight's device, else the weight's), and SGD or row-wise
+    Adagrad updates the used rows in place with their duplicates summed, from a deferred update.
 
     The backward leaves ``weight.grad`` as ``None`` and queues ``(rows, grad_out)``; the
     training step then calls ``apply_update_(lr, grad_scale, skip)``. Deferred, not applied
@@ -337,11 +337,15 @@ class JointFusedEmbedding(JointEmbedding):
     of the model overflowed, which is known only once the whole backward has run: the step
     calls ``apply_update_(lr, 1 / scale, skip=found_inf)`` (``pending_nonfinite()`` adds this
     module's share to ``found_inf``). Several forward/backward passes before one update
-    accumulate (one queued item each). Only plain SGD (no momentum, no weight decay), which
-    is what the sparse path supports too.
+    accumulate (one queued item each). Plain SGD (no momentum, no weight decay), or row-wise
+    Adagrad when the step passes the accumulator (``rowwise_state``): this module applies the
+    rule, the optimizer (``dlrm.training.optimizers``) owns the state and its checkpoints.
 
     Multi-hot ids (``Bags``) take ``bag_gather`` forward and queue ``(values, offsets,
     per_sample_weights, grad)``, applied by ``bag_sgd_update``; both kinds may share a queue.
+    Row-wise Adagrad runs ``bag_rowwise_adagrad_update`` on the whole queue as one bag batch (a
+    one-hot item is bags of one), because its update is not linear in the gradient: a row's
+    gradients of the whole step must be summed before its accumulator moves.
     """
 
     def __init__(
@@ -396,15 +400,27 @@ class JointFusedEmbedding(JointEmbedding):
         lr: float | torch.Tensor,
         grad_scale: float | torch.Tensor = 1.0,
         skip: bool | torch.Tensor | None = None,
+        rowwise_state: torch.Tensor | None = None,
+        eps: float = ADAGRAD_EPS,
     ) -> None:
-        """``weight[r] -= lr * grad_scale * (sum of queued gradients of row r)`` for every queued
-        item, none of it when ``skip`` is true (the queue is cleared either way). Each argument
-        is a Python number or a one-element tensor (e.g. a GradScaler's ``found_inf``); tensors
-        already on the weight's device keep the whole update free of host syncs."""
+        """Applies the queued gradients, ``g[r] = grad_scale * (sum of queued gradients of row r)``
+        for every row used, none of it when ``skip`` is true (the queue is cleared either way):
+        SGD, ``weight[r] -= lr * g[r]``, or with ``rowwise_state`` (fp32 ``[rows]``, updated in
+        place) row-wise Adagrad, ``state[r] += mean(g[r]^2); weight[r] -= lr * g[r] / (sqrt(state[r])
+        + eps)``. Each scalar is a Python number or a one-element tensor (e.g. a GradScaler's
+        ``found_inf``); tensors already on the weight's device keep the whole update free of
+        host syncs."""
         device = self.weight.device
         lr_t = _device_scalar(lr, torch.float32, device)
         scale_t = _device_scalar(grad_scale, torch.float32, device)
         skip_t = _device_scalar(False if skip is None else skip, torch.bool, device)
+        if rowwise_state is not None:
+            if self._pending:
+                values, offsets, per_sample_weights, grad = self._pending_as_one_bag_batch()
+                bag_rowwise_adagrad_update(self.weight, rowwise_state, values, offsets, grad, lr_t, scale_t, skip_t,
+                                           per_sample_weights, eps)
+            self._pending.clear()
+            return
         for item in self._pending:
             if isinstance(item, PendingBagUpdate):
                 bag_sgd_update(self.weight, item.values, item.offsets, item.grad, lr_t, scale_t, skip_t,
@@ -413,6 +429,38 @@ class JointFusedEmbedding(JointEmbedding):
                 rows, grad = item
                 sgd_update(self.weight, rows, grad, lr_t, scale_t, skip_t)
         self._pending.clear()
+
+    def _pending_as_one_bag_batch(self) -> PendingBagUpdate:
+        """The whole queue as one bag update: a one-hot item is bags of one (offsets ``0..N``);
+        several items are concatenated (gradients as ``[bags, D]`` in bag order). Shapes only, no
+        host sync."""
+        items = []
+        for item in self._pending:
+            if isinstance(item, PendingBagUpdate):
+                items.append(item)
+            else:
+                rows, grad = item
+                offsets = torch.arange(rows.shape[0] + 1, dtype=torch.int64, device=rows.device)
+                items.append(PendingBagUpdate(rows, offsets, None, grad))
+        if len(items) == 1:
+            return items[0]
+        values, offsets, weights, grads, start = [], [], [], [], 0
+        for item in items:
+            num_bags = item.offsets.shape[0] - 1
+            values.append(item.values.to(torch.int64))
+            bounds = item.offsets.to(torch.int64) + start
+            offsets.append(bounds[1:] if offsets else bounds)  # one leading 0, then every item's ends
+            grads.append(item.grad if item.grad.dim() == 2
+                         else item.grad.transpose(0, 1).reshape(num_bags, item.grad.shape[-1]))
+            weights.append(item.per_sample_weights)
+            start += item.values.shape[0]
+        if all(w is None for w in weights):
+            per_sample_weights = None
+        else:
+            dtype = next(w.dtype for w in weights if w is not None)
+            per_sample_weights = torch.cat([torch.ones(v.shape[0], dtype=dtype, device=v.device) if w is None else w
+                                            for w, v in zip(weights, values)])
+        return PendingBagUpdate(torch.cat(values), torch.cat(offsets), per_sample_weights, torch.cat(grads))
 
     def discard_pending_(self) -> None:
         """Drops the queued gradients (e.g. after an evaluation pass that ran a backward)."""

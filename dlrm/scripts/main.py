@@ -84,7 +84,8 @@ flags.DEFINE_float("decay_end_lr", 0, "Learning rate at the end of the decay and
 # Model
 flags.DEFINE_enum("embedding_type", "joint", ["joint", "multi_table", "joint_fused"],
                   "joint: one table for all features with offsets; multi_table: one table per feature; "
-                  "joint_fused: joint, with a fused gather and an in-place SGD update kernel (no sparse gradient; "
+                  "joint_fused: joint, with a fused gather and an in-place update kernel, SGD or row-wise Adagrad "
+                  "(no sparse gradient; "
                   "needed by --cuda_graphs).")
 flags.DEFINE_integer("embedding_dim", 128, "Embedding dimension (the bottom MLP's last size must equal it for dot).")
 flags.DEFINE_list("top_mlp_sizes", ["1024", "1024", "512", "256", "1"], "Top MLP layer sizes; the last must be 1.")
@@ -244,10 +245,11 @@ def _validate_flags() -> None:
         config.validate()
     except ValueError as e:
         raise app.UsageError(str(e)) from None
-    if FLAGS.embedding_type == "joint_fused" and (config.embedding, config.dense_optimizer) != ("sgd", "sgd"):
-        raise app.UsageError(f"--embedding_type joint_fused updates with SGD inside its kernels; got --optimizer "
-                             f"{config.embedding} and --dense_optimizer {config.dense_optimizer}: use --embedding_type "
-                             "joint (or multi_table) for other optimizers")
+    if FLAGS.embedding_type == "joint_fused":
+        try:  # its kernels: sgd or rowwise_adagrad tables, an sgd or adagrad dense part
+            config.validate_fused()
+        except ValueError as e:
+            raise app.UsageError(str(e)) from None
     try:
         _schedule()
     except ValueError as e:

@@ -7,6 +7,15 @@ Dense part: ``sgd``, ``adagrad`` or ``adam`` (torch's own).
 
 ``CombinedOptimizer`` steps both as one optimizer, so that a GradScaler that finds an fp16
 overflow skips the embedding update, the dense update and every optimizer-state update together.
+
+``joint_fused`` tables update themselves inside their kernels (``fused_train_step``): they are in
+no param group and never stepped here. What this module keeps for them is their optimizer
+*state*: with ``rowwise_adagrad`` a ``RowWiseAdagrad`` that holds the fused weights and is never
+stepped (``CombinedOptimizer.fused``), so the accumulator has exactly the format, dtype and
+initial value of the non-fused path's and checkpoints find it through ``embedding_state``
+(``table_<i>_optimizer.pt``) whatever the layout. The dense part of a fused step is applied by
+``device_dense_step_``: torch's SGD or Adagrad rule on the torch optimizer's own state tensors,
+written with device-side ops only (no host sync, CUDA-graph capturable).
 """
 
 from __future__ import annotations
@@ -21,6 +30,10 @@ DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
 # The dense optimizer a run uses when only the embeddings' one is chosen (MLPerf DLRMv2 pairs
 # row-wise Adagrad tables with Adagrad MLPs).
 DEFAULT_DENSE = {"sgd": "sgd", "adagrad": "adagrad", "rowwise_adagrad": "adagrad"}
+# What ``embedding_type=joint_fused`` trains with: the tables' rules its kernels implement, and
+# the dense rules ``device_dense_step_`` writes out with device-side ops.
+FUSED_EMBEDDING_OPTIMIZERS = ("sgd", "rowwise_adagrad")
+FUSED_DENSE_OPTIMIZERS = ("sgd", "adagrad")
 
 
 @dataclass(frozen=True)
@@ -43,6 +56,17 @@ class OptimizerConfig:
             raise ValueError(f"`optimizer_eps` must be positive, got {self.eps}")
         if not self.initial_accumulator_value >= 0:
             raise ValueError(f"`initial_accumulator_value` must be >= 0, got {self.initial_accumulator_value}")
+
+    def validate_fused(self) -> None:
+        """Refuses the optimizers ``embedding_type=joint_fused`` cannot train with."""
+        if self.embedding in FUSED_EMBEDDING_OPTIMIZERS and self.dense_optimizer in FUSED_DENSE_OPTIMIZERS:
+            return
+        raise ValueError(
+            f"`embedding_type=joint_fused` updates its tables with `optimizer=sgd` or `optimizer=rowwise_adagrad` "
+            f"and its dense part with `dense_optimizer=sgd` or `dense_optimizer=adagrad`; got "
+            f"`optimizer={self.embedding}` and `dense_optimizer={self.dense_optimizer}`: choose those, or use "
+            "`embedding_type=joint` for the others"
+        )
 
     def state_bytes_per_row(self, dim: int) -> int:
         """Optimizer state an embedding row carries besides its weights (fp32)."""
@@ -112,10 +136,15 @@ class CombinedOptimizer:
     """The dense and the embedding optimizer as one: ``param_groups`` lists both (dense first:
     the LR schedule and the GradScaler see every group), ``step`` steps both, and the state dict
     keeps them apart, because the dense part is the same on every process while each process's
-    embedding part holds other tables (checkpoints store that state per table)."""
+    embedding part holds other tables (checkpoints store that state per table).
 
-    def __init__(self, dense: torch.optim.Optimizer, embeddings: torch.optim.Optimizer, config: OptimizerConfig):
-        self.dense, self.embeddings, self.config = dense, embeddings, config
+    ``fused`` holds the state of ``joint_fused`` tables (a ``RowWiseAdagrad`` with
+    ``rowwise_adagrad``, else None). It is in no param group and never stepped: those tables
+    update themselves in ``fused_train_step``, which reads and writes this state in place."""
+
+    def __init__(self, dense: torch.optim.Optimizer, embeddings: torch.optim.Optimizer, config: OptimizerConfig,
+                 fused: RowWiseAdagrad | None = None):
+        self.dense, self.embeddings, self.config, self.fused = dense, embeddings, config, fused
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -133,8 +162,18 @@ class CombinedOptimizer:
         self.embeddings.step()
 
     def embedding_state(self, param: torch.nn.Parameter) -> dict[str, torch.Tensor]:
-        """The embedding optimizer's state tensors of ``param`` (empty for SGD)."""
+        """The embedding optimizer's state tensors of ``param``, a fused table's included (empty
+        for SGD): what checkpoints save and load per table."""
+        if self.fused is not None and param in self.fused.state:
+            return self.fused.state[param]
         return self.embeddings.state.get(param, {})
+
+    def fused_rowwise_state(self, param: torch.nn.Parameter) -> tuple[torch.Tensor | None, float]:
+        """``(accumulator [rows], eps)`` of a ``joint_fused`` weight under ``rowwise_adagrad``;
+        ``(None, eps)`` under SGD, whose tables keep no state."""
+        if self.fused is None:
+            return None, self.config.eps
+        return self.fused.state[param]["sum"], self.fused.param_groups[0]["eps"]
 
     def state_dict(self) -> dict[str, Any]:
         """Dense state in full; the embeddings' hyperparameters only (their state goes per table)."""
@@ -152,18 +191,86 @@ class CombinedOptimizer:
 
 
 def make_optimizer(model: torch.nn.Module, lr: float, config: OptimizerConfig = OptimizerConfig()) -> CombinedOptimizer:
-    """The run's optimizer. ``joint_fused`` embeddings update themselves (``fused_train_step``,
-    plain SGD), so their weights are in no group and they take ``sgd`` only."""
+    """The run's optimizer. ``joint_fused`` embeddings update themselves (``fused_train_step``),
+    so their weights are in no group; they train with ``sgd`` or ``rowwise_adagrad`` (whose
+    accumulators ``CombinedOptimizer.fused`` holds) and a ``sgd`` or ``adagrad`` dense part."""
     config.validate()
-    fused = {id(p) for module in model.fused_embeddings() for p in module.parameters()}
-    if fused and (config.embedding != "sgd" or config.dense_optimizer != "sgd"):
-        raise ValueError(
-            f"`embedding_type=joint_fused` updates with SGD inside its kernels; got `optimizer={config.embedding}` "
-            f"and `dense_optimizer={config.dense_optimizer}`: use `embedding_type=joint` for other optimizers"
-        )
+    fused_params = [p for module in model.fused_embeddings() for p in module.parameters()]
+    if fused_params:
+        config.validate_fused()
+    fused = {id(p) for p in fused_params}
     embedding_params = [p for p in model.sparse_parameters() if id(p) not in fused]
+    fused_state = None
+    if fused_params and config.embedding == "rowwise_adagrad":
+        fused_state = RowWiseAdagrad([{"params": fused_params, "name": "fused_embeddings"}], lr=lr, eps=config.eps,
+                                     initial_accumulator_value=config.initial_accumulator_value)
     return CombinedOptimizer(
         _dense_optimizer(config.dense_optimizer, model.dense_parameters(), lr, config),
         _embedding_optimizer(config.embedding, embedding_params, lr, config),
         config,
+        fused_state,
     )
+
+
+@torch.no_grad()
+def device_dense_step_(optimizer: torch.optim.Optimizer, lr: torch.Tensor, skip: torch.Tensor | None = None) -> None:
+    """The dense optimizer's step with device-side ops only (no host sync; CUDA-graph capturable):
+    what ``fused_train_step`` applies after unscaling the gradients. ``lr`` is a 0-dim float32
+    tensor on the weights' device (it replaces the groups' lr); ``skip`` (0-dim bool, or None)
+    leaves every weight and every state tensor bit-identical when true.
+
+    ``sgd``: ``p -= lr * g``. ``adagrad``: torch's Adagrad rule on the torch optimizer's own state
+    (``sum += g * g; p -= lr * g / (sqrt(sum) + eps)``; ``step`` counts the updates not skipped),
+    so its ``state_dict`` is the one ``train_step`` would have written; the count is moved to the
+    weights' device once, so that it advances inside a CUDA graph too. ``optimizer`` is a
+    ``CombinedOptimizer`` (its dense part steps) or a plain SGD/Adagrad."""
+    dense = getattr(optimizer, "dense", optimizer)
+    for group in dense.param_groups:
+        params = [p for p in group["params"] if p.grad is not None]
+        if not params:
+            continue
+        grads = [p.grad for p in params]
+        if isinstance(dense, torch.optim.SGD) and not (group["momentum"] or group["weight_decay"]):
+            _sgd_on_device_(params, grads, lr, skip)
+        elif isinstance(dense, torch.optim.Adagrad) and not (group["lr_decay"] or group["weight_decay"]
+                                                             or group["maximize"]):
+            _adagrad_on_device_(dense, group, params, grads, lr, skip)
+        else:
+            raise ValueError(f"the fused training step applies plain `dense_optimizer=sgd` or `adagrad` (no momentum, "
+                             f"weight decay or lr decay), got {type(dense).__name__}: use `embedding_type=joint`")
+
+
+def _sgd_on_device_(params, grads, lr, skip) -> None:
+    if skip is None:
+        torch._foreach_add_(params, torch._foreach_mul(grads, lr.neg()))
+        return
+    for p, g in zip(params, grads):
+        p.sub_(torch.where(skip, 0.0, g * lr))  # where, not 0 * g: g may hold inf/NaN
+
+
+def _adagrad_on_device_(dense: torch.optim.Adagrad, group: dict[str, Any], params, grads, lr, skip) -> None:
+    sums, steps = [], []
+    for p in params:
+        state = dense.state[p]
+        if "sum" not in state:  # torch versions that create the state lazily: create it in their format
+            state["step"] = torch.tensor(0.0)
+            state["sum"] = torch.full_like(p, group["initial_accumulator_value"], memory_format=torch.preserve_format)
+        if state["step"].device != p.device:
+            state["step"] = state["step"].to(p.device)
+        sums.append(state["sum"])
+        steps.append(state["step"])
+    if skip is None:
+        torch._foreach_add_(steps, 1)
+        torch._foreach_addcmul_(sums, grads, grads, value=1)
+        numerators = torch._foreach_mul(grads, lr.neg())
+    else:
+        for step in steps:
+            step.add_(skip.logical_not().to(step.dtype))
+        # A skipped step keeps the old sums (g may hold inf/NaN) and adds -0.0 to every weight,
+        # which leaves any float, -0.0 included, bit-identical.
+        new_sums = torch._foreach_addcmul(sums, grads, grads, value=1)
+        torch._foreach_copy_(sums, [torch.where(skip, s, n) for s, n in zip(sums, new_sums)])
+        numerators = [torch.where(skip, -0.0, g * lr.neg()) for g in grads]
+    std = torch._foreach_sqrt(sums)
+    torch._foreach_add_(std, group["eps"])
+    torch._foreach_addcdiv_(params, numerators, std)

@@ -26,6 +26,7 @@ from dlrm.training.cuda_graphs import GraphedInference, GraphedTrainStep, check_
 from dlrm.training.grad_scaler import DeviceScalerState
 from dlrm.training.logger import RunLogger, format_eta
 from dlrm.training.lr_schedule import LRSchedule
+from dlrm.training.optimizers import device_dense_step_
 
 
 @dataclass
@@ -108,12 +109,14 @@ def fused_train_step(
     """The same update as ``train_step`` for models with ``joint_fused`` embeddings, with no host
     synchronisation and no data-dependent shape: what ``--cuda_graphs`` captures.
 
-    The embeddings update their own rows (fused kernels, no sparse gradient); plain SGD on the
-    dense weights is written out with device-side tensors; with fp16 loss scaling the overflow
-    check, the skip of every update and the scale update happen on the device too, with the
-    GradScaler's own state, so checkpoints and the ``train_step`` path stay interchangeable.
-    ``lr`` is a 0-dim float32 device tensor (defaults to the dense group's current lr);
-    ``autocast_cache=False`` while a CUDA graph captures the step.
+    The embeddings update their own rows (fused kernels, no sparse gradient): SGD, or row-wise
+    Adagrad on the accumulator the optimizer holds for them (``fused_rowwise_state``, the state
+    checkpoints save per table). The dense SGD or Adagrad update is written out with device-side
+    tensors on the torch optimizer's own state (``device_dense_step_``). With fp16 loss scaling the
+    overflow check, the skip of every update and the scale update happen on the device too, with
+    the GradScaler's own state, so checkpoints and the ``train_step`` path stay interchangeable.
+    ``optimizer`` is ``make_optimizer``'s; ``lr`` is a 0-dim float32 device tensor (defaults to
+    the dense group's current lr); ``autocast_cache=False`` while a CUDA graph captures the step.
     """
     params = [p for g in optimizer.param_groups for p in g["params"]]
     device = params[0].device
@@ -125,26 +128,22 @@ def fused_train_step(
     scaler.scale(loss).backward()
     collectives.sync_gradients(model)
     with torch.no_grad():  # the updates below are in place on leaf weights
-        with_grad = [p for p in params if p.grad is not None]
-        grads = [p.grad for p in with_grad]
+        grads = [p.grad for p in params if p.grad is not None]
+        skip, grad_scale, scaler_state = None, 1.0, None
         if scaler.is_enabled():
             scaler_state = DeviceScalerState(scaler)
             found_inf = torch.zeros(1, dtype=torch.float32, device=device)
-            inv_scale = scaler_state.unscale_and_check_(grads, found_inf)
+            grad_scale = scaler_state.unscale_and_check_(grads, found_inf).reshape(())
             for embedding in fused:
                 found_inf += embedding.pending_nonfinite().float()
             found_inf = collectives.sum(found_inf)  # each process holds other tables: all skip together
             skip = found_inf.reshape(()) > 0
-            for p, g in zip(with_grad, grads):
-                p.sub_(torch.where(skip, 0.0, g * lr))  # where, not 0 * g: g may hold inf/NaN
-            for embedding in fused:
-                embedding.apply_update_(lr, inv_scale.reshape(()), skip)
+        device_dense_step_(optimizer, lr, skip)
+        for embedding in fused:
+            state, eps = optimizer.fused_rowwise_state(embedding.weight)
+            embedding.apply_update_(lr, grad_scale, skip, rowwise_state=state, eps=eps)
+        if scaler_state is not None:
             scaler_state.update_(found_inf)
-        else:
-            if grads:
-                torch._foreach_add_(with_grad, torch._foreach_mul(grads, lr.neg()))
-            for embedding in fused:
-                embedding.apply_update_(lr)
     return loss.detach()
 
 
