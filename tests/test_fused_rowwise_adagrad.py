@@ -28,10 +28,11 @@ from dlrm.training.optimizers import OptimizerConfig, RowWiseAdagrad, make_optim
 from dlrm.training.train import fused_train_step, make_train_step
 from test_bag_embeddings import bags_of, random_lists
 from test_distributed import free_port
+from test_optimizers import EPS, LR, PlainReference
 
 TABLES = [3, 200, 17, 50]
 POOLINGS = ["sum", "mean", "sum", "mean"]
-DIM, LR, EPS, STEPS, BATCH = 8, 0.05, 1e-8, 4, 48
+DIM, STEPS, BATCH = 8, 4, 48
 INPUTS = ["one_hot", "bags"]
 
 
@@ -60,14 +61,15 @@ def batches(kind, n=STEPS, seed=1):
 
 
 class Float64Reference:
-    """The model in float64 (``joint`` layout, for its gradients only) and the update rules
-    written out on dense gradients, independent of torch.optim, sparse tensors and kernels. A
-    row the batch did not use has a zero gradient, which these rules leave alone."""
+    """The model in float64 (``joint`` layout, for its gradients only) and the update rules of
+    ``test_optimizers.PlainReference``, written out on dense gradients, independent of
+    torch.optim, sparse tensors and kernels."""
 
     def __init__(self, model, embedding, dense):
         self.model = DLRM(model_config("joint")).double()
         self.model.load_state_dict(model.state_dict())
-        self.embedding, self.dense, self.state = embedding, dense, {}
+        self.rules = PlainReference(embedding, dense)
+        self.state = self.rules.state
 
     def step(self, batch):
         self.model.zero_grad(set_to_none=True)
@@ -75,18 +77,9 @@ class Float64Reference:
                                                   batch.label.double())
         loss.backward()
         with torch.no_grad():
-            for name, p in self.model.named_parameters():
-                g = p.grad.to_dense() if p.grad.is_sparse else p.grad
-                rule = self.embedding if name.startswith("embeddings.") else self.dense
-                s = self.state.setdefault(name, {})
-                if rule == "sgd":
-                    p -= LR * g
-                elif rule == "adagrad":
-                    s["sum"] = s.get("sum", torch.zeros_like(p)) + g * g
-                    p -= LR * g / (s["sum"].sqrt() + EPS)
-                else:  # rowwise_adagrad
-                    s["sum"] = s.get("sum", torch.zeros(p.shape[0], dtype=p.dtype)) + (g * g).mean(dim=1)
-                    p -= LR * g / (s["sum"].sqrt() + EPS).unsqueeze(1)
+            params = dict(self.model.named_parameters())
+            self.rules.step(params, {name: p.grad.to_dense() if p.grad.is_sparse else p.grad
+                                     for name, p in params.items()})
         return float(loss.detach())
 
 
