@@ -185,6 +185,22 @@ if triton is not None:
         return sums, carry, carry_id
 
     @triton.jit
+    def write_runs(weight_ptr, ids, nxt, valid, sums, before, after, cols, col_ok, factor, num_rows,
+                   weight_stride):
+        """``weight[id] -= factor * sums`` at the last lane of every run (ids in ``[0, num_rows)``):
+        a load/store when the run lies in this program, an atomic add of the partial sum when it
+        is shared with the program before (``before``) or after (``after``)."""
+        ends = valid & (ids != nxt) & (ids >= 0) & (ids < num_rows)
+        shared = (ids == before) | (ids == after)
+        offsets = ids[:, None] * weight_stride + cols[None, :]
+        step = factor * sums
+        mask = ends[:, None] & col_ok[None, :]
+        tl.atomic_add(weight_ptr + offsets, -step, mask=mask & shared[:, None], sem="relaxed")
+        own = mask & ~shared[:, None]
+        old = tl.load(weight_ptr + offsets, mask=own, other=0.0)
+        tl.store(weight_ptr + offsets, old - step, mask=own)
+
+    @triton.jit
     def _sgd_update_kernel(weight_ptr, sorted_ptr, perm_ptr, grad_ptr, lr_ptr, scale_ptr, skip_ptr,
                            n, num_rows, dim, weight_stride, grad_stride,
                            TILE: tl.constexpr, TILES: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -215,19 +231,20 @@ if triton is not None:
             grad = tl.load(grad_ptr + src[:, None] * grad_stride + cols[None, :],
                            mask=valid[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
             sums, carry, carry_id = run_sums(ids, nxt, valid, grad, carry, carry_id, lane, TILE)
-            ends = valid & (ids != nxt) & (ids >= 0) & (ids < num_rows)
-            shared = (ids == before) | (ids == after)
-            offsets = ids[:, None] * weight_stride + cols[None, :]
-            step = factor * sums
-            mask = ends[:, None] & col_ok[None, :]
-            tl.atomic_add(weight_ptr + offsets, -step, mask=mask & shared[:, None], sem="relaxed")
-            own = mask & ~shared[:, None]
-            old = tl.load(weight_ptr + offsets, mask=own, other=0.0)
-            tl.store(weight_ptr + offsets, old - step, mask=own)
+            write_runs(weight_ptr, ids, nxt, valid, sums, before, after, cols, col_ok, factor, num_rows,
+                       weight_stride)
 
 
 def _pow2_block(dim: int, cap: int) -> int:
     return min(max(triton.next_power_of_2(dim), 16), cap)
+
+
+def update_block_d(dim: int, grad_dtype: torch.dtype, max_block_d: int | None = None) -> int:
+    """Columns per update program: the fastest measured shape for the gradient's dtype
+    (``UPDATE_MAX_BLOCK_D`` / ``UPDATE_HALF_BLOCK_D``) unless ``max_block_d`` says otherwise."""
+    if max_block_d is None:
+        max_block_d = UPDATE_MAX_BLOCK_D if grad_dtype == torch.float32 else UPDATE_HALF_BLOCK_D
+    return _pow2_block(dim, max_block_d)
 
 
 # ----------------------------------------------------------------------------- public functions
@@ -284,9 +301,7 @@ def _sgd_update_triton(
     if n == 0:
         return
     sorted_rows, perm = torch.sort(rows)
-    if max_block_d is None:
-        max_block_d = UPDATE_MAX_BLOCK_D if grad.dtype == torch.float32 else UPDATE_HALF_BLOCK_D
-    block_d = _pow2_block(dim, max_block_d)
+    block_d = update_block_d(dim, grad.dtype, max_block_d)
     grid = (triton.cdiv(n, tile * tiles), triton.cdiv(dim, block_d))
     _sgd_update_kernel[grid](weight, sorted_rows, perm, grad, lr, grad_scale, skip,
                              n, weight.shape[0], dim, weight.stride(0), grad.stride(0),

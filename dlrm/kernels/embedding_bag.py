@@ -52,12 +52,13 @@ import torch
 import torch.nn.functional as F
 
 from dlrm.kernels.backend import interpreting, triton_installed, triton_usable
+from dlrm.kernels.embedding import UPDATE_TILE, UPDATE_TILES, update_block_d  # one program shape for both
 
 if triton_installed():
     import triton
     import triton.language as tl
 
-    from dlrm.kernels.embedding import run_sums
+    from dlrm.kernels.embedding import run_sums, write_runs
 else:  # the references run instead; nothing below is reached without Triton
     triton = None
 
@@ -72,10 +73,6 @@ _KERNELS_INTERPRETED = interpreting()
 
 GATHER_ELEMENTS = 4096  # bags x columns per gather program
 GATHER_MAX_BLOCK_D = 128
-UPDATE_TILE = 16  # sorted positions summed at once (a segmented scan down [TILE, BLOCK_D])
-UPDATE_TILES = 16  # a hot id costs one atomic per TILE * TILES occurrences
-UPDATE_MAX_BLOCK_D = 128  # columns per update program for fp32 gradients (H100: fastest)
-UPDATE_HALF_BLOCK_D = 32  # ... and for fp16/bf16 ones (H100: 1.48 ms vs 1.79 at 128, Criteo batch)
 ADAGRAD_TILE_ELEMENTS = 4096  # Adagrad step: runs x BLOCK_D per program, with BLOCK_D the whole row
 ADAGRAD_MAX_DIM = 1024  # wider rows take the reference
 
@@ -438,15 +435,8 @@ if triton is not None:
                                                cols, col_ok, num_bags, batch, grad_stride_t, grad_stride_b,
                                                psw_stride, HAS_WEIGHTS)
             sums, carry, carry_id = run_sums(ids, nxt, valid, grad, carry, carry_id, lane, TILE)
-            ends = valid & (ids != nxt) & (ids >= 0) & (ids < num_rows)
-            shared = (ids == before) | (ids == after)
-            offsets = ids[:, None] * weight_stride + cols[None, :]
-            step = factor * sums
-            mask = ends[:, None] & col_ok[None, :]
-            tl.atomic_add(weight_ptr + offsets, -step, mask=mask & shared[:, None], sem="relaxed")
-            own = mask & ~shared[:, None]
-            old = tl.load(weight_ptr + offsets, mask=own, other=0.0)
-            tl.store(weight_ptr + offsets, old - step, mask=own)
+            write_runs(weight_ptr, ids, nxt, valid, sums, before, after, cols, col_ok, factor, num_rows,
+                       weight_stride)
 
     @triton.jit
     def _adagrad_rows(weight_ptr, state_ptr, ids, g, mask_rows, cols, col_ok, lr, eps, dim,
@@ -573,20 +563,24 @@ def _bag_sgd_update_triton(weight, values, offsets, grad_pooled, lr, grad_scale,
                            max_block_d: int | None = None) -> None:
     """The kernel path of ``bag_sgd_update``; ``tile``/``tiles`` are exposed so tests can make
     runs cross many programs with few ids, and ``max_block_d`` for tuning."""
-    n, dim = values.shape[0], weight.shape[1]
-    if n == 0 or dim == 0:
+    if values.shape[0] == 0 or weight.shape[1] == 0:
         return
-    sorted_rows, perm, bags, psw, (num_bags, batch), (stride_t, stride_b, psw_stride) = _prepare_update(
-        values, offsets, grad_pooled, per_sample_weights)
-    if max_block_d is None:
-        max_block_d = UPDATE_MAX_BLOCK_D if grad_pooled.dtype == torch.float32 else UPDATE_HALF_BLOCK_D
-    block_d = _pow2(dim, 16, max_block_d)
+    prepared = _prepare_update(values, offsets, grad_pooled, per_sample_weights)
+    _launch_sgd_kernel(weight, prepared[0], weight.shape[0], prepared, grad_pooled, lr, grad_scale, skip,
+                       per_sample_weights is not None, tile, tiles, max_block_d)
+
+
+def _launch_sgd_kernel(target, sorted_ids, num_rows, prepared, grad_pooled, lr, grad_scale, skip, weighted: bool,
+                       tile: int, tiles: int, max_block_d: int | None = None) -> None:
+    """``_bag_sgd_update_kernel`` on ``target`` keyed by ``sorted_ids`` (row ids, or run indices)."""
+    _, perm, bags, psw, (num_bags, batch), (stride_t, stride_b, psw_stride) = prepared
+    n, dim = sorted_ids.shape[0], target.shape[1]
+    block_d = update_block_d(dim, grad_pooled.dtype, max_block_d)
     grid = (triton.cdiv(n, tile * tiles), triton.cdiv(dim, block_d))
-    _bag_sgd_update_kernel[grid](weight, sorted_rows, perm, bags, psw, grad_pooled, lr, grad_scale, skip,
-                                 n, weight.shape[0], dim, num_bags, batch, weight.stride(0),
+    _bag_sgd_update_kernel[grid](target, sorted_ids, perm, bags, psw, grad_pooled, lr, grad_scale, skip,
+                                 n, num_rows, dim, num_bags, batch, target.stride(0),
                                  stride_t, stride_b, psw_stride,
-                                 HAS_WEIGHTS=per_sample_weights is not None, TILE=tile, TILES=tiles,
-                                 BLOCK_D=block_d)
+                                 HAS_WEIGHTS=weighted, TILE=tile, TILES=tiles, BLOCK_D=block_d)
 
 
 def bag_rowwise_adagrad_update(
@@ -627,8 +621,8 @@ def _bag_rowwise_adagrad_triton(weight, state, values, offsets, grad_pooled, lr,
     n, dim = values.shape[0], weight.shape[1]
     if n == 0 or dim == 0:
         return
-    sorted_rows, perm, bags, psw, (num_bags, batch), (stride_t, stride_b, psw_stride) = _prepare_update(
-        values, offsets, grad_pooled, per_sample_weights)
+    prepared = _prepare_update(values, offsets, grad_pooled, per_sample_weights)
+    sorted_rows = prepared[0]
     starts = torch.ones(n, dtype=torch.bool, device=values.device)
     torch.ne(sorted_rows[1:], sorted_rows[:-1], out=starts[1:])
     run = torch.cumsum(starts, 0).sub_(1)  # sorted, grouped exactly as sorted_rows
@@ -636,13 +630,8 @@ def _bag_rowwise_adagrad_triton(weight, state, values, offsets, grad_pooled, lr,
     num_runs = run[-1:] + 1  # on the device: no host sync
     summed = torch.zeros(n, dim, dtype=torch.float32, device=weight.device)
     minus_one = torch.full((), -1.0, dtype=torch.float32, device=weight.device)
-    block_d = _pow2(dim, 16, UPDATE_MAX_BLOCK_D if grad_pooled.dtype == torch.float32 else UPDATE_HALF_BLOCK_D)
-    grid = (triton.cdiv(n, tile * tiles), triton.cdiv(dim, block_d))
-    _bag_sgd_update_kernel[grid](summed, run, perm, bags, psw, grad_pooled, minus_one, grad_scale, skip,
-                                 n, n, dim, num_bags, batch, summed.stride(0),
-                                 stride_t, stride_b, psw_stride,
-                                 HAS_WEIGHTS=per_sample_weights is not None, TILE=tile, TILES=tiles,
-                                 BLOCK_D=block_d)
+    _launch_sgd_kernel(summed, run, n, prepared, grad_pooled, minus_one, grad_scale, skip,
+                       per_sample_weights is not None, tile, tiles)
     block_d = _pow2(dim, 16, ADAGRAD_MAX_DIM)
     rows_per_program = max(ADAGRAD_TILE_ELEMENTS // block_d, 1)
     _rowwise_adagrad_apply_kernel[(triton.cdiv(n, rows_per_program),)](
