@@ -33,8 +33,9 @@ from dlrm.nn.interactions import dot_interaction_reference, dot_interaction_widt
 
 try:  # the embedding kernels are optional here: their rows join the table when present
     from dlrm.kernels import embedding as embedding_kernels
+    from dlrm.kernels import embedding_bag as bag_kernels
 except ImportError:
-    embedding_kernels = None
+    embedding_kernels = bag_kernels = None
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 CRITEO = (65536, 27, 128)
@@ -181,7 +182,8 @@ def dot_interaction_rows(shape: tuple[int, int, int], dtype: torch.dtype, device
 # ----------------------------------------------------------------------------- embedding kernels
 # The embedding kernels (dlrm/kernels/embedding.py) plug in here: one function returning rows,
 # called from main() when that module imports. Gather: Criteo's ids of one batch from a joint
-# table into the compute dtype. SGD update: the same ids with a gradient in the compute dtype.
+# table into the compute dtype. SGD update: the same ids with a gradient in the compute dtype,
+# into the fp32 table, and (bf16 compute dtype) into a bf16 table with stochastic rounding.
 
 
 def embedding_rows(batch: int, dim: int, table_rows: int, dtype: torch.dtype, device: torch.device,
@@ -220,7 +222,36 @@ def embedding_rows(batch: int, dim: int, table_rows: int, dtype: torch.dtype, de
                     measure(lambda: embedding_kernels.sgd_update(*update_args), device, warmup, reps),
                     measure(lambda: embedding_kernels.sgd_update_reference(*update_args), device, warmup, reps),
                     update_bytes, 0.0))
+    if dtype == torch.bfloat16:
+        rows.append(bf16_table_update_row(ids, grad, table_rows, dim, device, warmup, reps))
     return rows
+
+
+def bf16_table_update_row(ids: torch.Tensor, grad: torch.Tensor, table_rows: int, dim: int, device: torch.device,
+                          warmup: int, reps: int) -> Row:
+    """The SGD update of a bf16 table (``embedding_dtype=bf16``) with stochastic rounding, as
+    ``dlrm.nn.embeddings`` runs it: the ids as bags of one through ``bag_sgd_update``, two passes
+    (fp32 run sums into an ``[N, D]`` buffer, then one rounded step per row)."""
+    g = torch.Generator(device=device).manual_seed(1)
+    weight = torch.rand(table_rows, dim, device=device, generator=g).to(torch.bfloat16)
+    offsets = torch.arange(ids.numel() + 1, device=device)
+    lr = torch.tensor(1e-6, device=device)
+    scalars = (lr, torch.tensor(1.0, device=device), torch.tensor(False, device=device))
+    step = torch.tensor(0, dtype=torch.int64, device=device)
+    path = "reference"
+    if bag_kernels.supports_bag_update(weight, ids, offsets, grad, None, *scalars, rounding_step=step):
+        path = "interpreted" if device.type == "cpu" else "triton"
+    touched = torch.unique(ids).numel()
+    num_ids = ids.numel()
+    # ids and gradient read, the fp32 buffer written and read back, each touched bf16 row read and written
+    moved = (num_ids * (ids.element_size() + dim * grad.element_size()) + 2 * num_ids * dim * 4
+             + 2 * touched * dim * weight.element_size())
+    return Row("bf16_table_sgd_update", f"{num_ids}ids@{table_rows}x{dim}", dtype_name(grad.dtype), "update", path,
+               measure(lambda: bag_kernels.bag_sgd_update(weight, ids, offsets, grad, *scalars, rounding_step=step),
+                       device, warmup, reps),
+               measure(lambda: bag_kernels.bag_sgd_update_reference(weight, ids, offsets, grad, *scalars, None, step),
+                       device, warmup, reps),
+               moved, 0.0)
 
 
 # ----------------------------------------------------------------------------- report

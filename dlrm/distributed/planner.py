@@ -170,14 +170,16 @@ class Plan:
 # Sizes
 
 
-def table_bytes(rows: Sequence[int], dim: int, state_bytes_per_row: int = 0) -> list[int]:
-    """Bytes each table needs on its rank: rows * (dim fp32 values + the optimizer state of a row:
-    0 for SGD, 4 for row-wise Adagrad, 4 * dim for Adagrad)."""
+def table_bytes(rows: Sequence[int], dim: int, state_bytes_per_row: int = 0,
+                bytes_per_value: int = _BYTES_PER_VALUE) -> list[int]:
+    """Bytes each table needs on its rank: rows * (dim values of ``bytes_per_value`` bytes, 4 for
+    fp32 tables and 2 for fp16/bf16 ones, + the optimizer state of a row: 0 for SGD, 4 for
+    row-wise Adagrad, 4 * dim for Adagrad)."""
     if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence):
         raise ValueError("rows must be a list with the number of rows of each table")
     if len(rows) == 0:
         raise ValueError("rows is empty: a model needs at least one embedding table")
-    per_row = _whole(dim, "embedding dim", minimum=1) * _BYTES_PER_VALUE
+    per_row = _whole(dim, "embedding dim", minimum=1) * _whole(bytes_per_value, "bytes per value", minimum=1)
     per_row += _whole(state_bytes_per_row, "optimizer state bytes per row")
     return [_whole(r, f"rows of table {i}", minimum=1) * per_row for i, r in enumerate(rows)]
 
@@ -253,17 +255,19 @@ def plan_tables(
     capacity: int | Sequence[int],
     override: Sequence[Sequence[int]] | None = None,
     state_bytes_per_row: int = 0,
+    bytes_per_value: int = _BYTES_PER_VALUE,
 ) -> Plan:
     """Place whole tables on ranks; see docs/distributed.md for the algorithm and the flags.
 
     ``capacity`` is bytes per rank available for tables (one number for all, or one per rank);
-    ``state_bytes_per_row`` the embedding optimizer's state per row, counted with the weights.
+    ``state_bytes_per_row`` the embedding optimizer's state per row, counted with the weights,
+    ``bytes_per_value`` the size of one weight (4 for fp32 tables, 2 for fp16/bf16).
     The greedy balances bytes with at most ``ceil(tables / ranks)`` tables per rank.
     ``override`` (``override[r]`` = tables on rank ``r``) replaces the greedy; it is validated
     and must fit, but the cap on tables per rank does not apply to it.
     Raises ``ValueError`` for malformed inputs and ``PlanError`` for placements that cannot work.
     """
-    sizes = table_bytes(rows, dim, state_bytes_per_row)
+    sizes = table_bytes(rows, dim, state_bytes_per_row, bytes_per_value)
     row_counts = [int(r) for r in rows]
     world_size = _whole(world_size, "world size", minimum=1)
     capacities = _capacities(capacity, world_size)

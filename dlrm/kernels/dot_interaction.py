@@ -38,6 +38,8 @@ from dlrm.kernels.backend import (
 if triton_installed():
     import triton
     import triton.language as tl
+
+    from dlrm.kernels.rounding import round_nearest
 else:  # the reference runs instead; nothing below is reached without Triton
     triton = None
 
@@ -108,19 +110,6 @@ def dot_interaction_reference(
 if triton is not None:
 
     @triton.jit
-    def _cast(x, DTYPE: tl.constexpr, INTERPRETER: tl.constexpr):
-        """``x.to(DTYPE)``, rounding to nearest even as compiled kernels (and torch) do. The
-        interpreter truncates fp32 -> bf16 (Triton 3.x), so there the rounding is spelled out:
-        after adding half an ulp (ties to even) the truncation is exact."""
-        if INTERPRETER:
-            if DTYPE == tl.bfloat16:
-                if x.dtype == tl.float32:
-                    bits = x.to(tl.uint32, bitcast=True)
-                    bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-                    x = bits.to(tl.float32, bitcast=True)
-        return x.to(DTYPE)
-
-    @triton.jit
     def _load_features(bottom_ptr, embedded_ptr, sample, rows, cols, n, dim,
                        stride_bb, stride_bd, stride_eb, stride_ef, stride_ed, DTYPE: tl.constexpr,
                        INTERPRETER: tl.constexpr):
@@ -132,8 +121,8 @@ if triton is not None:
         emb_mask = ((rows >= 1) & (rows < n))[:, None] & col_ok[None, :]
         emb = tl.load(embedded_ptr + sample * stride_eb + emb_rows[:, None] * stride_ef + cols[None, :] * stride_ed,
                       mask=emb_mask, other=0.0)
-        return tl.where((rows == 0)[:, None], _cast(bottom, DTYPE, INTERPRETER)[None, :],
-                        _cast(emb, DTYPE, INTERPRETER))
+        return tl.where((rows == 0)[:, None], round_nearest(bottom, DTYPE, INTERPRETER)[None, :],
+                        round_nearest(emb, DTYPE, INTERPRETER))
 
     @triton.jit
     def _mma(a, b, PRECISION: tl.constexpr, INTERPRETER: tl.constexpr):
@@ -176,12 +165,12 @@ if triton is not None:
             i = rows_i[:, None]
             j = rows_j[None, :]
             position = dim + i * (i - 1) // 2 + j  # row-major strictly-lower triangle
-            tl.store(out_row + position, _cast(acc, DTYPE, INTERPRETER), mask=(i > j) & (i < n))
+            tl.store(out_row + position, round_nearest(acc, DTYPE, INTERPRETER), mask=(i > j) & (i < n))
             if tile == 0:
                 for d0 in range(0, dim, BLOCK_D):
                     cols = d0 + tl.arange(0, BLOCK_D)
                     value = tl.load(bottom_ptr + sample * stride_bb + cols * stride_bd, mask=cols < dim)
-                    tl.store(out_row + cols, _cast(value, DTYPE, INTERPRETER), mask=cols < dim)
+                    tl.store(out_row + cols, round_nearest(value, DTYPE, INTERPRETER), mask=cols < dim)
                 pad = dim + n * (n - 1) // 2 + tl.arange(0, 8)  # fewer than 8 padding columns
                 tl.store(out_row + pad, tl.zeros([8], dtype=DTYPE), mask=pad < width)
 
@@ -219,9 +208,9 @@ if triton is not None:
             is_bottom = (rows == 0)[:, None]
             acc += tl.where(is_bottom, direct.to(tl.float32)[None, :], 0.0)
             tl.store(d_bottom_row + rows[:, None] * 0 + cols[None, :],
-                     _cast(acc, d_bottom_ptr.dtype.element_ty, INTERPRETER), mask=is_bottom & col_ok[None, :])
+                     round_nearest(acc, d_bottom_ptr.dtype.element_ty, INTERPRETER), mask=is_bottom & col_ok[None, :])
             tl.store(d_embedded_row + emb_rows[:, None] * dim + cols[None, :],
-                     _cast(acc, d_embedded_ptr.dtype.element_ty, INTERPRETER),
+                     round_nearest(acc, d_embedded_ptr.dtype.element_ty, INTERPRETER),
                      mask=((rows >= 1) & (rows < n))[:, None] & col_ok[None, :])
 
 

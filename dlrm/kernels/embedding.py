@@ -44,7 +44,9 @@ else:  # the references run instead; nothing below is reached without Triton
     triton = None
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-UPDATE_WEIGHT_DTYPES = (torch.float32,)  # the master weights; atomics on fp32 everywhere
+# fp32 tables: atomics on fp32 everywhere. fp16/bf16 tables update through embedding_bag's
+# two-pass kernels (one rounding per row); the reference here rounds once too.
+UPDATE_WEIGHT_DTYPES = (torch.float32,)
 
 # Kernels are built for the interpreter or for the GPU when they are defined; CPU tensors can
 # only go to interpreted ones (a later change of TRITON_INTERPRET must not crash a call).

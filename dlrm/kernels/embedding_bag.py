@@ -38,12 +38,19 @@ the step, so the SGD kernel first writes every run's sum into an fp32 ``[nnz, D]
 (keyed by run index, the sorted order unchanged), and a row-wise kernel then steps each run's
 row: two passes, no cross-program bookkeeping.
 
+fp16/bf16 tables (``embedding_dtype``) take the same two passes for SGD too: every row is
+computed in fp32 from its upcast old value and its whole summed gradient, and rounded *once*
+into the table's dtype (``dlrm.kernels.rounding.round_to``): an atomic add of a partial sum
+into a half-precision row would round every partial. The rounding is to nearest, or with
+``rounding_step`` (a 0-dim int64 device tensor, changed every step) stochastic for bf16
+tables. fp32 tables keep the one-pass SGD kernel and ignore ``rounding_step``.
+
 ``lr``, ``grad_scale`` and ``skip`` are 0-dim device tensors read inside the kernels: no host
 sync, static shapes (CUDA-graph capture), and a skipped step (an fp16 overflow) writes nothing.
 Ids outside ``[0, rows)`` are not checked (the data layer does): the kernels read zeros for
 them and skip their update; the references raise. Each function falls back to its reference
-when ``supports_*`` says no (no Triton or GPU, float64, fp16/bf16 master weights for the
-updates, unsupported layouts).
+when ``supports_*`` says no (no Triton or GPU, float64, unsupported layouts, rows wider than
+``ADAGRAD_MAX_DIM`` for row-wise Adagrad).
 """
 
 from __future__ import annotations
@@ -53,18 +60,23 @@ import torch.nn.functional as F
 
 from dlrm.kernels.backend import interpreting, triton_installed, triton_usable
 from dlrm.kernels.embedding import UPDATE_TILE, UPDATE_TILES, update_block_d  # one program shape for both
+from dlrm.kernels.rounding import round_to
 
 if triton_installed():
     import triton
     import triton.language as tl
 
     from dlrm.kernels.embedding import run_sums, write_runs
+    from dlrm.kernels.rounding import round_nearest, stochastic_bf16
 else:  # the references run instead; nothing below is reached without Triton
     triton = None
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
-UPDATE_WEIGHT_DTYPES = (torch.float32,)  # master weights: atomics and in-place fp32 accumulation
+# Tables the updates' kernels take: fp32 (one pass, atomics for shared runs) and fp16/bf16
+# (two passes through an fp32 buffer, one rounding per row).
+UPDATE_WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+ROUNDING_STEP_DTYPES = (torch.int32, torch.int64)
 ADAGRAD_EPS = 1e-8  # FBGEMM's default
 
 # Kernels are built for the interpreter or for the GPU when they are defined (triton.jit reads
@@ -73,8 +85,9 @@ _KERNELS_INTERPRETED = interpreting()
 
 GATHER_ELEMENTS = 4096  # bags x columns per gather program
 GATHER_MAX_BLOCK_D = 128
-ADAGRAD_TILE_ELEMENTS = 4096  # Adagrad step: runs x BLOCK_D per program, with BLOCK_D the whole row
+ADAGRAD_TILE_ELEMENTS = 4096  # second pass: runs x BLOCK_D per program (BLOCK_D the whole row for Adagrad)
 ADAGRAD_MAX_DIM = 1024  # wider rows take the reference
+APPLY_MAX_BLOCK_D = 128  # columns per program of the second SGD pass (half tables), which tiles columns
 
 
 # ----------------------------------------------------------------------------- layout helpers
@@ -176,17 +189,19 @@ def bag_sgd_update_reference(
     grad_scale: torch.Tensor,
     skip: torch.Tensor,
     per_sample_weights: torch.Tensor | None = None,
+    rounding_step: torch.Tensor | None = None,
 ) -> None:
     """In place: ``weight[r] -= lr * grad_scale * sum(w_j * grad_pooled[bag(j)] for
-    values[j] == r)`` per distinct ``r``, nothing when ``skip``. Sums in fp32 (fp64 for an fp64
-    weight) and rounds once into the weight's dtype; no host sync, no dense ``[rows, D]``."""
+    values[j] == r)`` per distinct ``r``, nothing when ``skip``. Sums and steps in fp32 (fp64
+    for an fp64 weight) and rounds each new row once into the weight's dtype, with
+    ``round_to(new, weight.dtype, rounding_step)``; no host sync, no dense ``[rows, D]``."""
     if values.numel() == 0:
         return
     acc_dtype = torch.promote_types(weight.dtype, torch.float32)
     sorted_rows, run, sums = _summed_rows(weight, values, offsets, grad_pooled, per_sample_weights, acc_dtype)
     factor = lr.to(acc_dtype) * grad_scale.to(acc_dtype)
     old = weight.index_select(0, sorted_rows)
-    new = (old.to(acc_dtype) - factor * sums.index_select(0, run)).to(weight.dtype)
+    new = round_to(old.to(acc_dtype) - factor * sums.index_select(0, run), weight.dtype, rounding_step)
     # Duplicates of a row write the same value, so the order of the copies does not matter.
     weight.index_copy_(0, sorted_rows, torch.where(skip.to(torch.bool), old, new))
 
@@ -203,11 +218,14 @@ def bag_rowwise_adagrad_update_reference(
     skip: torch.Tensor,
     per_sample_weights: torch.Tensor | None = None,
     eps: float = ADAGRAD_EPS,
+    rounding_step: torch.Tensor | None = None,
 ) -> None:
     """In place, per distinct row ``r`` with summed gradient ``g = grad_scale * sum(w_j *
     grad_pooled[bag(j)] for values[j] == r)``: ``state[r] += mean(g * g)``, then
     ``weight[r] -= lr * g / (sqrt(state[r]) + eps)``; nothing when ``skip``. fp32 arithmetic
-    (fp64 for an fp64 weight), no host sync."""
+    (fp64 for an fp64 weight), each new row rounded once into the weight's dtype with
+    ``round_to(new, weight.dtype, rounding_step)``; no host sync. The step is spelled
+    ``(lr / (sqrt(state) + eps)) * g``, as the kernel computes it, so both round alike."""
     if values.numel() == 0:
         return
     acc_dtype = torch.promote_types(weight.dtype, torch.float32)
@@ -216,8 +234,8 @@ def bag_rowwise_adagrad_update_reference(
     old_state = state.index_select(0, sorted_rows)
     new_state = old_state.to(acc_dtype) + (g * g).mean(dim=1)
     old = weight.index_select(0, sorted_rows)
-    step = lr.to(acc_dtype) * g / (new_state.sqrt() + eps)[:, None]
-    new = (old.to(acc_dtype) - step).to(weight.dtype)
+    step = (lr.to(acc_dtype) / (new_state.sqrt() + eps))[:, None] * g
+    new = round_to(old.to(acc_dtype) - step, weight.dtype, rounding_step)
     skip = skip.to(torch.bool)
     state.index_copy_(0, sorted_rows, torch.where(skip, old_state, new_state.to(state.dtype)))
     weight.index_copy_(0, sorted_rows, torch.where(skip, old, new))
@@ -283,12 +301,20 @@ def _grad_ok(grad_pooled: torch.Tensor, num_bags: int, dim: int) -> bool:
     return grad_pooled.dim() == 3 and grad_pooled.shape[0] * grad_pooled.shape[1] == num_bags
 
 
-def _update_ok(weight, values, offsets, grad_pooled, per_sample_weights, others, scalars) -> bool:
+def _rounding_step_ok(rounding_step: torch.Tensor | None) -> bool:
+    """The kernels read the step as one integer on the device (the reference takes any)."""
+    return rounding_step is None or (rounding_step.dim() == 0 and rounding_step.dtype in ROUNDING_STEP_DTYPES)
+
+
+def _update_ok(weight, values, offsets, grad_pooled, per_sample_weights, others, scalars, rounding_step) -> bool:
     tensors = [weight, values, offsets, grad_pooled, *others, *scalars]
     if per_sample_weights is not None:
         tensors.append(per_sample_weights)
+    if rounding_step is not None:
+        tensors.append(rounding_step)
     return (
-        triton_usable(*tensors)
+        _rounding_step_ok(rounding_step)
+        and triton_usable(*tensors)
         and _kernels_run_on(weight.device)
         and weight.dim() == 2
         and weight.dtype in UPDATE_WEIGHT_DTYPES
@@ -307,12 +333,14 @@ def supports_bag_update(
     grad_pooled: torch.Tensor,
     per_sample_weights: torch.Tensor | None = None,
     *scalars: torch.Tensor,
+    rounding_step: torch.Tensor | None = None,
 ) -> bool:
-    """Whether ``bag_sgd_update`` runs its kernel: an fp32 2-D weight with unit column stride,
-    bags as ``supports_bag_gather`` takes them, a float ``grad_pooled`` ``[T*B, D]`` or
-    ``[B, T, D]`` with unit column stride (any other strides), and (when given) 0-dim
-    ``lr``/``grad_scale``/``skip``, all on one device Triton can use."""
-    return _update_ok(weight, values, offsets, grad_pooled, per_sample_weights, (), scalars)
+    """Whether ``bag_sgd_update`` runs its kernels: an fp32, fp16 or bf16 2-D weight with unit
+    column stride (any ``D``: the half tables' second pass tiles columns too), bags as
+    ``supports_bag_gather`` takes them, a float ``grad_pooled`` ``[T*B, D]`` or ``[B, T, D]``
+    with unit column stride (any other strides), (when given) 0-dim ``lr``/``grad_scale``/
+    ``skip`` and a 0-dim integer ``rounding_step``, all on one device Triton can use."""
+    return _update_ok(weight, values, offsets, grad_pooled, per_sample_weights, (), scalars, rounding_step)
 
 
 def supports_bag_rowwise_adagrad(
@@ -323,12 +351,13 @@ def supports_bag_rowwise_adagrad(
     grad_pooled: torch.Tensor,
     per_sample_weights: torch.Tensor | None = None,
     *scalars: torch.Tensor,
+    rounding_step: torch.Tensor | None = None,
 ) -> bool:
     """Whether ``bag_rowwise_adagrad_update`` runs its kernels: what ``supports_bag_update``
     asks, an fp32 ``state [rows]`` (any stride), and ``1 <= D <= ADAGRAD_MAX_DIM`` (a program
     holds whole rows)."""
     return (
-        _update_ok(weight, values, offsets, grad_pooled, per_sample_weights, (state,), scalars)
+        _update_ok(weight, values, offsets, grad_pooled, per_sample_weights, (state,), scalars, rounding_step)
         and state.dtype == torch.float32
         and state.dim() == 1
         and state.shape[0] == weight.shape[0]
@@ -339,16 +368,6 @@ def supports_bag_rowwise_adagrad(
 # ----------------------------------------------------------------------------- kernels
 
 if triton is not None:
-
-    @triton.jit
-    def _cast(x, DTYPE: tl.constexpr, INTERPRETER: tl.constexpr):
-        """``x.to(DTYPE)`` rounding to nearest even, as compiled kernels and torch do; the
-        interpreter truncates fp32 -> bf16 (Triton 3.x), so there the rounding is spelled out."""
-        if INTERPRETER and DTYPE == tl.bfloat16:
-            bits = x.to(tl.uint32, bitcast=True)
-            bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-            x = bits.to(tl.float32, bitcast=True)
-        return x.to(DTYPE)
 
     @triton.jit
     def _bag_gather_kernel(weight_ptr, values_ptr, offsets_ptr, psw_ptr, out_ptr,
@@ -383,7 +402,7 @@ if triton is not None:
         t = bags // batch
         b = bags - t * batch
         tl.store(out_ptr + (t * out_stride_t + b * out_stride_b)[:, None] + cols[None, :],
-                 _cast(acc, out_ptr.dtype.element_ty, INTERPRETER), mask=bag_ok[:, None] & col_ok[None, :])
+                 round_nearest(acc, out_ptr.dtype.element_ty, INTERPRETER), mask=bag_ok[:, None] & col_ok[None, :])
 
     @triton.jit
     def _load_tile(sorted_ptr, perm_ptr, bag_ptr, psw_ptr, grad_ptr, pos, end, cols, col_ok,
@@ -439,36 +458,53 @@ if triton is not None:
                        weight_stride)
 
     @triton.jit
-    def _adagrad_rows(weight_ptr, state_ptr, ids, g, mask_rows, cols, col_ok, lr, eps, dim,
-                      weight_stride, state_stride):
-        """Row-wise Adagrad on rows ``ids`` (where ``mask_rows``) with summed gradients ``g``."""
+    def _adagrad_rate(state_ptr, ids, g, mask_rows, lr, eps, dim, state_stride):
+        """Row-wise Adagrad's state update on rows ``ids`` (where ``mask_rows``) with summed
+        gradients ``g`` (whole rows); returns each row's rate ``lr / (sqrt(state) + eps)``."""
         mean_sq = tl.sum(g * g, axis=1) / dim  # masked columns are zero
         state = tl.load(state_ptr + ids * state_stride, mask=mask_rows, other=0.0) + mean_sq
         tl.store(state_ptr + ids * state_stride, state, mask=mask_rows)
-        offsets = ids[:, None] * weight_stride + cols[None, :]
-        mask = mask_rows[:, None] & col_ok[None, :]
-        old = tl.load(weight_ptr + offsets, mask=mask, other=0.0)
-        tl.store(weight_ptr + offsets, old - (lr / (tl.sqrt_rn(state) + eps))[:, None] * g, mask=mask)
+        return lr / (tl.sqrt_rn(state) + eps)
 
     @triton.jit
-    def _rowwise_adagrad_apply_kernel(weight_ptr, state_ptr, rows_ptr, summed_ptr, num_runs_ptr, lr_ptr, skip_ptr,
-                                      eps, num_rows, dim, weight_stride, state_stride, summed_stride,
-                                      ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-        """Program ``p``: runs ``[p*ROWS, +ROWS)``, whole rows: row ``rows[r]`` takes the
-        Adagrad step of its summed gradient ``summed[r]``; runs past ``num_runs`` (or all of
-        them when ``skip``) do nothing."""
+    def _round_rows(x, cols, step_ptr, DTYPE: tl.constexpr, STOCHASTIC: tl.constexpr, INTERPRETER: tl.constexpr):
+        """fp32 rows ``x`` in the table's ``DTYPE``: stochastically (bf16, draws keyed by the
+        step at ``step_ptr``) or to nearest (a no-op for fp32 tables)."""
+        if STOCHASTIC:
+            rounded = stochastic_bf16(x, cols, tl.load(step_ptr))
+        else:
+            rounded = round_nearest(x, DTYPE, INTERPRETER)
+        return rounded
+
+    @triton.jit
+    def _apply_runs_kernel(weight_ptr, state_ptr, rows_ptr, summed_ptr, num_runs_ptr, lr_ptr, scale_ptr, skip_ptr,
+                           step_ptr, eps, num_rows, dim, weight_stride, state_stride, summed_stride,
+                           ROWWISE: tl.constexpr, STOCHASTIC: tl.constexpr, INTERPRETER: tl.constexpr,
+                           ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+        """Program ``(p, j)``: runs ``[p*ROWS, +ROWS)`` x columns ``[j*BLOCK_D, +BLOCK_D)``
+        (whole rows, ``j == 0``, for ``ROWWISE``). Row ``rows[r]`` takes the step of its summed
+        gradient ``summed[r]``: row-wise Adagrad (``summed`` holds ``grad_scale * sum``) or SGD
+        (``summed`` holds the plain sum; the step is ``lr * grad_scale * sum``), computed in fp32
+        from the upcast old row and rounded once into the weight's dtype. Runs past
+        ``num_runs`` (all of them when ``skip``) and ids outside ``[0, num_rows)`` do nothing."""
         r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
         limit = tl.load(num_runs_ptr)
         limit = tl.where(tl.load(skip_ptr).to(tl.int32) != 0, 0, limit)
         in_use = r < limit
         ids = tl.load(rows_ptr + r, mask=in_use, other=-1).to(tl.int64)
         ok = in_use & (ids >= 0) & (ids < num_rows)
-        cols = tl.arange(0, BLOCK_D)
-        col_ok = cols < dim
-        g = tl.load(summed_ptr + r[:, None] * summed_stride + cols[None, :],
-                    mask=ok[:, None] & col_ok[None, :], other=0.0)
-        _adagrad_rows(weight_ptr, state_ptr, ids, g, ok, cols, col_ok, tl.load(lr_ptr).to(tl.float32), eps, dim,
-                      weight_stride, state_stride)
+        cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+        mask = ok[:, None] & (cols < dim)[None, :]
+        g = tl.load(summed_ptr + r[:, None] * summed_stride + cols[None, :], mask=mask, other=0.0)
+        offsets = ids[:, None] * weight_stride + cols[None, :]
+        old = tl.load(weight_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        lr = tl.load(lr_ptr).to(tl.float32)
+        if ROWWISE:
+            new = old - _adagrad_rate(state_ptr, ids, g, ok, lr, eps, dim, state_stride)[:, None] * g
+        else:
+            new = old - (lr * tl.load(scale_ptr).to(tl.float32)) * g
+        tl.store(weight_ptr + offsets,
+                 _round_rows(new, cols, step_ptr, weight_ptr.dtype.element_ty, STOCHASTIC, INTERPRETER), mask=mask)
 
 
 def _pow2(x: int, low: int, high: int) -> int:
@@ -546,28 +582,43 @@ def bag_sgd_update(
     grad_scale: torch.Tensor,
     skip: torch.Tensor,
     per_sample_weights: torch.Tensor | None = None,
+    rounding_step: torch.Tensor | None = None,
 ) -> None:
     """In place, per distinct row ``r``: ``weight[r] -= lr * grad_scale * sum(w_j *
     grad_pooled[bag(j)] for values[j] == r)``, duplicates within and across bags summed (fp32)
     before the update; nothing when ``skip``. ``grad_pooled`` is ``[T*B, D]`` (bag order) or
-    ``[B, T, D]`` (per sample, as ``bag_gather(num_features=T)`` returns). Sort + one kernel, no
-    host sync; the reference when ``supports_bag_update`` says no."""
-    if not supports_bag_update(weight, values, offsets, grad_pooled, per_sample_weights, lr, grad_scale, skip):
-        bag_sgd_update_reference(weight, values, offsets, grad_pooled, lr, grad_scale, skip, per_sample_weights)
+    ``[B, T, D]`` (per sample, as ``bag_gather(num_features=T)`` returns). An fp16/bf16 weight
+    gets each new row computed in fp32 and rounded once, stochastically for bf16 when
+    ``rounding_step`` (a 0-dim int64 device tensor) is given, else to nearest; an fp32 weight
+    ignores ``rounding_step``. Sort + one kernel (two for half weights), no host sync; the
+    reference when ``supports_bag_update`` says no."""
+    if not supports_bag_update(weight, values, offsets, grad_pooled, per_sample_weights, lr, grad_scale, skip,
+                               rounding_step=rounding_step):
+        bag_sgd_update_reference(weight, values, offsets, grad_pooled, lr, grad_scale, skip, per_sample_weights,
+                                 rounding_step)
         return
-    _bag_sgd_update_triton(weight, values, offsets, grad_pooled, lr, grad_scale, skip, per_sample_weights)
+    _bag_sgd_update_triton(weight, values, offsets, grad_pooled, lr, grad_scale, skip, per_sample_weights,
+                           rounding_step=rounding_step)
 
 
 def _bag_sgd_update_triton(weight, values, offsets, grad_pooled, lr, grad_scale, skip, per_sample_weights=None,
                            tile: int = UPDATE_TILE, tiles: int = UPDATE_TILES,
-                           max_block_d: int | None = None) -> None:
+                           max_block_d: int | None = None, rounding_step: torch.Tensor | None = None) -> None:
     """The kernel path of ``bag_sgd_update``; ``tile``/``tiles`` are exposed so tests can make
-    runs cross many programs with few ids, and ``max_block_d`` for tuning."""
+    runs cross many programs with few ids, and ``max_block_d`` for tuning. fp32 weights: one
+    kernel, atomics where a run crosses programs. fp16/bf16 weights: the plain sums of the
+    runs into an fp32 buffer, then ``weight[r] = round(weight[r] - lr * grad_scale * sum)``."""
     if values.shape[0] == 0 or weight.shape[1] == 0:
         return
     prepared = _prepare_update(values, offsets, grad_pooled, per_sample_weights)
-    _launch_sgd_kernel(weight, prepared[0], weight.shape[0], prepared, grad_pooled, lr, grad_scale, skip,
-                       per_sample_weights is not None, tile, tiles, max_block_d)
+    if weight.dtype == torch.float32:
+        _launch_sgd_kernel(weight, prepared[0], weight.shape[0], prepared, grad_pooled, lr, grad_scale, skip,
+                           per_sample_weights is not None, tile, tiles, max_block_d)
+        return
+    one = torch.ones((), dtype=torch.float32, device=weight.device)
+    run_rows, summed, num_runs = _summed_runs(prepared, grad_pooled, one, skip, per_sample_weights is not None,
+                                              tile, tiles, max_block_d)
+    _apply_runs(weight, None, run_rows, summed, num_runs, lr, grad_scale, skip, rounding_step)
 
 
 def _launch_sgd_kernel(target, sorted_ids, num_rows, prepared, grad_pooled, lr, grad_scale, skip, weighted: bool,
@@ -583,6 +634,49 @@ def _launch_sgd_kernel(target, sorted_ids, num_rows, prepared, grad_pooled, lr, 
                                  HAS_WEIGHTS=weighted, TILE=tile, TILES=tiles, BLOCK_D=block_d)
 
 
+def _summed_runs(prepared, grad_pooled, grad_scale, skip, weighted: bool, tile: int, tiles: int,
+                 max_block_d: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The first of the two passes: ``(run_rows, summed, num_runs)``, the row id of every run
+    (``[nnz]``, in sorted order), ``grad_scale * sum`` of every run (fp32 ``[nnz, D]``, zeros
+    past the last run or when ``skip``) and the number of runs (``[1]``, on the device).
+
+    The SGD kernel, pointed at the buffer with the sorted *run index* in place of the row id and
+    ``-1`` as its learning rate, writes each run's sum into that run's buffer row (runs that
+    cross programs with atomics, as fp32 rows are). The buffer (``nnz * D * 4`` bytes, freed
+    after) buys a race-free second pass that may round each row once."""
+    sorted_rows = prepared[0]
+    n, dim = sorted_rows.shape[0], grad_pooled.shape[-1]
+    starts = torch.ones(n, dtype=torch.bool, device=sorted_rows.device)
+    torch.ne(sorted_rows[1:], sorted_rows[:-1], out=starts[1:])
+    run = torch.cumsum(starts, 0).sub_(1)  # sorted, grouped exactly as sorted_rows
+    run_rows = torch.empty(n, dtype=sorted_rows.dtype, device=sorted_rows.device).scatter_(0, run, sorted_rows)
+    num_runs = run[-1:] + 1  # on the device: no host sync
+    summed = torch.zeros(n, dim, dtype=torch.float32, device=grad_pooled.device)
+    minus_one = torch.full((), -1.0, dtype=torch.float32, device=grad_pooled.device)
+    _launch_sgd_kernel(summed, run, n, prepared, grad_pooled, minus_one, grad_scale, skip, weighted, tile, tiles,
+                       max_block_d)
+    return run_rows, summed, num_runs
+
+
+def _apply_runs(weight, state, run_rows, summed, num_runs, lr, grad_scale, skip,
+                rounding_step: torch.Tensor | None, eps: float = 0.0) -> None:
+    """The second pass: every run's row steps by its summed gradient, row-wise Adagrad with a
+    ``state`` (whole rows per program), else SGD (tiled columns, any ``D``), rounded once into
+    the weight's dtype (stochastically for bf16 with a ``rounding_step``)."""
+    n, dim = summed.shape
+    rowwise = state is not None
+    block_d = _pow2(dim, 16, ADAGRAD_MAX_DIM if rowwise else APPLY_MAX_BLOCK_D)
+    rows_per_program = max(ADAGRAD_TILE_ELEMENTS // block_d, 1)
+    stochastic = rounding_step is not None and weight.dtype == torch.bfloat16
+    grid = (triton.cdiv(n, rows_per_program), 1 if rowwise else triton.cdiv(dim, block_d))
+    _apply_runs_kernel[grid](
+        weight, state if rowwise else summed, run_rows, summed, num_runs, lr, grad_scale, skip,
+        rounding_step if stochastic else num_runs, float(eps), weight.shape[0], dim,
+        weight.stride(0), state.stride(0) if rowwise else 0, summed.stride(0),
+        ROWWISE=rowwise, STOCHASTIC=stochastic, INTERPRETER=_KERNELS_INTERPRETED,
+        ROWS=rows_per_program, BLOCK_D=block_d)
+
+
 def bag_rowwise_adagrad_update(
     weight: torch.Tensor,
     state: torch.Tensor,
@@ -594,46 +688,33 @@ def bag_rowwise_adagrad_update(
     skip: torch.Tensor,
     per_sample_weights: torch.Tensor | None = None,
     eps: float = ADAGRAD_EPS,
+    rounding_step: torch.Tensor | None = None,
 ) -> None:
     """In place, per distinct row ``r`` with ``g = grad_scale * sum(w_j * grad_pooled[bag(j)]
     for values[j] == r)``: ``state[r] += mean(g * g)`` (over ``D``), ``weight[r] -= lr * g /
     (sqrt(state[r]) + eps)``; nothing when ``skip``. FBGEMM's / TorchRec's row-wise Adagrad
-    (``state`` is their ``momentum1``, fp32 ``[rows]``). Sort + two kernels, no host sync; the
-    reference when ``supports_bag_rowwise_adagrad`` says no."""
+    (``state`` is their ``momentum1``, fp32 ``[rows]``). fp32 arithmetic; an fp16/bf16 weight
+    is rounded once per row as in ``bag_sgd_update`` (``rounding_step`` likewise). Sort + two
+    kernels, no host sync; the reference when ``supports_bag_rowwise_adagrad`` says no."""
     if not supports_bag_rowwise_adagrad(weight, state, values, offsets, grad_pooled, per_sample_weights,
-                                        lr, grad_scale, skip):
+                                        lr, grad_scale, skip, rounding_step=rounding_step):
         bag_rowwise_adagrad_update_reference(weight, state, values, offsets, grad_pooled, lr, grad_scale, skip,
-                                             per_sample_weights, eps)
+                                             per_sample_weights, eps, rounding_step)
         return
     _bag_rowwise_adagrad_triton(weight, state, values, offsets, grad_pooled, lr, grad_scale, skip,
-                                per_sample_weights, eps)
+                                per_sample_weights, eps, rounding_step=rounding_step)
 
 
 def _bag_rowwise_adagrad_triton(weight, state, values, offsets, grad_pooled, lr, grad_scale, skip,
                                 per_sample_weights=None, eps: float = ADAGRAD_EPS,
-                                tile: int = UPDATE_TILE, tiles: int = UPDATE_TILES) -> None:
+                                tile: int = UPDATE_TILE, tiles: int = UPDATE_TILES,
+                                rounding_step: torch.Tensor | None = None) -> None:
     """The kernel path of ``bag_rowwise_adagrad_update``; ``tile``/``tiles`` as in the SGD one.
-
-    The SGD kernel, pointed at an fp32 ``[nnz, D]`` buffer with the sorted *run index* in place
-    of the row id and ``-1`` as its learning rate, writes ``grad_scale * sum`` of every run into
-    that run's buffer row; a row-wise kernel then steps each run's row. The buffer (``nnz * D * 4``
-    bytes, freed after) buys a race-free second pass."""
-    n, dim = values.shape[0], weight.shape[1]
-    if n == 0 or dim == 0:
+    Two passes (``_summed_runs``, then ``_apply_runs``): the state needs each row's whole
+    ``g = grad_scale * sum`` before the step."""
+    if values.shape[0] == 0 or weight.shape[1] == 0:
         return
     prepared = _prepare_update(values, offsets, grad_pooled, per_sample_weights)
-    sorted_rows = prepared[0]
-    starts = torch.ones(n, dtype=torch.bool, device=values.device)
-    torch.ne(sorted_rows[1:], sorted_rows[:-1], out=starts[1:])
-    run = torch.cumsum(starts, 0).sub_(1)  # sorted, grouped exactly as sorted_rows
-    run_rows = torch.empty(n, dtype=sorted_rows.dtype, device=values.device).scatter_(0, run, sorted_rows)
-    num_runs = run[-1:] + 1  # on the device: no host sync
-    summed = torch.zeros(n, dim, dtype=torch.float32, device=weight.device)
-    minus_one = torch.full((), -1.0, dtype=torch.float32, device=weight.device)
-    _launch_sgd_kernel(summed, run, n, prepared, grad_pooled, minus_one, grad_scale, skip,
-                       per_sample_weights is not None, tile, tiles)
-    block_d = _pow2(dim, 16, ADAGRAD_MAX_DIM)
-    rows_per_program = max(ADAGRAD_TILE_ELEMENTS // block_d, 1)
-    _rowwise_adagrad_apply_kernel[(triton.cdiv(n, rows_per_program),)](
-        weight, state, run_rows, summed, num_runs, lr, skip, float(eps), weight.shape[0], dim,
-        weight.stride(0), state.stride(0), summed.stride(0), ROWS=rows_per_program, BLOCK_D=block_d)
+    run_rows, summed, num_runs = _summed_runs(prepared, grad_pooled, grad_scale, skip,
+                                              per_sample_weights is not None, tile, tiles)
+    _apply_runs(weight, state, run_rows, summed, num_runs, lr, grad_scale, skip, rounding_step, eps)

@@ -22,6 +22,7 @@ from dlrm.nn.mlp import MLP
 
 INTERACTION_OPS = ("dot", "cuda_dot", "cat", "dcn")  # cuda_dot: the fused Triton kernel where it runs, else dot
 EMBEDDING_TYPES = ("joint", "multi_table", "joint_fused")
+EMBEDDING_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _EMBEDDING_CLASSES = {"joint": JointEmbedding, "multi_table": MultiTableEmbedding, "joint_fused": JointFusedEmbedding}
 
 
@@ -47,6 +48,9 @@ class DLRMConfig:
     # Per table, how a multi-hot bag is pooled: "sum" or "mean" (None: all "sum"). One-hot ids
     # are bags of one, where both agree. Last with a default, so older saved configs load.
     poolings: list[str] | None = None
+    # How the tables are stored: "fp32", or "fp16" / "bf16" (half the bytes; updated in fp32
+    # arithmetic and rounded once per row, see dlrm.kernels.rounding). Last, so older configs load.
+    embedding_dtype: str = "fp32"
 
     @property
     def num_categorical_features(self) -> int:
@@ -83,6 +87,10 @@ class DLRMConfig:
                     f"`{name}` ({meaning} of interaction_op='dcn') must be a positive integer, got {value!r}"
                 )
         self._validate_poolings()
+        if self.embedding_dtype not in EMBEDDING_DTYPES:
+            raise ValueError(
+                f"`embedding_dtype` must be one of {list(EMBEDDING_DTYPES)}, got {self.embedding_dtype!r}"
+            )
         if self.interaction_op in ("dot", "cuda_dot") and self.bottom_mlp_sizes[-1] != self.embedding_dim:
             raise ValueError(
                 f"bottom_mlp_sizes[-1] ({self.bottom_mlp_sizes[-1]}) must equal embedding_dim "
@@ -139,6 +147,7 @@ class DLRM(nn.Module):
             [config.table_sizes[t] for t in tables], config.embedding_dim, hash_indices=config.hash_indices,
             device=device, table_indices=tables,
             poolings=None if config.poolings is None else [config.poolings[t] for t in tables],
+            weight_dtype=EMBEDDING_DTYPES[config.embedding_dtype],
         )
         self.bottom_mlp = MLP(config.num_numerical_features, config.bottom_mlp_sizes, relu_last=True, device=device)
         num_features = config.num_categorical_features + 1  # the bottom output is one more feature

@@ -29,7 +29,10 @@ from dlrm.data.feature_spec import POOLINGS
 from dlrm.kernels.backend import compute_dtype, exporting
 from dlrm.kernels.embedding import gather, sgd_update
 from dlrm.kernels.embedding_bag import ADAGRAD_EPS, bag_gather, bag_rowwise_adagrad_update, bag_sgd_update
+from dlrm.kernels.rounding import HALF_DTYPES
 from dlrm.nn.init import init_embedding_table_, table_generator
+
+WEIGHT_DTYPES = (torch.float32, torch.float64, *HALF_DTYPES)  # float64: tests' exact references
 
 
 class EmbeddingTables(nn.Module):
@@ -43,6 +46,7 @@ class EmbeddingTables(nn.Module):
         table_indices: Sequence[int] | None = None,
         init_seed: int | None = None,
         poolings: Sequence[str] | None = None,
+        weight_dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
         table_sizes = [int(rows) for rows in table_sizes]
@@ -66,6 +70,8 @@ class EmbeddingTables(nn.Module):
         # Per table: whether its bags are mean-pooled (a device copy, so building weights never syncs).
         self.register_buffer("mean_pooled", torch.tensor([p == "mean" for p in self.poolings], dtype=torch.bool),
                              persistent=False)
+        if weight_dtype not in WEIGHT_DTYPES:
+            raise ValueError(f"`weight_dtype` must be one of {list(WEIGHT_DTYPES)}, got {weight_dtype}")
 
     def _prepare_ids(self, ids: torch.Tensor) -> torch.Tensor:
         if ids.dim() != 2 or ids.shape[1] != self.num_tables:
@@ -135,7 +141,29 @@ class EmbeddingTables(nn.Module):
 
     def _init_table_(self, i: int) -> None:
         weight = self.table_weight(i)
-        init_embedding_table_(weight, table_generator(self.init_seed, self.table_indices[i], weight.device))
+        generator = table_generator(self.init_seed, self.table_indices[i], weight.device)
+        if weight.dtype not in HALF_DTYPES:
+            init_embedding_table_(weight, generator)
+            return
+        # Half tables hold the fp32 initial weights rounded to nearest: the same draws as fp32
+        # tables, so runs that differ only in embedding_dtype start from the same model.
+        initial = torch.empty(weight.shape, dtype=torch.float32, device=weight.device)
+        init_embedding_table_(initial, generator)
+        weight.copy_(initial)
+
+    def storage_dtype(self) -> torch.dtype:
+        """The tables' dtype as it is now (a model may be cast after it was built)."""
+        param = next(self.parameters(), None)
+        return torch.float32 if param is None else param.dtype
+
+    def output_dtype(self) -> torch.dtype:
+        """What lookups return: the weights' dtype, or for fp16/bf16 tables the compute dtype
+        (autocast's when it is on, else fp32): half storage never leaks into an fp32 model."""
+        dtype = self.storage_dtype()
+        if dtype not in HALF_DTYPES:
+            return dtype
+        device_type = self.rows.device.type
+        return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else torch.float32
 
     def load_table_(self, i: int, weight: torch.Tensor) -> None:
         """Copy ``weight`` into table ``i``; its shape must be exactly ``[rows_i, D]``."""
@@ -157,6 +185,7 @@ class EmbeddingTables(nn.Module):
             f"tables={self.num_tables}, rows={sum(self.table_sizes)}, dim={self.embedding_dim}, "
             f"hash_indices={self.hash_indices}"
             + ("" if "mean" not in self.poolings else f", poolings={self.poolings}")
+            + ("" if self.storage_dtype() == torch.float32 else f", weight_dtype={self.storage_dtype()}")
         )
 
 
@@ -172,15 +201,16 @@ class JointEmbedding(EmbeddingTables):
         table_indices: Sequence[int] | None = None,
         init_seed: int | None = None,
         poolings: Sequence[str] | None = None,
+        weight_dtype: torch.dtype = torch.float32,
     ) -> None:
-        super().__init__(table_sizes, embedding_dim, hash_indices, table_indices, init_seed, poolings)
+        super().__init__(table_sizes, embedding_dim, hash_indices, table_indices, init_seed, poolings, weight_dtype)
         starts = [0]
         for rows in self.table_sizes:
             starts.append(starts[-1] + rows)
         self._starts = starts  # host copy, so slicing a table never syncs with the device
         self.register_buffer("offsets", torch.tensor(starts[:-1], dtype=torch.int64), persistent=False)
         device = torch.get_default_device() if device is None else device
-        self.weight = nn.Parameter(torch.empty(starts[-1], embedding_dim, device=device))
+        self.weight = nn.Parameter(torch.empty(starts[-1], embedding_dim, device=device, dtype=weight_dtype))
         for i in range(self.num_tables):
             self._init_table_(i)
         self.to(device)  # the buffers
@@ -196,25 +226,28 @@ class JointEmbedding(EmbeddingTables):
     def forward(self, ids: torch.Tensor | Bags) -> torch.Tensor:
         if isinstance(ids, Bags):
             return self._pool_bags(ids)
-        return F.embedding(self._prepare_ids(ids) + self.offsets, self.weight, sparse=True)
+        out = F.embedding(self._prepare_ids(ids) + self.offsets, self.weight, sparse=True)
+        return out.to(self.output_dtype())
 
     def _joint_bags(self, bags: Bags, batch: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Rows of the joint weight for every value (id + its table's offset) and the pooling
         weights: the input of one pooled lookup over all features."""
         tables = self._value_tables(bags, batch)
         rows = self._bag_ids(bags, tables) + self.offsets[tables]
-        return rows, self._mean_weights(bags, batch, self.weight.dtype)
+        return rows, self._mean_weights(bags, batch, torch.promote_types(self.weight.dtype, torch.float32))
 
     def _pool_bags(self, bags: Bags) -> torch.Tensor:
         """One ``embedding_bag`` over the joint weight for every bag of every feature -> ``[B, T, D]``."""
         batch = self._bag_batch_size(bags)
         if batch == 0:
-            return self.weight.new_zeros(0, self.num_tables, self.embedding_dim)
+            return self.weight.new_zeros(0, self.num_tables, self.embedding_dim, dtype=self.output_dtype())
         rows, weights = self._joint_bags(bags, batch)
         pooled = F.embedding_bag(rows, self.weight, bags.offsets.to(torch.int64), mode="sum", sparse=True,
-                                 per_sample_weights=weights, include_last_offset=True)
+                                 per_sample_weights=None if weights is None else weights.to(self.weight.dtype),
+                                 include_last_offset=True)
         # bags are feature-major ([T*B, D]); the model takes samples first, contiguous as one-hot
-        return pooled.view(self.num_tables, batch, self.embedding_dim).transpose(0, 1).contiguous()
+        pooled = pooled.view(self.num_tables, batch, self.embedding_dim).transpose(0, 1)
+        return pooled.to(self.output_dtype()).contiguous()
 
 
 class MultiTableEmbedding(EmbeddingTables):
@@ -229,12 +262,14 @@ class MultiTableEmbedding(EmbeddingTables):
         table_indices: Sequence[int] | None = None,
         init_seed: int | None = None,
         poolings: Sequence[str] | None = None,
+        weight_dtype: torch.dtype = torch.float32,
     ) -> None:
-        super().__init__(table_sizes, embedding_dim, hash_indices, table_indices, init_seed, poolings)
+        super().__init__(table_sizes, embedding_dim, hash_indices, table_indices, init_seed, poolings, weight_dtype)
         # skip_init: nn.Embedding's default N(0, 1) init would be overwritten anyway.
         device = torch.get_default_device() if device is None else device
         self.tables = nn.ModuleList(
-            skip_init(nn.Embedding, rows, embedding_dim, sparse=True, device=device) for rows in self.table_sizes
+            skip_init(nn.Embedding, rows, embedding_dim, sparse=True, device=device, dtype=weight_dtype)
+            for rows in self.table_sizes
         )
         for i in range(self.num_tables):
             self._init_table_(i)
@@ -251,14 +286,15 @@ class MultiTableEmbedding(EmbeddingTables):
     def forward(self, ids: torch.Tensor | Bags) -> torch.Tensor:
         if isinstance(ids, Bags):
             return self._pool_bags(ids)
-        ids = self._prepare_ids(ids)
-        return torch.stack([table(ids[:, i]) for i, table in enumerate(self.tables)], dim=1)
+        ids, dtype = self._prepare_ids(ids), self.output_dtype()
+        # each cast before the stack: autocast's type promotion of stack refuses fp16 on the CPU
+        return torch.stack([table(ids[:, i]).to(dtype) for i, table in enumerate(self.tables)], dim=1)
 
     def _pool_bags(self, bags: Bags) -> torch.Tensor:
         """One ``embedding_bag`` per table on its feature's slice of the values -> ``[B, T, D]``."""
         batch = self._bag_batch_size(bags)
         if batch == 0:
-            return self.tables[0].weight.new_zeros(0, self.num_tables, self.embedding_dim)
+            return self.tables[0].weight.new_zeros(0, self.num_tables, self.embedding_dim, dtype=self.output_dtype())
         offsets = bags.offsets.to(torch.int64)
         # One host sync per batch: slicing each feature's values needs its bounds on the host
         # (the joint layout, one lookup for all features, needs none).
@@ -270,7 +306,7 @@ class MultiTableEmbedding(EmbeddingTables):
                 ids = ids % self.table_sizes[t]
             bag_offsets = offsets[t * batch:(t + 1) * batch + 1] - bounds[t]
             pooled.append(F.embedding_bag(ids, table.weight, bag_offsets, mode=self.poolings[t], sparse=True,
-                                          include_last_offset=True))
+                                          include_last_offset=True).to(self.output_dtype()))
         return torch.stack(pooled, dim=1)
 
 
@@ -357,8 +393,10 @@ class JointFusedEmbedding(JointEmbedding):
         table_indices: Sequence[int] | None = None,
         init_seed: int | None = None,
         poolings: Sequence[str] | None = None,
+        weight_dtype: torch.dtype = torch.float32,
     ) -> None:
-        super().__init__(table_sizes, embedding_dim, hash_indices, device, table_indices, init_seed, poolings)
+        super().__init__(table_sizes, embedding_dim, hash_indices, device, table_indices, init_seed, poolings,
+                         weight_dtype)
         self._pending: list[PendingUpdate | PendingBagUpdate] = []
 
     def forward(self, ids: torch.Tensor | Bags) -> torch.Tensor:
@@ -370,7 +408,7 @@ class JointFusedEmbedding(JointEmbedding):
             return super().forward(ids)
         rows = (self._prepare_ids(ids) + self.offsets).reshape(-1)
         # Output in the compute dtype (what autocast would compute in, else the weight's).
-        out = _FusedLookup.apply(self.weight, rows, compute_dtype(self.weight), self._pending)
+        out = _FusedLookup.apply(self.weight, rows, self.output_dtype(), self._pending)
         return out.view(ids.shape[0], self.num_tables, self.embedding_dim)
 
     def _pool_bags(self, bags: Bags) -> torch.Tensor:
@@ -378,10 +416,16 @@ class JointFusedEmbedding(JointEmbedding):
         in the compute dtype, and the backward queues the bag update."""
         batch = self._bag_batch_size(bags)  # also refuses export
         if batch == 0:
-            return self.weight.new_zeros(0, self.num_tables, self.embedding_dim, dtype=compute_dtype(self.weight))
+            return self.weight.new_zeros(0, self.num_tables, self.embedding_dim, dtype=self.output_dtype())
         rows, weights = self._joint_bags(bags, batch)
         return _FusedBagLookup.apply(self.weight, rows, bags.offsets.to(torch.int64), weights,
-                                     compute_dtype(self.weight), self.num_tables, self._pending)
+                                     self.output_dtype(), self.num_tables, self._pending)
+
+    def output_dtype(self) -> torch.dtype:
+        """The compute dtype, which the kernels write directly: autocast's when it is on (under
+        AMP no fp32 ``[B, F, D]`` is made only to be cast), else the weights' (fp32 for half tables)."""
+        dtype = compute_dtype(self.weight)
+        return torch.float32 if dtype in HALF_DTYPES and not torch.is_autocast_enabled(self.weight.device.type) else dtype
 
     @property
     def has_pending_update(self) -> bool:
@@ -402,6 +446,7 @@ class JointFusedEmbedding(JointEmbedding):
         skip: bool | torch.Tensor | None = None,
         rowwise_state: torch.Tensor | None = None,
         eps: float = ADAGRAD_EPS,
+        rounding_step: torch.Tensor | None = None,
     ) -> None:
         """Applies the queued gradients, ``g[r] = grad_scale * (sum of queued gradients of row r)``
         for every row used, none of it when ``skip`` is true (the queue is cleared either way):
@@ -409,16 +454,23 @@ class JointFusedEmbedding(JointEmbedding):
         place) row-wise Adagrad, ``state[r] += mean(g[r]^2); weight[r] -= lr * g[r] / (sqrt(state[r])
         + eps)``. Each scalar is a Python number or a one-element tensor (e.g. a GradScaler's
         ``found_inf``); tensors already on the weight's device keep the whole update free of
-        host syncs."""
+        host syncs. fp16/bf16 tables take the whole queue as one update, computed in fp32 and
+        rounded once per row: to nearest, or stochastically (bf16) with ``rounding_step`` (a
+        0-dim int64 device tensor that should change every step, see ``dlrm.kernels.rounding``)."""
         device = self.weight.device
         lr_t = _device_scalar(lr, torch.float32, device)
         scale_t = _device_scalar(grad_scale, torch.float32, device)
         skip_t = _device_scalar(False if skip is None else skip, torch.bool, device)
-        if rowwise_state is not None:
-            if self._pending:
-                values, offsets, per_sample_weights, grad = self._pending_as_one_bag_batch()
+        if not self._pending:
+            return
+        if rowwise_state is not None or self.weight.dtype in HALF_DTYPES:
+            values, offsets, per_sample_weights, grad = self._pending_as_one_bag_batch()
+            if rowwise_state is not None:
                 bag_rowwise_adagrad_update(self.weight, rowwise_state, values, offsets, grad, lr_t, scale_t, skip_t,
-                                           per_sample_weights, eps)
+                                           per_sample_weights, eps, rounding_step=rounding_step)
+            else:
+                bag_sgd_update(self.weight, values, offsets, grad, lr_t, scale_t, skip_t, per_sample_weights,
+                               rounding_step=rounding_step)
             self._pending.clear()
             return
         for item in self._pending:

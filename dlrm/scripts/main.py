@@ -36,7 +36,7 @@ from dlrm.distributed.parallelize import parallelize
 from dlrm.distributed.planner import PlanError, format_plan, load_override, plan_tables
 from dlrm.distributed.process_group import DistEnv, device_memory_bytes, dist_env, init_process_group
 from dlrm.inference.benchmark import benchmark_inference, exported_forward, format_table
-from dlrm.model.dlrm import DLRM, DLRMConfig
+from dlrm.model.dlrm import DLRM, EMBEDDING_DTYPES, DLRMConfig
 from dlrm.model.precision import Precision
 from dlrm.scripts import cli
 from dlrm.training.checkpoint import CheckpointError, CheckpointLock, load_checkpoint
@@ -87,6 +87,14 @@ flags.DEFINE_enum("embedding_type", "joint", ["joint", "multi_table", "joint_fus
                   "joint_fused: joint, with a fused gather and an in-place update kernel, SGD or row-wise Adagrad "
                   "(no sparse gradient; "
                   "needed by --cuda_graphs).")
+flags.DEFINE_enum("embedding_dtype", "fp32", ["fp32", "fp16", "bf16"],
+                  "How the embedding tables are stored. fp16/bf16 take half the memory of fp32 (the planner counts "
+                  "2 bytes a value); their updates are computed in fp32 and rounded once per row. With "
+                  "--optimizer sgd or rowwise_adagrad.")
+flags.DEFINE_boolean("stochastic_rounding", True,
+                     "bf16 tables: round each updated row stochastically (unbiased, so updates smaller than bf16's "
+                     "spacing still move the weights on average); --nostochastic_rounding rounds to nearest. fp16 "
+                     "tables always round to nearest.")
 flags.DEFINE_integer("embedding_dim", 128, "Embedding dimension (the bottom MLP's last size must equal it for dot).")
 flags.DEFINE_list("top_mlp_sizes", ["1024", "1024", "512", "256", "1"], "Top MLP layer sizes; the last must be 1.")
 flags.DEFINE_list("bottom_mlp_sizes", ["512", "256", "128"], "Bottom MLP layer sizes.")
@@ -243,6 +251,7 @@ def _validate_flags() -> None:
     config = _optimizer_config()
     try:
         config.validate()
+        config.validate_table_dtype(EMBEDDING_DTYPES[FLAGS.embedding_dtype])
     except ValueError as e:
         raise app.UsageError(str(e)) from None
     if FLAGS.embedding_type == "joint_fused":
@@ -342,7 +351,8 @@ def main(argv: list[str]) -> int:
 
 
 def _optimizer_config() -> OptimizerConfig:
-    return OptimizerConfig(embedding=FLAGS.optimizer, dense=FLAGS.dense_optimizer, eps=FLAGS.optimizer_eps)
+    return OptimizerConfig(embedding=FLAGS.optimizer, dense=FLAGS.dense_optimizer, eps=FLAGS.optimizer_eps,
+                           stochastic_rounding=FLAGS.stochastic_rounding)
 
 
 def _capacity(device: torch.device, local_world_size: int) -> int:
@@ -355,11 +365,15 @@ def _state_bytes(model_cfg: DLRMConfig) -> int:
     return _optimizer_config().state_bytes_per_row(model_cfg.embedding_dim) if FLAGS.mode == "train" else 0
 
 
+def _bytes_per_value(model_cfg: DLRMConfig) -> int:
+    return EMBEDDING_DTYPES[model_cfg.embedding_dtype].itemsize
+
+
 def _plan_one_device(model_cfg: DLRMConfig, device: torch.device, logger: RunLogger) -> None:
     """Every table on this device: print the bytes, and stop with the numbers (not an
     out-of-memory crash half-way through building the model) when they do not fit."""
     plan = plan_tables(model_cfg.table_sizes, model_cfg.embedding_dim, 1, _capacity(device, 1),
-                       state_bytes_per_row=_state_bytes(model_cfg))
+                       state_bytes_per_row=_state_bytes(model_cfg), bytes_per_value=_bytes_per_value(model_cfg))
     logger.print(format_plan(plan))
 
 
@@ -368,7 +382,7 @@ def _plan(model_cfg: DLRMConfig, env: DistEnv, device: torch.device, logger: Run
     override = load_override(FLAGS.table_placement) if FLAGS.table_placement else None
     plan = plan_tables(model_cfg.table_sizes, model_cfg.embedding_dim, env.world_size,
                        _capacity(device, env.local_world_size), override=override,
-                       state_bytes_per_row=_state_bytes(model_cfg))
+                       state_bytes_per_row=_state_bytes(model_cfg), bytes_per_value=_bytes_per_value(model_cfg))
     logger.print(format_plan(plan))
     logger.record("plan", tables=plan.tables, bytes=[plan.rank_bytes(r) for r in range(env.world_size)])
     return plan.tables
@@ -444,6 +458,7 @@ def _build(env: DistEnv | None, device: torch.device, collectives: Collectives, 
         embedding_type=FLAGS.embedding_type,
         hash_indices=FLAGS.hash_indices,
         poolings=[pooling or "sum" for pooling in spec.poolings],  # one-hot: a bag of one, either pooling
+        embedding_dtype=FLAGS.embedding_dtype,
     )
     try:
         model_cfg.validate()

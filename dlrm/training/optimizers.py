@@ -5,6 +5,12 @@ Embeddings: ``sgd``, ``adagrad`` (one accumulator per weight, torch's sparse-cap
 tables: 4 bytes of state per row instead of ``4 * dim``). Each updates only the rows a batch used.
 Dense part: ``sgd``, ``adagrad`` or ``adam`` (torch's own).
 
+fp16/bf16 tables (``embedding_dtype``) train with ``sgd`` or ``rowwise_adagrad``: a row's
+gradients are summed in fp32, the new row is computed in fp32 from the upcast old one and
+rounded once (``dlrm.kernels.rounding``; stochastically for bf16 with ``stochastic_rounding``,
+the draw keyed by the embedding group's ``rounding_step``, which checkpoints keep). ``adagrad``
+is refused for them: its fp32 accumulator per weight would take twice the table's own bytes.
+
 ``CombinedOptimizer`` steps both as one optimizer, so that a GradScaler that finds an fp16
 overflow skips the embedding update, the dense update and every optimizer-state update together.
 
@@ -25,6 +31,8 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from dlrm.kernels.rounding import HALF_DTYPES, round_to
+
 EMBEDDING_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
 # The dense optimizer a run uses when only the embeddings' one is chosen (MLPerf DLRMv2 pairs
@@ -42,6 +50,7 @@ class OptimizerConfig:
     dense: str | None = None  # None: DEFAULT_DENSE[embedding]
     eps: float = 1e-8  # Adagrad, row-wise Adagrad and Adam
     initial_accumulator_value: float = 0.0  # Adagrad and row-wise Adagrad
+    stochastic_rounding: bool = True  # bf16 tables: round updated rows stochastically (else to nearest)
 
     @property
     def dense_optimizer(self) -> str:
@@ -68,18 +77,89 @@ class OptimizerConfig:
             "`embedding_type=joint` for the others"
         )
 
+    def validate_table_dtype(self, dtype: torch.dtype) -> None:
+        """Refuses ``adagrad`` for fp16/bf16 tables (see the module docstring)."""
+        if self.embedding == "adagrad" and dtype in HALF_DTYPES:
+            raise ValueError(
+                f"`optimizer=adagrad` keeps an fp32 accumulator per weight, twice the bytes of {dtype} tables: use "
+                "`optimizer=rowwise_adagrad` (4 bytes a row) or `optimizer=sgd` with half-precision tables, or "
+                "`embedding_dtype=fp32`"
+            )
+
     def state_bytes_per_row(self, dim: int) -> int:
         """Optimizer state an embedding row carries besides its weights (fp32)."""
         return {"sgd": 0, "adagrad": 4 * dim, "rowwise_adagrad": 4}[self.embedding]
 
 
-class RowWiseAdagrad(torch.optim.Optimizer):
+def _summed_gradient(p: torch.nn.Parameter, dtype: torch.dtype) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """``(rows, g)``: the rows a gradient touches (None: all of them, a dense gradient) and their
+    gradients in ``dtype`` with duplicates summed, in ``dtype`` (so half gradients sum in fp32)."""
+    if not p.grad.is_sparse:
+        return None, p.grad.to(dtype)
+    grad = p.grad.to(dtype).coalesce()
+    return grad.indices()[0], grad.values()
+
+
+def _write_rows_(p: torch.nn.Parameter, rows: torch.Tensor | None, new: torch.Tensor,
+                 rounding_step: int | None) -> None:
+    """Rows ``rows`` of ``p`` (all with None) := ``new`` (fp32), rounded once into ``p``'s dtype."""
+    new = round_to(new, p.dtype, rounding_step)
+    if rows is None:
+        p.copy_(new)
+    else:
+        p.index_copy_(0, rows, new)
+
+
+class _EmbeddingOptimizer(torch.optim.Optimizer):
+    """What the embedding rules share: ``rounding_step`` in each group (counts the steps, keys
+    the stochastic rounding draws; a hyperparameter, so checkpoints keep it) and the choice of
+    rounding for half tables."""
+
+    def __init__(self, params: Iterable[Any], defaults: dict[str, Any], stochastic_rounding: bool):
+        super().__init__(params, {**defaults, "rounding_step": 0})
+        self.stochastic_rounding = stochastic_rounding
+
+    def _rounding(self, group: dict[str, Any]) -> int | None:
+        return group["rounding_step"] if self.stochastic_rounding else None
+
+
+class EmbeddingSGD(_EmbeddingOptimizer):
+    """Plain SGD on the rows a (sparse) gradient touches: ``w[r] -= lr * g[r]``. fp32 tables step
+    exactly as ``torch.optim.SGD`` does; fp16/bf16 tables sum ``g`` in fp32 and round once."""
+
+    def __init__(self, params: Iterable[Any], lr: float, stochastic_rounding: bool = True):
+        super().__init__(params, {"lr": lr}, stochastic_rounding)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.dtype not in HALF_DTYPES:
+                    p.add_(p.grad, alpha=-group["lr"])
+                    continue
+                rows, g = _summed_gradient(p, torch.float32)
+                old = p if rows is None else p.index_select(0, rows)
+                _write_rows_(p, rows, old.float() - group["lr"] * g, self._rounding(group))
+            group["rounding_step"] += 1
+        return loss
+
+
+class RowWiseAdagrad(_EmbeddingOptimizer):
     """Adagrad with one accumulator per row: for each row ``r`` a step touches (gradient row
     ``g``, duplicates summed), ``sum[r] += mean(g * g)`` and ``w[r] -= lr * g / (sqrt(sum[r]) + eps)``.
-    Sparse gradients update only their rows; a dense gradient updates every row."""
+    Sparse gradients update only their rows; a dense gradient updates every row. fp16/bf16 rows
+    are computed in fp32 and rounded once."""
 
-    def __init__(self, params: Iterable[Any], lr: float, eps: float = 1e-8, initial_accumulator_value: float = 0.0):
-        super().__init__(params, {"lr": lr, "eps": eps, "initial_accumulator_value": initial_accumulator_value})
+    def __init__(self, params: Iterable[Any], lr: float, eps: float = 1e-8, initial_accumulator_value: float = 0.0,
+                 stochastic_rounding: bool = True):
+        super().__init__(params, {"lr": lr, "eps": eps, "initial_accumulator_value": initial_accumulator_value},
+                         stochastic_rounding)
         for group in self.param_groups:
             for p in group["params"]:
                 if p.dim() != 2:
@@ -100,27 +180,39 @@ class RowWiseAdagrad(torch.optim.Optimizer):
                 if p.grad is None:
                     continue
                 accumulator = self.state[p]["sum"]
-                grad = p.grad
-                if grad.is_sparse:
-                    grad = grad.coalesce()  # duplicates summed: one update per distinct row
+                if p.dtype in HALF_DTYPES:  # duplicates summed in fp32, one rounding per row
+                    rows, values = _summed_gradient(p, accumulator.dtype)
+                    mean_sq = values.pow(2).mean(dim=1)
+                    if rows is None:
+                        old, sums = p, accumulator.add_(mean_sq)
+                    else:
+                        old, sums = p.index_select(0, rows), accumulator.index_add_(0, rows, mean_sq)[rows]
+                    step = values / (sums.sqrt() + group["eps"]).unsqueeze(1) * group["lr"]
+                    _write_rows_(p, rows, old.float() - step, self._rounding(group))
+                elif p.grad.is_sparse:
+                    grad = p.grad.coalesce()  # duplicates summed: one update per distinct row
                     rows, values = grad.indices()[0], grad.values().to(accumulator.dtype)
                     accumulator.index_add_(0, rows, values.pow(2).mean(dim=1))
                     step = values / (accumulator[rows].sqrt() + group["eps"]).unsqueeze(1)
                     p.index_add_(0, rows, step.mul_(-group["lr"]).to(p.dtype))
                 else:
-                    values = grad.to(accumulator.dtype)
+                    values = p.grad.to(accumulator.dtype)
                     accumulator.add_(values.pow(2).mean(dim=1))
                     p.sub_((values / (accumulator.sqrt() + group["eps"]).unsqueeze(1) * group["lr"]).to(p.dtype))
+            group["rounding_step"] += 1
         return loss
 
 
 def _embedding_optimizer(name: str, params: list[torch.nn.Parameter], lr: float, cfg: OptimizerConfig):
     groups = [{"params": params, "name": "embeddings"}]
     if name == "sgd":
-        return torch.optim.SGD(groups, lr=lr)
+        return EmbeddingSGD(groups, lr=lr, stochastic_rounding=cfg.stochastic_rounding)
     if name == "adagrad":  # torch's Adagrad takes sparse gradients and updates only their rows
+        for p in params:
+            cfg.validate_table_dtype(p.dtype)
         return torch.optim.Adagrad(groups, lr=lr, eps=cfg.eps, initial_accumulator_value=cfg.initial_accumulator_value)
-    return RowWiseAdagrad(groups, lr=lr, eps=cfg.eps, initial_accumulator_value=cfg.initial_accumulator_value)
+    return RowWiseAdagrad(groups, lr=lr, eps=cfg.eps, initial_accumulator_value=cfg.initial_accumulator_value,
+                          stochastic_rounding=cfg.stochastic_rounding)
 
 
 def _dense_optimizer(name: str, params: list[torch.nn.Parameter], lr: float, cfg: OptimizerConfig):
@@ -175,6 +267,17 @@ class CombinedOptimizer:
             return None, self.config.eps
         return self.fused.state[param]["sum"], self.fused.param_groups[0]["eps"]
 
+    def take_rounding_step(self) -> int | None:
+        """For ``joint_fused`` tables, which the embedding optimizer never steps: this step's
+        stochastic rounding key (None: round to nearest), counted in the embedding group's
+        ``rounding_step`` as the stepped optimizers count theirs."""
+        if not self.config.stochastic_rounding:
+            return None
+        group = self.embeddings.param_groups[0]
+        step = group.setdefault("rounding_step", 0)
+        group["rounding_step"] = step + 1
+        return step
+
     def state_dict(self) -> dict[str, Any]:
         """Dense state in full; the embeddings' hyperparameters only (their state goes per table)."""
         embeddings = self.embeddings.state_dict()
@@ -203,7 +306,8 @@ def make_optimizer(model: torch.nn.Module, lr: float, config: OptimizerConfig = 
     fused_state = None
     if fused_params and config.embedding == "rowwise_adagrad":
         fused_state = RowWiseAdagrad([{"params": fused_params, "name": "fused_embeddings"}], lr=lr, eps=config.eps,
-                                     initial_accumulator_value=config.initial_accumulator_value)
+                                     initial_accumulator_value=config.initial_accumulator_value,
+                                     stochastic_rounding=config.stochastic_rounding)
     return CombinedOptimizer(
         _dense_optimizer(config.dense_optimizer, model.dense_parameters(), lr, config),
         _embedding_optimizer(config.embedding, embedding_params, lr, config),

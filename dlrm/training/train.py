@@ -105,6 +105,7 @@ def fused_train_step(
     collectives: Collectives = Collectives(),
     lr: torch.Tensor | None = None,
     autocast_cache: bool = True,
+    rounding_step: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The same update as ``train_step`` for models with ``joint_fused`` embeddings, with no host
     synchronisation and no data-dependent shape: what ``--cuda_graphs`` captures.
@@ -116,7 +117,9 @@ def fused_train_step(
     overflow check, the skip of every update and the scale update happen on the device too, with
     the GradScaler's own state, so checkpoints and the ``train_step`` path stay interchangeable.
     ``optimizer`` is ``make_optimizer``'s; ``lr`` is a 0-dim float32 device tensor (defaults to
-    the dense group's current lr); ``autocast_cache=False`` while a CUDA graph captures the step.
+    the dense group's current lr); ``autocast_cache=False`` while a CUDA graph captures the step;
+    ``rounding_step`` (0-dim int64 device tensor, or None: to nearest) keys the stochastic rounding
+    of bf16 tables (``CombinedOptimizer.take_rounding_step``).
     """
     params = [p for g in optimizer.param_groups for p in g["params"]]
     device = params[0].device
@@ -141,7 +144,7 @@ def fused_train_step(
         device_dense_step_(optimizer, lr, skip)
         for embedding in fused:
             state, eps = optimizer.fused_rowwise_state(embedding.weight)
-            embedding.apply_update_(lr, grad_scale, skip, rowwise_state=state, eps=eps)
+            embedding.apply_update_(lr, grad_scale, skip, rowwise_state=state, eps=eps, rounding_step=rounding_step)
         if scaler_state is not None:
             scaler_state.update_(found_inf)
     return loss.detach()
@@ -163,14 +166,20 @@ def make_train_step(
     if not model.fused_embeddings():
         return lambda batch: train_step(model, batch, optimizer, scaler, precision, collectives)
     lr = torch.zeros((), dtype=torch.float32, device=device)
+    stochastic = getattr(getattr(optimizer, "config", None), "stochastic_rounding", False)
+    rounding_step = torch.zeros((), dtype=torch.int64, device=device) if stochastic else None
 
     def fused(batch: Batch, capturing: bool = False) -> torch.Tensor:
-        return fused_train_step(model, batch, optimizer, scaler, precision, collectives, lr, not capturing)
+        return fused_train_step(model, batch, optimizer, scaler, precision, collectives, lr, not capturing,
+                                rounding_step)
 
     run = GraphedTrainStep(fused) if cuda_graphs else fused
 
     def step(batch: Batch) -> torch.Tensor:
-        lr.fill_(optimizer.param_groups[0]["lr"])  # outside any graph: the schedule moves it every step
+        # outside any graph: the schedule moves the lr, and the rounding key changes, every step
+        lr.fill_(optimizer.param_groups[0]["lr"])
+        if rounding_step is not None:
+            rounding_step.fill_(optimizer.take_rounding_step())
         return run(batch)
 
     return step
