@@ -112,6 +112,38 @@ def test_dot_under_autocast_bf16():
     torch.testing.assert_close(out.double(), expected, rtol=2e-2, atol=0.5)
 
 
+@pytest.mark.parametrize("amp", [False, True])
+def test_dot_training_path_matches_reference(amp):
+    # With gradients DotInteraction runs DotInteractionTorch: the reference's forward bit for
+    # bit, and its gradients up to the rounding of the compute dtype, in the inputs' dtypes.
+    bottom, embedded = random_inputs(64, 26, 128, dtype=torch.float32, seed=2)
+    module = DotInteraction(27, 128)
+    results = []
+    for fn in (module, lambda b, e: dot_interaction_reference(b, e, module.triangle_index)):
+        b, e = bottom.clone().requires_grad_(True), embedded.clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            out = fn(b * 1.0, e)  # a non-leaf bottom, as the bottom MLP's output
+        upstream = torch.linspace(-1, 1, out.numel()).reshape(out.shape).to(out.dtype)
+        out.backward(upstream)
+        results.append((out, b.grad, e.grad))
+    (out, grad_b, grad_e), (ref_out, ref_b, ref_e) = results
+    assert out.dtype == ref_out.dtype == (torch.bfloat16 if amp else torch.float32)
+    assert torch.equal(out, ref_out)
+    assert grad_b.dtype == grad_e.dtype == torch.float32
+    tol = {"rtol": 1e-2, "atol": 0.2} if amp else {"rtol": 1e-5, "atol": 1e-4}  # bf16: an ulp of ~20
+    torch.testing.assert_close(grad_b, ref_b, **tol)
+    torch.testing.assert_close(grad_e, ref_e, **tol)
+
+
+def test_dot_without_grad_runs_the_reference():
+    bottom, embedded = random_inputs(3, 4, 8, dtype=torch.float32)
+    module = DotInteraction(5, 8)
+    with torch.no_grad():
+        out = module(bottom.requires_grad_(True), embedded)
+    assert out.grad_fn is None
+    assert torch.equal(out, dot_interaction_reference(bottom.detach(), embedded))
+
+
 def test_dot_rejects_wrong_feature_count():
     bottom, embedded = random_inputs(2, 3, 4)
     with pytest.raises(ValueError, match=r"\[B, 4, D\]"):
