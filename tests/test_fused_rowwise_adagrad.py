@@ -28,7 +28,7 @@ from dlrm.training.optimizers import OptimizerConfig, RowWiseAdagrad, make_optim
 from dlrm.training.train import fused_train_step, make_train_step
 from test_bag_embeddings import bags_of, random_lists
 from test_distributed import free_port
-from test_optimizers import EPS, LR, PlainReference
+from test_optimizers import EPS, LR, PlainReference, rowwise_adagrad_cli_args
 
 TABLES = [3, 200, 17, 50]
 POOLINGS = ["sum", "mean", "sum", "mean"]
@@ -344,12 +344,7 @@ def test_cli_trains_joint_fused_with_rowwise_adagrad_and_resumes_as_joint(cli, t
     above run the kernels)."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     ckpt, log = str(tmp_path / "ckpt"), str(tmp_path / "log.json")
-    common = ["--base_device", "cpu", "--synthetic_dataset_table_sizes", "30,300,4,1000,70",
-              "--synthetic_dataset_numerical_features", "13", "--synthetic_dataset_num_entries", "32768",
-              "--synthetic_dataset_num_test_entries", "8192", "--batch_size", "512", "--test_batch_size", "4096",
-              "--embedding_dim", "8", "--bottom_mlp_sizes", "16,8", "--top_mlp_sizes", "32,16,1",
-              "--lr", "0.02", "--warmup_steps", "0", "--decay_start_step", "0", "--decay_steps", "0",
-              "--print_freq", "16", "--optimizer", "rowwise_adagrad", "--log_path", log]
+    common = rowwise_adagrad_cli_args(log)
     out = cli("dlrm.scripts.main", *common, "--embedding_type", "joint_fused", "--max_steps", "48",
               "--save_checkpoint_path", ckpt).stdout
     assert "table_0_optimizer.pt" in os.listdir(ckpt)

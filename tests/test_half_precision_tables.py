@@ -25,6 +25,7 @@ from dlrm.training.checkpoint import TrainState, load_checkpoint, save_checkpoin
 from dlrm.training.optimizers import EmbeddingSGD, OptimizerConfig, RowWiseAdagrad, make_optimizer
 from dlrm.training.train import make_train_step, train_step
 from test_distributed import free_port
+from test_optimizers import rowwise_adagrad_cli_args
 
 CPU = torch.device("cpu")
 HALF = [torch.float16, torch.bfloat16]
@@ -242,12 +243,7 @@ def test_two_processes_train_bf16_tables_as_one_process_does(tmp_path):
 
 def test_cli_trains_bf16_tables_and_plans_half_the_bytes(cli, tmp_path):
     log = str(tmp_path / "log.json")
-    common = ["--base_device", "cpu", "--synthetic_dataset_table_sizes", "30,300,4,1000,70",
-              "--synthetic_dataset_numerical_features", "13", "--synthetic_dataset_num_entries", "32768",
-              "--synthetic_dataset_num_test_entries", "8192", "--batch_size", "512", "--test_batch_size", "4096",
-              "--embedding_dim", "8", "--bottom_mlp_sizes", "16,8", "--top_mlp_sizes", "32,16,1",
-              "--lr", "0.02", "--warmup_steps", "0", "--decay_start_step", "0", "--decay_steps", "0",
-              "--print_freq", "16", "--optimizer", "rowwise_adagrad", "--max_steps", "48", "--log_path", log]
+    common = rowwise_adagrad_cli_args(log) + ["--max_steps", "48"]
     out = cli("dlrm.scripts.main", *common, "--embedding_dtype", "bf16").stdout
     rows = 30 + 300 + 4 + 1000 + 70
     assert f"{rows * (8 * 2 + 4):,} bytes in all" in out, out  # 2 bytes a value + the row's accumulator

@@ -246,18 +246,24 @@ def test_the_planner_counts_the_optimizer_state_of_each_row():
     assert sorted(map(len, plan_tables(rows, dim, 2, 48 * 1024, state_bytes_per_row=4 * dim).tables)) == [1, 1]
 
 
+def rowwise_adagrad_cli_args(log: str) -> list[str]:
+    """A small synthetic run of row-wise Adagrad tables (and Adagrad MLPs) that learns in 48
+    steps, logging to ``log``: what the command-line tests of the optimizers share."""
+    return ["--base_device", "cpu", "--synthetic_dataset_table_sizes", "30,300,4,1000,70",
+            "--synthetic_dataset_numerical_features", "13", "--synthetic_dataset_num_entries", "32768",
+            "--synthetic_dataset_num_test_entries", "8192", "--batch_size", "512", "--test_batch_size", "4096",
+            "--embedding_dim", "8", "--bottom_mlp_sizes", "16,8", "--top_mlp_sizes", "32,16,1",
+            "--lr", "0.02", "--warmup_steps", "0", "--decay_start_step", "0", "--decay_steps", "0",
+            "--print_freq", "16", "--optimizer", "rowwise_adagrad", "--log_path", log]
+
+
 def test_cli_trains_with_rowwise_adagrad_resumes_and_refuses_another_optimizer(cli, tmp_path):
     """The MLPerf DLRMv2 pairing through the command line: row-wise Adagrad tables with Adagrad
     MLPs learn the synthetic labels, the checkpoint resumes, and another optimizer is refused."""
     import json
 
     ckpt, log = str(tmp_path / "ckpt"), str(tmp_path / "log.json")
-    common = ["--base_device", "cpu", "--synthetic_dataset_table_sizes", "30,300,4,1000,70",
-              "--synthetic_dataset_numerical_features", "13", "--synthetic_dataset_num_entries", "32768",
-              "--synthetic_dataset_num_test_entries", "8192", "--batch_size", "512", "--test_batch_size", "4096",
-              "--embedding_dim", "8", "--bottom_mlp_sizes", "16,8", "--top_mlp_sizes", "32,16,1",
-              "--lr", "0.02", "--warmup_steps", "0", "--decay_start_step", "0", "--decay_steps", "0",
-              "--print_freq", "16", "--optimizer", "rowwise_adagrad", "--log_path", log]
+    common = rowwise_adagrad_cli_args(log)
     out = cli("dlrm.scripts.main", *common, "--max_steps", "48", "--save_checkpoint_path", ckpt).stdout
     assert "table_0_optimizer.pt" in os.listdir(ckpt)
     first = [json.loads(line) for line in open(log) if json.loads(line)["type"] == "summary"][-1]

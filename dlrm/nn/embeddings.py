@@ -295,7 +295,7 @@ class MultiTableEmbedding(EmbeddingTables):
         batch = self._bag_batch_size(bags)
         if batch == 0:
             return self.tables[0].weight.new_zeros(0, self.num_tables, self.embedding_dim, dtype=self.output_dtype())
-        offsets = bags.offsets.to(torch.int64)
+        offsets, dtype = bags.offsets.to(torch.int64), self.output_dtype()
         # One host sync per batch: slicing each feature's values needs its bounds on the host
         # (the joint layout, one lookup for all features, needs none).
         bounds = offsets[::batch].tolist()
@@ -306,7 +306,7 @@ class MultiTableEmbedding(EmbeddingTables):
                 ids = ids % self.table_sizes[t]
             bag_offsets = offsets[t * batch:(t + 1) * batch + 1] - bounds[t]
             pooled.append(F.embedding_bag(ids, table.weight, bag_offsets, mode=self.poolings[t], sparse=True,
-                                          include_last_offset=True).to(self.output_dtype()))
+                                          include_last_offset=True).to(dtype))
         return torch.stack(pooled, dim=1)
 
 

@@ -93,7 +93,7 @@ class OptimizerConfig:
 
 def _summed_gradient(p: torch.nn.Parameter, dtype: torch.dtype) -> tuple[torch.Tensor | None, torch.Tensor]:
     """``(rows, g)``: the rows a gradient touches (None: all of them, a dense gradient) and their
-    gradients in ``dtype`` with duplicates summed, in ``dtype`` (so half gradients sum in fp32)."""
+    gradients with duplicates summed, in ``dtype`` (cast first, so half gradients sum in fp32)."""
     if not p.grad.is_sparse:
         return None, p.grad.to(dtype)
     grad = p.grad.to(dtype).coalesce()
@@ -111,8 +111,9 @@ def _write_rows_(p: torch.nn.Parameter, rows: torch.Tensor | None, new: torch.Te
 
 
 class _EmbeddingOptimizer(torch.optim.Optimizer):
-    """What the embedding rules share: ``rounding_step`` in each group (counts the steps, keys
-    the stochastic rounding draws; a hyperparameter, so checkpoints keep it) and the choice of
+    """What the embedding rules share: the step over every parameter with a gradient, which
+    ``_update_`` (the rule) applies, ``rounding_step`` in each group (counts the steps, keys the
+    stochastic rounding draws; a hyperparameter, so checkpoints keep it) and the choice of
     rounding for half tables."""
 
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any], stochastic_rounding: bool):
@@ -122,13 +123,8 @@ class _EmbeddingOptimizer(torch.optim.Optimizer):
     def _rounding(self, group: dict[str, Any]) -> int | None:
         return group["rounding_step"] if self.stochastic_rounding else None
 
-
-class EmbeddingSGD(_EmbeddingOptimizer):
-    """Plain SGD on the rows a (sparse) gradient touches: ``w[r] -= lr * g[r]``. fp32 tables step
-    exactly as ``torch.optim.SGD`` does; fp16/bf16 tables sum ``g`` in fp32 and round once."""
-
-    def __init__(self, params: Iterable[Any], lr: float, stochastic_rounding: bool = True):
-        super().__init__(params, {"lr": lr}, stochastic_rounding)
+    def _update_(self, p: torch.nn.Parameter, group: dict[str, Any]) -> None:
+        raise NotImplementedError
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -138,16 +134,26 @@ class EmbeddingSGD(_EmbeddingOptimizer):
                 loss = closure()
         for group in self.param_groups:
             for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.dtype not in HALF_DTYPES:
-                    p.add_(p.grad, alpha=-group["lr"])
-                    continue
-                rows, g = _summed_gradient(p, torch.float32)
-                old = p if rows is None else p.index_select(0, rows)
-                _write_rows_(p, rows, old.float() - group["lr"] * g, self._rounding(group))
+                if p.grad is not None:
+                    self._update_(p, group)
             group["rounding_step"] += 1
         return loss
+
+
+class EmbeddingSGD(_EmbeddingOptimizer):
+    """Plain SGD on the rows a (sparse) gradient touches: ``w[r] -= lr * g[r]``. fp32 tables step
+    exactly as ``torch.optim.SGD`` does; fp16/bf16 tables sum ``g`` in fp32 and round once."""
+
+    def __init__(self, params: Iterable[Any], lr: float, stochastic_rounding: bool = True):
+        super().__init__(params, {"lr": lr}, stochastic_rounding)
+
+    def _update_(self, p: torch.nn.Parameter, group: dict[str, Any]) -> None:
+        if p.dtype not in HALF_DTYPES:
+            p.add_(p.grad, alpha=-group["lr"])
+            return
+        rows, g = _summed_gradient(p, torch.float32)
+        old = p if rows is None else p.index_select(0, rows)
+        _write_rows_(p, rows, old.float() - group["lr"] * g, self._rounding(group))
 
 
 class RowWiseAdagrad(_EmbeddingOptimizer):
@@ -169,38 +175,27 @@ class RowWiseAdagrad(_EmbeddingOptimizer):
                 self.state[p]["sum"] = torch.full((p.shape[0],), float(group["initial_accumulator_value"]),
                                                   dtype=dtype, device=p.device)
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                accumulator = self.state[p]["sum"]
-                if p.dtype in HALF_DTYPES:  # duplicates summed in fp32, one rounding per row
-                    rows, values = _summed_gradient(p, accumulator.dtype)
-                    mean_sq = values.pow(2).mean(dim=1)
-                    if rows is None:
-                        old, sums = p, accumulator.add_(mean_sq)
-                    else:
-                        old, sums = p.index_select(0, rows), accumulator.index_add_(0, rows, mean_sq)[rows]
-                    step = values / (sums.sqrt() + group["eps"]).unsqueeze(1) * group["lr"]
-                    _write_rows_(p, rows, old.float() - step, self._rounding(group))
-                elif p.grad.is_sparse:
-                    grad = p.grad.coalesce()  # duplicates summed: one update per distinct row
-                    rows, values = grad.indices()[0], grad.values().to(accumulator.dtype)
-                    accumulator.index_add_(0, rows, values.pow(2).mean(dim=1))
-                    step = values / (accumulator[rows].sqrt() + group["eps"]).unsqueeze(1)
-                    p.index_add_(0, rows, step.mul_(-group["lr"]).to(p.dtype))
-                else:
-                    values = p.grad.to(accumulator.dtype)
-                    accumulator.add_(values.pow(2).mean(dim=1))
-                    p.sub_((values / (accumulator.sqrt() + group["eps"]).unsqueeze(1) * group["lr"]).to(p.dtype))
-            group["rounding_step"] += 1
-        return loss
+    def _update_(self, p: torch.nn.Parameter, group: dict[str, Any]) -> None:
+        accumulator = self.state[p]["sum"]
+        if p.dtype in HALF_DTYPES:  # duplicates summed in fp32, one rounding per row
+            rows, values = _summed_gradient(p, accumulator.dtype)
+            mean_sq = values.pow(2).mean(dim=1)
+            if rows is None:
+                old, sums = p, accumulator.add_(mean_sq)
+            else:
+                old, sums = p.index_select(0, rows), accumulator.index_add_(0, rows, mean_sq)[rows]
+            step = values / (sums.sqrt() + group["eps"]).unsqueeze(1) * group["lr"]
+            _write_rows_(p, rows, old.float() - step, self._rounding(group))
+        elif p.grad.is_sparse:
+            grad = p.grad.coalesce()  # duplicates summed: one update per distinct row
+            rows, values = grad.indices()[0], grad.values().to(accumulator.dtype)
+            accumulator.index_add_(0, rows, values.pow(2).mean(dim=1))
+            step = values / (accumulator[rows].sqrt() + group["eps"]).unsqueeze(1)
+            p.index_add_(0, rows, step.mul_(-group["lr"]).to(p.dtype))
+        else:
+            values = p.grad.to(accumulator.dtype)
+            accumulator.add_(values.pow(2).mean(dim=1))
+            p.sub_((values / (accumulator.sqrt() + group["eps"]).unsqueeze(1) * group["lr"]).to(p.dtype))
 
 
 def _embedding_optimizer(name: str, params: list[torch.nn.Parameter], lr: float, cfg: OptimizerConfig):
