@@ -12,7 +12,8 @@ from dlrm.distributed.planner import (
     Plan,
     PlanError,
     format_plan,
-    load_override,
+    Placement,
+    load_placement,
     plan_tables,
     table_bytes,
 )
@@ -150,7 +151,7 @@ def test_greedy_never_returns_an_invalid_plan_when_memory_is_tight():
         limit = math.ceil(num_tables / world_size)
         best = brute_force_best(sizes, world_size, limit, capacity)
         try:
-            plan = plan_tables(rows, 1, world_size, capacity)
+            plan = plan_tables(rows, 1, world_size, capacity, row_wise="never")
         except PlanError as error:
             assert "fits on no rank" in str(error)
             outcomes["error on infeasible" if best is None else "error on feasible"] += 1
@@ -202,14 +203,25 @@ def test_bytes_not_rows_per_rank_capacity():
         by_rows[rank].append(table)
     assert by_rows == [[0, 2], [1]] and 4 * held_rows[0] > capacity[0]
 
-    # a fourth table: with the cap (2 per rank) no placement fits, any two tables overflow rank 0
+    # a fourth table: with the cap (2 per rank) no placement of whole tables fits, any two
+    # tables overflow rank 0
     assert brute_force_best([24, 24, 24, 24], 2, 2, capacity) is None
     with pytest.raises(PlanError) as error:
-        plan_tables([6, 6, 6, 6], 1, 2, capacity)
+        plan_tables([6, 6, 6, 6], 1, 2, capacity, row_wise="never")
     assert str(error.value).startswith(
         "table 3 (6 rows, 24 bytes) fits on no rank: the most free memory is 16 bytes on rank 0, "
         "8 bytes short (rank 1 has room but already holds 2 tables, the cap per rank;"
     )
+    assert str(error.value).endswith(
+        "; `table_placement=row_wise` (or `auto`) splits tables row-wise across ranks"
+    )
+    # auto splits table 0 (largest, ties: lowest index) into rows [0, 3) and [3, 6), 12 bytes a
+    # rank; free 28 and 68 bytes, cap ceil(3 / 2) = 2: t1 -> r1 (68 -> 44), t2 -> r1 (44 -> 20),
+    # t3 -> r0 (28 -> 4)
+    plan = plan_tables([6, 6, 6, 6], 1, 2, capacity)
+    assert plan.row_wise == {0: [0, 3, 6]}
+    assert plan.tables == [[0, 3], [0, 1, 2]]
+    assert [plan.rank_bytes(0), plan.rank_bytes(1)] == [36, 60]
 
 
 def test_tables_larger_than_every_rank_name_the_totals():
@@ -218,11 +230,23 @@ def test_tables_larger_than_every_rank_name_the_totals():
     ranks offer."""
     assert plan_tables([1000, 1000], 4, 2, 20_000).tables == [[0], [1]]
     with pytest.raises(PlanError) as error:
-        plan_tables([1000, 1000], 4, 2, 10_000)
+        plan_tables([1000, 1000], 4, 2, 10_000, row_wise="never")
     assert str(error.value) == (
         "table 0 (1,000 rows, 16,000 bytes) fits on no rank: the most free memory is 10,000 bytes "
         "on rank 0, 6,000 bytes short; the 2 tables need 32,000 bytes in all and 2 ranks offer "
-        "20,000 bytes; add ranks, lower `embedding_dim`, or cap rows with `max_table_size`"
+        "20,000 bytes; add ranks, lower `embedding_dim`, cap rows with `max_table_size`, or store "
+        "the tables in fp16/bf16 with `embedding_dtype`; `table_placement=row_wise` (or `auto`) "
+        "splits tables row-wise across ranks"
+    )
+    # splitting does not help either: both tables row-wise need 16,000 bytes on each rank
+    with pytest.raises(PlanError) as error:
+        plan_tables([1000, 1000], 4, 2, 10_000)
+    assert str(error.value) == (
+        "table 0 (1,000 rows, 16,000 bytes) fits on no rank, and splitting tables row-wise across "
+        "the 2 ranks does not help: with tables 0, 1 split row-wise, rank 0 needs 16,000 bytes "
+        "for its row blocks alone but has 10,000 bytes, 6,000 bytes short; the 2 tables need "
+        "32,000 bytes in all and 2 ranks offer 20,000 bytes; add ranks, lower `embedding_dim`, "
+        "cap rows with `max_table_size`, or store the tables in fp16/bf16 with `embedding_dtype`"
     )
 
 
@@ -320,7 +344,18 @@ def test_fl15_on_one_8_gib_rank_names_the_first_table_that_does_not_fit():
         f"table 21 (7,156,453 rows, 3.41 GiB) fits on no rank: the most free memory is "
         f"{free / GIB:.2f} GiB on rank 0, {(table_bytes(FL15, 128)[21] - free) / GIB:.2f} GiB "
         "short; the 26 tables need 15.60 GiB in all and 1 rank offers 8.00 GiB; add ranks, "
-        "lower `embedding_dim`, or cap rows with `max_table_size`"
+        "lower `embedding_dim`, cap rows with `max_table_size`, or store the tables in fp16/bf16 "
+        "with `embedding_dtype`"
+    )
+    # one rank: row-wise cannot help, so auto gives the same error (no row-wise hint)
+    with pytest.raises(PlanError) as auto_error:
+        plan_tables(FL15, 128, 1, 8 * GIB, row_wise="auto")
+    assert str(auto_error.value) == str(error.value)
+    # fp16/bf16 tables already: the advice leaves `embedding_dtype` out
+    with pytest.raises(PlanError) as half:
+        plan_tables(FL15, 128, 1, 4 * GIB, bytes_per_value=2)
+    assert str(half.value).endswith(
+        "add ranks, lower `embedding_dim`, or cap rows with `max_table_size`"
     )
 
 
@@ -370,18 +405,21 @@ def test_override_errors_name_the_problem(override, words):
         plan_tables([100, 100, 100], 2, 3, 2_000, override=override)
 
 
-def test_load_override_forms(tmp_path):
-    assert load_override('{"0": [0, 3], "1": [1, 2]}') == [[0, 3], [1, 2]]
-    assert load_override("[[0, 3], [1, 2]]") == [[0, 3], [1, 2]]
-    assert load_override(' {"2": [1], "0": [0]} ') == [[0], [], [1]]  # rank 1 left out: empty
+def test_load_placement_forms(tmp_path):
+    assert load_placement('{"0": [0, 3], "1": [1, 2]}') == Placement([[0, 3], [1, 2]], [])
+    assert load_placement("[[0, 3], [1, 2]]") == Placement([[0, 3], [1, 2]], [])
+    # rank 1 left out: empty
+    assert load_placement(' {"2": [1], "0": [0]} ') == Placement([[0], [], [1]], [])
     path = tmp_path / "placement.json"
     path.write_text('{"0": [2], "1": [0, 1]}')
-    assert load_override(str(path)) == [[2], [0, 1]]
+    assert load_placement(str(path)) == Placement([[2], [0, 1]], [])
     plan = plan_tables([5, 3, 1], 1, 2, 100)
     saved = json.dumps({"world_size": 2, "tables": plan.tables, "table_bytes": plan.table_bytes})
-    assert load_override(saved) == plan.tables  # a saved plan works as a placement
-    # what load_override returns feeds plan_tables
-    again = plan_tables([5, 3, 1], 1, 2, 100, override=load_override(str(path)))
+    assert load_placement(saved).tables == plan.tables  # a saved plan works as a placement
+    # what load_placement returns feeds plan_tables
+    placement = load_placement(str(path))
+    again = plan_tables([5, 3, 1], 1, 2, 100, override=placement.tables,
+                        row_wise=placement.row_wise)
     assert again.tables == [[2], [0, 1]]
 
 
@@ -399,9 +437,9 @@ def test_load_override_forms(tmp_path):
         ("   ", "empty"),
     ],
 )
-def test_load_override_errors(text, words):
+def test_load_placement_errors(text, words):
     with pytest.raises(PlanError, match=words):
-        load_override(text)
+        load_placement(text)
 
 
 # ------------------------------------------------------------------------------------------------

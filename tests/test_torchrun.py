@@ -77,6 +77,30 @@ def test_world_sizes_match_single_device_and_checkpoints_move(dataset, tmp_path)
     assert resumed == pytest.approx(single, rel=1e-4)
 
 
+def test_a_table_too_large_for_a_rank_is_split_row_wise_and_its_checkpoint_moves(dataset, tmp_path):
+    """86 KB per process cannot hold table 1 (96 KB) whole: the planner splits it row-wise across
+    the 2 processes. Training equals one process (fp32, 1e-4 relative); the checkpoint, holding
+    table 1 as two blocks, is tested on one process and on 3 processes with every table split."""
+    base = ["--dataset", dataset, *MODEL, *TRAIN, "--epochs", "1"]
+    single_log = str(tmp_path / "single.json")
+    launch(0, *base, "--log_path", single_log)
+    ckpt, log = str(tmp_path / "ckpt"), str(tmp_path / "rw.json")
+    out = launch(2, *base, "--device_memory_gb", "0.00008", "--log_path", log, "--save_checkpoint_path", ckpt)
+    assert "7 tables on 2 ranks" in out and "1 split row-wise" in out
+    assert "table 1 (3,000 rows" in out
+    plan = records(log, "plan")[0]
+    assert plan["row_wise"] == {"1": [0, 1500, 3000]}
+    assert {"table_1_rows_0_1500.pt", "table_1_rows_1500_3000.pt"} <= set(os.listdir(ckpt))
+    assert [r["loss"] for r in records(log, "train")] == pytest.approx(
+        [r["loss"] for r in records(single_log, "train")], rel=1e-4)
+    auc = records(log, "eval")[-1]["auc"]
+    for nproc, placement in ((0, []), (3, ["--table_placement", "row_wise"])):
+        test_log = str(tmp_path / f"test{nproc}.json")
+        launch(nproc, "--mode", "test", "--dataset", dataset, "--load_checkpoint_path", ckpt, *MODEL, *placement,
+               "--base_device", "cpu", "--test_batch_size", "999", "--log_path", test_log)
+        assert records(test_log, "summary")[0]["auc"] == pytest.approx(auc, abs=1e-6)
+
+
 def test_plan_error_names_the_table(dataset):
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "dlrm.scripts.main",

@@ -8,6 +8,12 @@ The exchange carries the compute dtype: under autocast the embeddings are cast t
 dtype (bf16/fp16) before they are sent, so both directions move half the bytes of fp32, as
 NVIDIA's DLRM does; the dense part would cast them on arrival anyway. ``dtype`` fixes it instead
 (say fp32 under autocast, to exchange exactly).
+
+A table split row-wise (``TableShard`` blocks on several processes) is looked up by every process
+that holds a block, for the whole global batch, each contributing the partial sum of the ids in
+its block (zero for the others); the same all-to-all carries the partial sums, and the receiver
+adds them up. No second exchange, at the price of one ``[B, D]`` slice per block instead of one
+per table.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dlrm.data.rank_source import local_batch_sizes
+from dlrm.nn.embeddings import TableShard
 
 
 class _AllToAll(torch.autograd.Function):
@@ -43,16 +50,26 @@ class EmbeddingExchange(nn.Module):
     """``[B, T_rank, D]`` (this rank's tables, global batch) -> ``[B_rank, F, D]`` (own samples,
     every table in global order). Holds no parameters, so checkpoints do not see it."""
 
-    def __init__(self, tables_per_rank: Sequence[Sequence[int]], rank: int, group: dist.ProcessGroup | None = None,
-                 dtype: torch.dtype | None = None):
+    def __init__(self, tables_per_rank: Sequence[Sequence[int | TableShard]], rank: int,
+                 group: dist.ProcessGroup | None = None, dtype: torch.dtype | None = None):
         super().__init__()
         self.dtype = dtype  # None: the autocast dtype under autocast, else the embeddings' own
+        # Per rank, what it looks up: global table indices, or row blocks of row-wise tables.
         self.tables_per_rank = [list(t) for t in tables_per_rank]
         self.rank = rank
         self.group = group
-        rank_major = [t for tables in self.tables_per_rank for t in tables]
-        position = {table: i for i, table in enumerate(rank_major)}
-        order = [position[t] for t in range(len(rank_major))]
+        rank_major = [t.table if isinstance(t, TableShard) else t for tables in self.tables_per_rank for t in tables]
+        self.num_features = len(set(rank_major))
+        if sorted(set(rank_major)) != list(range(self.num_features)):
+            raise ValueError(f"the ranks hold tables {sorted(set(rank_major))}: every table from 0 to the last must "
+                             "be held by some rank")
+        # Row-wise tables come from several ranks, as partial sums: added up in rank order.
+        self.partial_sums = len(rank_major) != self.num_features
+        if self.partial_sums:
+            order = rank_major  # the feature each received slice adds to
+        else:
+            position = {table: i for i, table in enumerate(rank_major)}
+            order = [position[t] for t in range(len(rank_major))]  # the received slice of each feature
         self.register_buffer("order", torch.tensor(order, dtype=torch.int64), persistent=False)
 
     @property
@@ -74,5 +91,7 @@ class EmbeddingExchange(nn.Module):
         send = [n * num_local * dim for n in sizes]
         recv = [mine * len(tables) * dim for tables in self.tables_per_rank]
         flat = _AllToAll.apply(local.contiguous().view(-1), send, recv, self.group)
-        chunks = [c.view(mine, len(t), dim) for c, t in zip(flat.split(recv), self.tables_per_rank)]
-        return torch.cat(chunks, dim=1).index_select(1, self.order)
+        chunks = torch.cat([c.view(mine, len(t), dim) for c, t in zip(flat.split(recv), self.tables_per_rank)], dim=1)
+        if self.partial_sums:  # its backward hands every block's rank the gradient of its feature
+            return chunks.new_zeros(mine, self.num_features, dim).index_add(1, self.order, chunks)
+        return chunks.index_select(1, self.order)

@@ -1,9 +1,9 @@
 """The one place that turns the single-device DLRM into this process's part of the hybrid-parallel one.
 
-    model, parallel = parallelize(config, plan.tables, device, collectives)
+    model, parallel = parallelize(config, [plan.entries(r) for r in range(plan.world_size)], device, collectives)
 
-The model is the same class with two differences: it holds only the embedding tables the plan
-gives this process (built with the same per-table initialisation, so a table's weights do not
+The model is the same class with two differences: it holds only the embedding tables (or, for
+tables split row-wise, the blocks of rows) the plan gives this process (built with the same per-table initialisation, so a table's weights do not
 depend on where it lands), and the all-to-all exchange sits between its embeddings and its dense
 part. The MLPs stay replicated; ``parallel.collectives`` sums their gradients and combines
 metrics and checkpoints across processes, and ``parallel.tables`` says which id columns this
@@ -22,13 +22,14 @@ import torch
 from dlrm.distributed.collectives import ProcessGroupCollectives
 from dlrm.distributed.exchange import EmbeddingExchange
 from dlrm.model.dlrm import DLRM, DLRMConfig
+from dlrm.nn.embeddings import TableShard
 
 
 @dataclass
 class HybridParallel:
     """What the rest of a hybrid-parallel run needs: the plan and the process group's collectives."""
 
-    plan: list[list[int]]  # global table indices per rank
+    plan: list[list[int | TableShard]]  # per rank: global table indices, or row blocks of row-wise tables
     collectives: ProcessGroupCollectives
 
     @property
@@ -41,12 +42,13 @@ class HybridParallel:
 
     @property
     def tables(self) -> list[int]:
-        """This process's tables: it looks their ids up for every sample of the global batch."""
-        return self.plan[self.rank]
+        """The global indices of this process's tables (whole, or a block of rows): it looks
+        their ids up for every sample of the global batch."""
+        return [t.table if isinstance(t, TableShard) else t for t in self.plan[self.rank]]
 
 
 def parallelize(
-    config: DLRMConfig, plan: list[list[int]], device: torch.device, collectives: ProcessGroupCollectives,
+    config: DLRMConfig, plan: list[list[int | TableShard]], device: torch.device, collectives: ProcessGroupCollectives,
     exchange_dtype: torch.dtype | None = None,
 ) -> tuple[DLRM, HybridParallel]:
     """This process's part of the hybrid-parallel model (see the module docstring).
@@ -54,6 +56,6 @@ def parallelize(
     if len(plan) != collectives.world_size:
         raise ValueError(f"the plan has {len(plan)} ranks, the process group {collectives.world_size}")
     parallel = HybridParallel([list(tables) for tables in plan], collectives)
-    model = DLRM(config, device=device, tables=parallel.tables)
+    model = DLRM(config, device=device, tables=parallel.plan[parallel.rank])
     model.exchange = EmbeddingExchange(parallel.plan, parallel.rank, collectives.group, exchange_dtype).to(device)
     return model, parallel

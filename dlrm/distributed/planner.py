@@ -1,9 +1,24 @@
 """Placement of embedding tables on ranks for hybrid-parallel training.
 
-Each rank holds whole tables and looks them up for the global batch; the planner decides which
-rank holds which table. It balances bytes (fp32 weights), because memory is what runs out, and
-it caps the number of tables per rank, because with one id per feature the number of tables a
-rank holds is its share of lookups and of the all-to-all traffic.
+Each rank looks up the tables it holds for the whole global batch and sends the results to the
+ranks that own the samples through one all-to-all. A table is held in one of two ways:
+
+* table-wise (the default): the whole table lives on one rank. The planner balances bytes
+  (weights plus optimizer state), because memory is what runs out, and caps the number of tables
+  per rank, because with one id per feature the number of tables a rank holds is its share of
+  lookups and of the all-to-all traffic.
+* row-wise: the table is split across all ranks in contiguous blocks of rows, rank ``r`` holding
+  rows ``[b[r], b[r+1])`` with ``b[r] = r * rows // world_size``. Every rank looks up its block
+  for every sample of the global batch and sends partial results through the same all-to-all,
+  so a row-wise table costs every rank that holds a (non-empty) block one entry of lookups and of
+  exchange traffic, as much as a whole table: W entries instead of one in all. It is what lets a
+  table larger than any one rank's memory be trained at all.
+
+Because a row-wise table multiplies its lookup and exchange work by the number of ranks, the
+default (``row_wise="auto"``) splits tables only when memory demands it: it tries the table-wise
+greedy first, and only when that fails moves the largest remaining tables, one at a time, to
+row-wise until the rest fit whole. ``"never"``, ``"all"`` or an explicit list of tables choose
+by hand; so does a manual placement read by ``load_placement``.
 
 Everything here is a pure function of its arguments: the same inputs give the same plan on every
 rank, so ranks need not exchange the plan.
@@ -18,11 +33,20 @@ import operator
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Union
+
+from dlrm.nn.embeddings import TableShard
 
 GIB = 2**30
 _MIB = 2**20
 _BYTES_PER_VALUE = 4  # fp32 weights
-_ADVICE = "add ranks, lower `embedding_dim`, or cap rows with `max_table_size`"
+_ROW_WISE_MODES = ("auto", "never", "all")
+_PLACEMENT_WORDS = {"auto": "auto", "table_wise": "never", "row_wise": "all"}
+_PLACEMENT_FORMS = (
+    'auto, table_wise, row_wise, JSON such as {"0": [0, 3], "1": [1, 2]} or [[0, 3], [1, 2]] '
+    '(tables per rank, the dict may add "row_wise": [4, 5]), {"row_wise": [4, 5]} alone, '
+    "a saved plan, or a path to a JSON file with one of these"
+)
 
 
 class PlanError(ValueError):
@@ -66,9 +90,37 @@ def _tables_word(count: int) -> str:
     return f"{count} table" if count == 1 else f"{count} tables"
 
 
-def _check_assignment(assignment: object, num_tables: int, world_size: int) -> list[list[int]]:
-    """A manual placement: every table on exactly one rank, one list per rank; returns the lists
-    sorted."""
+def _names(tables: Sequence[int]) -> str:
+    return ", ".join(map(str, tables))
+
+
+def _advice(bytes_per_value: int) -> str:
+    """What a user can change when the tables do not fit."""
+    if bytes_per_value > 2:
+        return (
+            "add ranks, lower `embedding_dim`, cap rows with `max_table_size`, or store the "
+            "tables in fp16/bf16 with `embedding_dtype`"
+        )
+    return "add ranks, lower `embedding_dim`, or cap rows with `max_table_size`"
+
+
+def row_bounds(rows: int, world_size: int) -> list[int]:
+    """Equal row-wise split of a table of ``rows`` rows: rank ``r`` holds rows
+    ``[b[r], b[r+1])`` with ``b[r] = r * rows // world_size`` (a block is empty when
+    ``rows < world_size`` leaves that rank nothing)."""
+    return [r * rows // world_size for r in range(world_size + 1)]
+
+
+def _block_bytes(bounds: Sequence[int], size: int, rank: int) -> int:
+    """Bytes of ``rank``'s block of a row-wise table of ``size`` bytes (``bounds[-1]`` rows)."""
+    return (bounds[rank + 1] - bounds[rank]) * (size // bounds[-1])
+
+
+def _check_assignment(
+    assignment: object, num_tables: int, world_size: int, row_wise: Sequence[int] = ()
+) -> list[list[int]]:
+    """A manual placement: every table-wise table on exactly one rank, no row-wise table, one
+    list per rank; returns the lists sorted."""
     if isinstance(assignment, (str, bytes)) or not isinstance(assignment, Sequence):
         raise PlanError("the table placement must be a list with one list of tables per rank")
     if len(assignment) != world_size:
@@ -76,6 +128,7 @@ def _check_assignment(assignment: object, num_tables: int, world_size: int) -> l
             f"the table placement lists {_ranks_word(len(assignment))} but the world size is "
             f"{world_size}; give one list per rank, [] for a rank without tables"
         )
+    split = set(row_wise)
     owner: dict[int, int] = {}
     result = []
     for rank, tables in enumerate(assignment):
@@ -92,6 +145,11 @@ def _check_assignment(assignment: object, num_tables: int, world_size: int) -> l
                     f"the table placement puts table {index} on rank {rank}, but there are only "
                     f"{num_tables} tables (0 to {num_tables - 1})"
                 )
+            if index in split:
+                raise PlanError(
+                    f"the table placement puts table {index} on rank {rank}, but table {index} is "
+                    "split row-wise across all ranks; leave it out of the lists of tables per rank"
+                )
             if index in owner:
                 where = (
                     f"twice on rank {rank}"
@@ -104,24 +162,27 @@ def _check_assignment(assignment: object, num_tables: int, world_size: int) -> l
             owner[index] = rank
             ranked.append(index)
         result.append(sorted(ranked))
-    missing = [t for t in range(num_tables) if t not in owner]
+    missing = [t for t in range(num_tables) if t not in owner and t not in split]
     if missing:
-        names = ", ".join(map(str, missing))
         raise PlanError(
-            f"the table placement leaves table(s) {names} on no rank; every table needs a rank"
+            f"the table placement leaves table(s) {_names(missing)} on no rank; every table needs "
+            "a rank (or to be listed under `row_wise`)"
         )
     return result
 
 
-def _check_capacity(tables: list[list[int]], sizes: list[int], capacity: list[int]) -> None:
+def _check_capacity(
+    tables: list[list[int]], sizes: list[int], capacity: list[int], blocks: list[int]
+) -> None:
     for rank, held in enumerate(tables):
-        used = sum(sizes[t] for t in held)
+        used = sum(sizes[t] for t in held) + blocks[rank]
         if used > capacity[rank]:
+            what = f"tables {_names(held)}" if held else "no whole table"
+            extra = f" and {_size(blocks[rank])} of row-wise blocks" if blocks[rank] else ""
             raise PlanError(
-                f"the table placement overflows rank {rank}: tables "
-                f"{', '.join(map(str, held))} need {_size(used)} but the rank has "
-                f"{_size(capacity[rank])} ({_size(used - capacity[rank])} over); move a table to "
-                "another rank or raise `capacity`"
+                f"the table placement overflows rank {rank}: {what}{extra} need {_size(used)} but "
+                f"the rank has {_size(capacity[rank])} ({_size(used - capacity[rank])} over); "
+                "move a table to another rank or raise `capacity`"
             )
 
 
@@ -129,14 +190,20 @@ def _check_capacity(tables: list[list[int]], sizes: list[int], capacity: list[in
 # The plan
 
 
+Entry = Union[int, TableShard]
+
+
 @dataclass(frozen=True)
 class Plan:
     """Which rank holds which table, with the numbers that justify it.
 
     ``tables[r]`` lists the global table indices on rank ``r`` in ascending order, the order in
-    which the rank stores and exchanges them. ``table_bytes`` and ``rows`` are in global table
-    order; ``rows`` may be empty when unknown (it only feeds ``format_plan``). ``plan_tables``
-    builds plans and checks them; this class only holds the result.
+    which the rank stores and exchanges them: whole tables and tables of which it holds a
+    non-empty row-wise block. ``row_wise`` maps each row-wise table to its ``world_size + 1``
+    row bounds (rank ``r`` holds rows ``[b[r], b[r+1])``); ``entries(r)`` tells the two kinds
+    apart. ``table_bytes`` and ``rows`` are in global table order; ``rows`` may be empty when
+    unknown (it only feeds ``format_plan``). ``plan_tables`` builds plans and checks them; this
+    class only holds the result.
     """
 
     world_size: int
@@ -144,26 +211,60 @@ class Plan:
     table_bytes: list[int]
     capacity: list[int]
     rows: list[int] = field(default_factory=list)
+    row_wise: dict[int, list[int]] = field(default_factory=dict)
 
     @property
     def num_tables(self) -> int:
         return len(self.table_bytes)
 
     def rank_of(self, table: int) -> int:
-        """The rank that holds ``table`` (a global index)."""
+        """The rank that holds ``table`` (a global index), a whole table."""
+        if table in self.row_wise:
+            raise ValueError(
+                f"table {table} is split row-wise across {_ranks_word(self.world_size)}: no single "
+                "rank holds it; use entries() for the blocks each rank holds"
+            )
         for rank, held in enumerate(self.tables):
             if table in held:
                 return rank
         raise IndexError(f"table {table} is not in this plan of {self.num_tables} tables")
 
+    def entries(self, rank: int) -> list[Entry]:
+        """What ``rank`` holds, in the order of ``tables[rank]``: a whole table as its index, a
+        row-wise block as ``TableShard(table, start, stop)``."""
+        result: list[Entry] = []
+        for table in self.tables[rank]:
+            bounds = self.row_wise.get(table)
+            if bounds is None:
+                result.append(table)
+            else:
+                result.append(TableShard(table, bounds[rank], bounds[rank + 1]))
+        return result
+
     def rank_bytes(self, rank: int) -> int:
-        """Bytes of the tables on ``rank`` (fp32 weights)."""
-        return sum(self.table_bytes[t] for t in self.tables[rank])
+        """Bytes of what ``rank`` holds: whole tables and its rows of row-wise tables."""
+        total = 0
+        for table in self.tables[rank]:
+            bounds = self.row_wise.get(table)
+            if bounds is None:
+                total += self.table_bytes[table]
+            else:
+                total += _block_bytes(bounds, self.table_bytes[table], rank)
+        return total
 
     def rank_lookup_share(self, rank: int) -> float:
         """Share of all lookups that ``rank`` serves (its share of gather work and exchange):
-        with one id per feature and sample, every table costs the same lookups."""
-        return len(self.tables[rank]) / self.num_tables
+        with one id per feature and sample, every entry (a whole table, or a row-wise block,
+        looked up for the whole batch) costs the same."""
+        return len(self.tables[rank]) / sum(len(held) for held in self.tables)
+
+    def to_json(self) -> dict:
+        """The plan as JSON-ready data; ``load_placement`` reads it back as a placement."""
+        return {
+            "world_size": self.world_size,
+            "tables": [list(held) for held in self.tables],
+            "row_wise": {str(t): list(b) for t, b in sorted(self.row_wise.items())},
+        }
 
 
 # --------------------------------------------------------------------------------------------
@@ -194,58 +295,113 @@ def _capacities(capacity: int | Sequence[int], world_size: int) -> list[int]:
     return [_whole(capacity, "capacity per rank (bytes)")] * world_size
 
 
+def _row_wise_tables(row_wise: object, num_tables: int) -> tuple[str, list[int]]:
+    """``row_wise`` -> (mode, the tables row-wise from the start)."""
+    if isinstance(row_wise, str):
+        if row_wise not in _ROW_WISE_MODES:
+            raise ValueError(
+                f"row_wise must be one of {', '.join(_ROW_WISE_MODES)} or a list of table "
+                f"indices, got {row_wise!r}"
+            )
+        return row_wise, list(range(num_tables)) if row_wise == "all" else []
+    if isinstance(row_wise, bytes) or not isinstance(row_wise, Sequence):
+        raise PlanError(
+            f"the row-wise tables must be a list of table indices, got {row_wise!r}"
+        )
+    tables: list[int] = []
+    for table in row_wise:
+        try:
+            index = _whole(table, "a row-wise table index")
+        except ValueError as error:
+            raise PlanError(f"the list of row-wise tables is invalid: {error}") from None
+        if index >= num_tables:
+            raise PlanError(
+                f"the list of row-wise tables names table {index}, but there are only "
+                f"{num_tables} tables (0 to {num_tables - 1})"
+            )
+        if index in tables:
+            raise PlanError(f"the list of row-wise tables names table {index} twice")
+        tables.append(index)
+    return "list", tables
+
+
 # --------------------------------------------------------------------------------------------
 # Planning
 
 
+class _NoRoom(Exception):
+    """The greedy found no rank for ``table``; the caller words the message."""
+
+    def __init__(self, table: int, free: list[int], held: list[list[int]], best: int, limit: int):
+        super().__init__(table)
+        self.table, self.free, self.held, self.best, self.limit = table, free, held, best, limit
+
+
 def _greedy(
-    sizes: list[int], rows: list[int], capacity: list[int], limit: int
+    tables: Sequence[int], sizes: list[int], capacity: list[int], limit: int
 ) -> list[list[int]]:
     """Largest table first onto the rank with the most free memory that still has a slot."""
     world_size = len(capacity)
     free = list(capacity)
     held: list[list[int]] = [[] for _ in range(world_size)]
-    for table in sorted(range(len(sizes)), key=lambda t: (-sizes[t], t)):
+    for table in sorted(tables, key=lambda t: (-sizes[t], t)):
         best = -1
         for rank in range(world_size):
             if len(held[rank]) < limit and (best < 0 or free[rank] > free[best]):
                 best = rank
         if sizes[table] > free[best]:
-            raise PlanError(_no_room(table, sizes, rows, capacity, free, held, best, limit))
+            raise _NoRoom(table, free, held, best, limit)
         free[best] -= sizes[table]
         held[best].append(table)
-    return [sorted(tables) for tables in held]
+    return [sorted(ts) for ts in held]
+
+
+def _totals(sizes: list[int], capacity: list[int]) -> str:
+    total, offered = sum(sizes), sum(capacity)
+    return (
+        f"the {_tables_word(len(sizes))} {'needs' if len(sizes) == 1 else 'need'} {_size(total)} "
+        "in all and "
+        f"{_ranks_word(len(capacity))} {'offers' if len(capacity) == 1 else 'offer'} "
+        f"{_size(offered)}"
+    )
 
 
 def _no_room(
-    table: int,
-    sizes: list[int],
-    rows: list[int],
-    capacity: list[int],
-    free: list[int],
-    held: list[list[int]],
-    best: int,
-    limit: int,
+    gap: _NoRoom, sizes: list[int], rows: list[int], capacity: list[int], split: list[int]
 ) -> str:
+    """The first clause and numbers of a table-wise failure (without the advice)."""
+    table, free, best = gap.table, gap.free, gap.best
     size = sizes[table]
+    after = f" (after the row-wise blocks of {_names(split)})" if split else ""
     message = (
         f"table {table} ({rows[table]:,} rows, {_size(size)}) fits on no rank: the most free "
-        f"memory is {_size(free[best])} on rank {best}, {_size(size - free[best])} short"
+        f"memory is {_size(free[best])} on rank {best}{after}, {_size(size - free[best])} short"
     )
-    capped = [r for r in range(len(free)) if len(held[r]) >= limit and free[r] >= size]
+    capped = [r for r in range(len(free)) if len(gap.held[r]) >= gap.limit and free[r] >= size]
     if capped:
         message += (
-            f" (rank {capped[0]} has room but already holds {limit} tables, the cap per rank;"
+            f" (rank {capped[0]} has room but already holds {gap.limit} tables, the cap per rank;"
             " give an `override` placement)"
         )
-    total, offered = sum(sizes), sum(capacity)
-    if total > offered:
-        message += (
-            f"; the {len(sizes)} tables need {_size(total)} in all and "
-            f"{_ranks_word(len(capacity))} {'offers' if len(capacity) == 1 else 'offer'} "
-            f"{_size(offered)}"
-        )
-    return f"{message}; {_ADVICE}"
+    if sum(sizes) > sum(capacity):
+        message += f"; {_totals(sizes, capacity)}"
+    return message
+
+
+def _blocks_overflow(
+    split: list[int], blocks: list[int], sizes: list[int], capacity: list[int]
+) -> str | None:
+    """None when every rank can hold its row-wise blocks, else the numbers of the fullest rank."""
+    short = [blocks[r] - capacity[r] for r in range(len(capacity))]
+    fullest = max(range(len(capacity)), key=lambda r: (short[r], -r))
+    if short[fullest] <= 0:
+        return None
+    return (
+        f"with {'table' if len(split) == 1 else 'tables'} {_names(split)} split row-wise, "
+        f"rank {fullest} needs {_size(blocks[fullest])} for its row blocks alone but "
+        f"has {_size(capacity[fullest])}, {_size(short[fullest])} short; "
+        f"{_totals(sizes, capacity)}"
+    )
 
 
 def plan_tables(
@@ -256,79 +412,180 @@ def plan_tables(
     override: Sequence[Sequence[int]] | None = None,
     state_bytes_per_row: int = 0,
     bytes_per_value: int = _BYTES_PER_VALUE,
+    row_wise: str | Sequence[int] = "auto",
 ) -> Plan:
-    """Place whole tables on ranks; see docs/distributed.md for the algorithm and the flags.
+    """Place tables on ranks, whole or split row-wise; see docs/distributed.md for the algorithm
+    and the flags.
 
     ``capacity`` is bytes per rank available for tables (one number for all, or one per rank);
     ``state_bytes_per_row`` the embedding optimizer's state per row, counted with the weights,
     ``bytes_per_value`` the size of one weight (4 for fp32 tables, 2 for fp16/bf16).
-    The greedy balances bytes with at most ``ceil(tables / ranks)`` tables per rank.
-    ``override`` (``override[r]`` = tables on rank ``r``) replaces the greedy; it is validated
-    and must fit, but the cap on tables per rank does not apply to it.
+    ``row_wise`` chooses the tables split row-wise across all ranks (equal blocks,
+    ``row_bounds``): ``"never"``, ``"all"``, a list of table indices, or ``"auto"``: none
+    unless the table-wise greedy fails, then the largest remaining table, one at a time, until
+    the rest fit whole. The greedy balances bytes, after every rank's row-wise blocks, with at
+    most ``ceil(table-wise tables / ranks)`` tables per rank.
+    ``override`` (``override[r]`` = whole tables on rank ``r``) replaces the greedy; it lists
+    every table that is not row-wise once (with ``"auto"`` none is), it is validated and must
+    fit, but the cap on tables per rank does not apply to it.
     Raises ``ValueError`` for malformed inputs and ``PlanError`` for placements that cannot work.
     """
     sizes = table_bytes(rows, dim, state_bytes_per_row, bytes_per_value)
     row_counts = [int(r) for r in rows]
     world_size = _whole(world_size, "world size", minimum=1)
     capacities = _capacities(capacity, world_size)
+    mode, split = _row_wise_tables(row_wise, len(sizes))
+    advice = _advice(bytes_per_value)
+
+    def blocks_of(split: list[int]) -> tuple[dict[int, list[int]], list[int]]:
+        bounds = {t: row_bounds(row_counts[t], world_size) for t in split}
+        blocks = [sum(_block_bytes(b, sizes[t], r) for t, b in bounds.items())
+                  for r in range(world_size)]
+        return bounds, blocks
+
+    def finish(placed: list[list[int]], bounds: dict[int, list[int]]) -> Plan:
+        tables = [
+            sorted(held + [t for t, b in bounds.items() if b[r] < b[r + 1]])
+            for r, held in enumerate(placed)
+        ]
+        return Plan(world_size, tables, sizes, capacities, rows=row_counts,
+                    row_wise=dict(sorted(bounds.items())))
+
+    bounds, blocks = blocks_of(split)
+    overflow = _blocks_overflow(split, blocks, sizes, capacities)
+    if overflow is not None:
+        raise PlanError(f"the row-wise tables do not fit: {overflow}; {advice}")
     if override is not None:
-        tables = _check_assignment(override, len(sizes), world_size)
-        _check_capacity(tables, sizes, capacities)
-    else:
-        tables = _greedy(sizes, row_counts, capacities, math.ceil(len(sizes) / world_size))
-    return Plan(world_size, tables, sizes, capacities, rows=row_counts)
+        placed = _check_assignment(override, len(sizes), world_size, split)
+        _check_capacity(placed, sizes, capacities, blocks)
+        return finish(placed, bounds)
+
+    first: str | None = None  # the table-wise failure, named first if splitting does not help
+    while True:
+        whole = [t for t in range(len(sizes)) if t not in bounds]
+        free = [c - b for c, b in zip(capacities, blocks)]
+        try:
+            placed = _greedy(whole, sizes, free, math.ceil(len(whole) / world_size))
+        except _NoRoom as gap:
+            message = _no_room(gap, sizes, row_counts, capacities, split)
+            if mode != "auto" or world_size == 1:
+                hint = ""
+                if world_size > 1 and mode == "never":
+                    hint = ("; `table_placement=row_wise` (or `auto`) splits tables row-wise "
+                            "across ranks")
+                elif world_size > 1 and mode == "list":
+                    hint = ("; list more tables as row-wise in `table_placement`, or use "
+                            "`table_placement=auto`")
+                raise PlanError(f"{message}; {advice}{hint}") from None
+            if first is None:
+                table = gap.table
+                first = (f"table {table} ({row_counts[table]:,} rows, {_size(sizes[table])}) "
+                         "fits on no rank")
+            split.append(max(whole, key=lambda t: (sizes[t], -t)))  # largest, ties: lowest index
+        else:
+            return finish(placed, bounds)
+        bounds, blocks = blocks_of(split)
+        overflow = _blocks_overflow(split, blocks, sizes, capacities)
+        if overflow is not None:
+            raise PlanError(
+                f"{first}, and splitting tables row-wise across the {world_size} ranks does not "
+                f"help: {overflow}; {advice}"
+            ) from None
 
 
 # --------------------------------------------------------------------------------------------
 # Manual placement
 
 
-def _parse_placement(data: object) -> list[list[int]]:
-    """JSON value -> one list of table indices per rank (not yet checked against a model)."""
-    if isinstance(data, dict) and "tables" in data and "world_size" in data:
-        data = data["tables"]  # a saved plan works as a placement
-    if isinstance(data, dict):
+@dataclass(frozen=True)
+class Placement:
+    """A placement read by ``load_placement``, the arguments of the same names of
+    ``plan_tables``: ``tables`` (``override``; None: the planner places the whole tables) and
+    ``row_wise`` (``"auto"``, ``"never"``, ``"all"`` or a list of table indices)."""
+
+    tables: list[list[int]] | None = None
+    row_wise: str | list[int] = "auto"
+
+
+def _index_list(value: object, what: str) -> list[int]:
+    if not isinstance(value, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value
+    ):
+        raise PlanError(f"{what} must be a list of table indices")
+    return list(value)
+
+
+def _parse_placement(data: object) -> Placement:
+    """JSON value -> a placement (not yet checked against a model)."""
+    row_wise: list[int] = []
+    if isinstance(data, dict) and "tables" in data and "world_size" in data:  # a saved plan
+        saved = data.get("row_wise", {})
+        if isinstance(saved, dict):
+            for key in saved:
+                if not (isinstance(key, str) and key.isdigit() and key.isascii()):
+                    raise PlanError(
+                        f"the saved plan's row_wise key {key!r} is not a table index"
+                    )
+            row_wise = sorted(int(key) for key in saved)
+        else:
+            row_wise = _index_list(saved, "the saved plan's row_wise")
+        data = data["tables"]
+        if isinstance(data, list):
+            split = set(row_wise)
+            data = [
+                [t for t in tables if t not in split] if isinstance(tables, list) else tables
+                for tables in data
+            ]
+    elif isinstance(data, dict):
+        if "row_wise" in data:
+            data = dict(data)
+            row_wise = _index_list(data.pop("row_wise"), "row_wise in the table placement")
+            if not data:  # only the row-wise tables: the planner places the rest
+                return Placement(None, row_wise)
         by_rank: dict[int, object] = {}
         for key, tables in data.items():
             if not (isinstance(key, str) and key.isdigit() and key.isascii()):
                 raise PlanError(
-                    f"table placement key {key!r} is not a rank; use \"0\", \"1\", ... as keys"
+                    f"table placement key {key!r} is not a rank; use \"0\", \"1\", ... as keys "
+                    'and "row_wise" for the tables split row-wise'
                 )
             by_rank[int(key)] = tables
         data = [by_rank.get(rank, []) for rank in range(max(by_rank) + 1)] if by_rank else []
     if not isinstance(data, list):
-        raise PlanError(
-            'a table placement is {"0": [0, 3], "1": [1, 2]} or [[0, 3], [1, 2]] '
-            "(tables per rank), or a saved plan"
-        )
+        raise PlanError(f"a table placement is one of: {_PLACEMENT_FORMS}")
     placement = []
     for rank, tables in enumerate(data):
-        if not isinstance(tables, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) for t in tables
-        ):
-            raise PlanError(f"rank {rank} of the table placement must be a list of table indices")
-        placement.append(list(tables))
-    return placement
+        placement.append(_index_list(tables, f"rank {rank} of the table placement"))
+    return Placement(placement, row_wise)
 
 
-def load_override(path_or_text: str) -> list[list[int]]:
-    """Read a manual placement from JSON text or a JSON file (``--table_placement``).
+def load_placement(path_or_text: str) -> Placement:
+    """Read a placement (``table_placement``): a word, JSON text or a JSON file.
 
-    Accepted: ``{"0": [0, 3], "1": [1, 2]}`` (rank -> tables; ranks left out hold nothing, but
-    the highest rank must be there), ``[[0, 3], [1, 2]]``, or a saved plan (an object with
-    ``world_size`` and ``tables``; only ``tables`` is used). Text starting with ``{`` or ``[``
-    is JSON; anything else is a path. Checks against the model (every table once, capacity)
-    happen in ``plan_tables``.
+    Words: ``auto`` (the planner, splitting tables row-wise only when memory demands it),
+    ``table_wise`` (whole tables only) and ``row_wise`` (every table split row-wise).
+    JSON: ``{"0": [0, 3], "1": [1, 2]}`` (rank -> whole tables; ranks left out hold nothing,
+    but the highest rank must be there), ``[[0, 3], [1, 2]]``, either dict form with
+    ``"row_wise": [4, 5]`` (these tables split row-wise; without rank keys the planner places
+    the rest), or a saved plan (``Plan.to_json()``: its row-wise tables stay row-wise and the
+    rest stay where they were). Text starting with ``{`` or ``[`` is JSON; any other text that
+    is not a word is a path. Checks against the model (every table once, capacity) happen in
+    ``plan_tables(override=placement.tables, row_wise=placement.row_wise)``.
     """
     text = path_or_text.strip()
     if not text:
-        raise PlanError("the table placement is empty")
+        raise PlanError(f"the table placement is empty; give one of: {_PLACEMENT_FORMS}")
+    if text in _PLACEMENT_WORDS:
+        return Placement(None, _PLACEMENT_WORDS[text])
     if text[0] in "[{":
         source = "the table placement"
     else:
         source = f"table placement file {path_or_text!r}"
         if not os.path.isfile(text):
-            raise PlanError(f"{source} does not exist (and the text is not JSON)")
+            raise PlanError(
+                f"{source} does not exist (and the text is not JSON); a table placement is one "
+                f"of: {_PLACEMENT_FORMS}"
+            )
         with open(text, encoding="utf-8") as handle:
             text = handle.read()
     try:
@@ -342,17 +599,32 @@ def load_override(path_or_text: str) -> list[list[int]]:
 # Printing
 
 
+def _span(low: str, high: str) -> str:
+    return low if low == high else f"{low}-{high}"
+
+
+def _size_span(low: int, high: int) -> str:
+    """``_size`` of a range of block bytes; an empty block reads 0 (not 0.00 GiB-4 bytes)."""
+    return _span("0" if low == 0 and high else _size(low), _size(high))
+
+
 def format_plan(plan: Plan) -> str:
-    """A table for logs: per rank its tables, rows, GiB, % of capacity and % of lookups."""
+    """A table for logs: per rank its tables (``9r``: a row-wise block of table 9), rows, GiB,
+    % of capacity and % of lookups; then a line per row-wise table."""
     lines = []
     caps = set(plan.capacity)
     per_rank = f", {_size(plan.capacity[0])} per rank" if len(caps) == 1 else ""
     total_bytes = sum(plan.table_bytes)
+    split = f", {len(plan.row_wise)} split row-wise" if plan.row_wise else ""
     lines.append(
         f"Embedding placement: {_tables_word(plan.num_tables)} on "
-        f"{_ranks_word(plan.world_size)}{per_rank}, {_size(total_bytes)} in all"
+        f"{_ranks_word(plan.world_size)}{per_rank}, {_size(total_bytes)} in all{split}"
     )
-    names = [", ".join(map(str, held)) or "-" for held in plan.tables]
+    entries = [plan.entries(rank) for rank in range(plan.world_size)]
+    names = [
+        ", ".join(f"{e.table}r" if isinstance(e, TableShard) else str(e) for e in held) or "-"
+        for held in entries
+    ]
     width = max(len("tables"), *(len(n) for n in names))
     header = (
         f"{'rank':>5}  {'tables':<{width}}  {'rows':>13}  {'GiB':>8}  {'capacity':>8}  "
@@ -360,26 +632,36 @@ def format_plan(plan: Plan) -> str:
     )
     lines += [header, "-" * len(header)]
 
-    def row_count(tables: Sequence[int]) -> str:
-        return f"{sum(plan.rows[t] for t in tables):,}" if plan.rows else "-"
+    def row_count(held: Sequence[Entry]) -> str:
+        if not plan.rows:
+            return "-"
+        return f"{sum(e.rows if isinstance(e, TableShard) else plan.rows[e] for e in held):,}"
 
     def percent(part: float, whole: float) -> str:
         return f"{100 * part / whole:.1f}%" if whole else "-"
 
-    for rank, held in enumerate(plan.tables):
+    for rank in range(plan.world_size):
         used = plan.rank_bytes(rank)
         lines.append(
-            f"{rank:>5}  {names[rank]:<{width}}  {row_count(held):>13}  {used / GIB:>8.2f}  "
-            f"{percent(used, plan.capacity[rank]):>8}  "
+            f"{rank:>5}  {names[rank]:<{width}}  {row_count(entries[rank]):>13}  "
+            f"{used / GIB:>8.2f}  {percent(used, plan.capacity[rank]):>8}  "
             f"{percent(plan.rank_lookup_share(rank), 1):>7}"
         )
     lines.append("-" * len(header))
-    everything = range(plan.num_tables)
     lines.append(
-        f"{'total':>5}  {_tables_word(plan.num_tables):<{width}}  {row_count(everything):>13}  "
-        f"{total_bytes / GIB:>8.2f}  {percent(total_bytes, sum(plan.capacity)):>8}  "
-        f"{percent(plan.num_tables, plan.num_tables):>7}"
+        f"{'total':>5}  {_tables_word(plan.num_tables):<{width}}  "
+        f"{row_count(range(plan.num_tables)):>13}  {total_bytes / GIB:>8.2f}  "
+        f"{percent(total_bytes, sum(plan.capacity)):>8}  {percent(1, 1):>7}"
     )
+    for table, bounds in plan.row_wise.items():
+        counts = [bounds[r + 1] - bounds[r] for r in range(plan.world_size)]
+        per_row = plan.table_bytes[table] // bounds[-1]
+        low, high = min(counts), max(counts)
+        lines.append(
+            f"table {table} ({bounds[-1]:,} rows, {_size(plan.table_bytes[table])}): row-wise "
+            f"over {_ranks_word(plan.world_size)}, {_span(f'{low:,}', f'{high:,}')} rows "
+            f"({_size_span(low * per_row, high * per_row)}) each"
+        )
     heaviest = max(range(plan.world_size), key=plan.rank_bytes)
     mean = total_bytes / plan.world_size
     lines.append(

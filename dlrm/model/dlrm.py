@@ -8,15 +8,17 @@ its own tables (``tables=``), and the exchange is an all-to-all that delivers
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from numbers import Integral
 
 import torch
 from torch import nn
 
 from dlrm.data.batch import Bags
 from dlrm.data.feature_spec import POOLINGS
-from dlrm.nn.embeddings import JointEmbedding, JointFusedEmbedding, MultiTableEmbedding
+from dlrm.nn.embeddings import JointEmbedding, JointFusedEmbedding, MultiTableEmbedding, TableShard
 from dlrm.nn.interactions import CatInteraction, DCNInteraction, DotInteraction
 from dlrm.nn.mlp import MLP
 
@@ -115,6 +117,23 @@ class DLRMConfig:
             )
 
 
+def _table_blocks(config: DLRMConfig, tables: Sequence[int | TableShard]) -> list[TableShard]:
+    """Every table to build as a block of rows (a whole table: all of them), checked against the config."""
+    blocks = []
+    for entry in tables:
+        table = entry.table if isinstance(entry, TableShard) else entry
+        table = operator.index(table) if isinstance(table, Integral) else table
+        if not (isinstance(table, int) and 0 <= table < config.num_categorical_features):
+            raise ValueError(f"table index {table!r} out of range for {config.num_categorical_features} tables")
+        rows = config.table_sizes[table]
+        block = entry if isinstance(entry, TableShard) else TableShard(table, 0, rows)
+        if not 0 <= block.start < block.stop <= rows:
+            raise ValueError(f"rows [{block.start}, {block.stop}) of table {table} are not a non-empty block of its "
+                             f"{rows} rows")
+        blocks.append(block)
+    return blocks
+
+
 def _is_positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
@@ -132,22 +151,23 @@ class DLRM(nn.Module):
     (one-hot) or ``Bags`` of ``F`` features (multi-hot, pooled per table by ``config.poolings``)."""
 
     def __init__(
-        self, config: DLRMConfig, device: torch.device | str | None = None, tables: Sequence[int] | None = None
+        self, config: DLRMConfig, device: torch.device | str | None = None,
+        tables: Sequence[int | TableShard] | None = None,
     ) -> None:
-        """``tables``: global indices of the embedding tables to build (all by default). Hybrid
-        parallelism builds each process's share; ``embed`` then takes those columns only."""
+        """``tables``: the embedding tables to build (all by default), each a global table index
+        or a ``TableShard`` (a block of a table's rows, for row-wise sharding). Hybrid parallelism
+        builds each process's share; ``embed`` then takes those tables' columns only."""
         super().__init__()
         config.validate()
         self.config = config
-        tables = list(range(config.num_categorical_features)) if tables is None else list(tables)
-        bad = [t for t in tables if not 0 <= t < config.num_categorical_features]
-        if bad:
-            raise ValueError(f"table indices {bad} out of range for {config.num_categorical_features} tables")
+        blocks = _table_blocks(config, range(config.num_categorical_features) if tables is None else tables)
+        indices = [block.table for block in blocks]
         self.embeddings = _EMBEDDING_CLASSES[config.embedding_type](
-            [config.table_sizes[t] for t in tables], config.embedding_dim, hash_indices=config.hash_indices,
-            device=device, table_indices=tables,
-            poolings=None if config.poolings is None else [config.poolings[t] for t in tables],
+            [block.rows for block in blocks], config.embedding_dim, hash_indices=config.hash_indices,
+            device=device, table_indices=indices,
+            poolings=None if config.poolings is None else [config.poolings[t] for t in indices],
             weight_dtype=EMBEDDING_DTYPES[config.embedding_dtype],
+            row_starts=[block.start for block in blocks], full_table_sizes=[config.table_sizes[t] for t in indices],
         )
         self.bottom_mlp = MLP(config.num_numerical_features, config.bottom_mlp_sizes, relu_last=True, device=device)
         num_features = config.num_categorical_features + 1  # the bottom output is one more feature

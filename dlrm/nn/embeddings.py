@@ -30,9 +30,22 @@ from dlrm.kernels.backend import compute_dtype, exporting
 from dlrm.kernels.embedding import gather, sgd_update
 from dlrm.kernels.embedding_bag import ADAGRAD_EPS, bag_gather, bag_rowwise_adagrad_update, bag_sgd_update
 from dlrm.kernels.rounding import HALF_DTYPES
-from dlrm.nn.init import init_embedding_table_, table_generator
+from dlrm.nn.init import init_table_rows_
 
 WEIGHT_DTYPES = (torch.float32, torch.float64, *HALF_DTYPES)  # float64: tests' exact references
+
+
+class TableShard(NamedTuple):
+    """A contiguous block of a table's rows, ``[start, stop)`` of global table ``table``: what a
+    process holds of a table split row-wise across processes (a whole table is just its index)."""
+
+    table: int
+    start: int
+    stop: int
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
 
 
 class EmbeddingTables(nn.Module):
@@ -47,6 +60,8 @@ class EmbeddingTables(nn.Module):
         init_seed: int | None = None,
         poolings: Sequence[str] | None = None,
         weight_dtype: torch.dtype = torch.float32,
+        row_starts: Sequence[int] | None = None,
+        full_table_sizes: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
         table_sizes = [int(rows) for rows in table_sizes]
@@ -65,7 +80,23 @@ class EmbeddingTables(nn.Module):
         # One draw from the global generator whatever the tables, so layers built after the
         # embeddings get the same weights in every process.
         self.init_seed = int(torch.randint(0, 2**62, ())) if init_seed is None else init_seed
-        self.register_buffer("rows", torch.tensor(table_sizes, dtype=torch.int64), persistent=False)
+        # Row-wise sharding: local table i holds rows [row_starts[i], row_starts[i] + table_sizes[i])
+        # of a table of full_table_sizes[i] rows (by default every table is whole).
+        self.row_starts = [0] * len(table_sizes) if row_starts is None else [int(s) for s in row_starts]
+        self.full_table_sizes = list(table_sizes) if full_table_sizes is None else [int(r) for r in full_table_sizes]
+        if len(self.row_starts) != len(table_sizes) or len(self.full_table_sizes) != len(table_sizes):
+            raise ValueError(f"{len(table_sizes)} table sizes but {len(self.row_starts)} row starts and "
+                             f"{len(self.full_table_sizes)} full table sizes")
+        for i, (start, rows, full) in enumerate(zip(self.row_starts, table_sizes, self.full_table_sizes)):
+            if start < 0 or start + rows > full:
+                raise ValueError(f"table {self.table_indices[i]}: rows [{start}, {start + rows}) are not inside "
+                                 f"its {full} rows")
+        self.row_sharded = self.row_starts != [0] * len(table_sizes) or self.full_table_sizes != table_sizes
+        # The whole tables' rows: ids are hashed (`hash_indices`) into the whole table, then a
+        # row-wise block keeps those in its range.
+        self.register_buffer("rows", torch.tensor(self.full_table_sizes, dtype=torch.int64), persistent=False)
+        self.register_buffer("row_start", torch.tensor(self.row_starts, dtype=torch.int64), persistent=False)
+        self.register_buffer("block_rows", torch.tensor(table_sizes, dtype=torch.int64), persistent=False)
         self.poolings = _check_poolings(poolings, len(table_sizes))
         # Per table: whether its bags are mean-pooled (a device copy, so building weights never syncs).
         self.register_buffer("mean_pooled", torch.tensor([p == "mean" for p in self.poolings], dtype=torch.bool),
@@ -111,12 +142,32 @@ class EmbeddingTables(nn.Module):
         tables = torch.arange(self.num_tables, device=bags.offsets.device)
         return torch.repeat_interleave(tables, per_feature, output_size=bags.values.shape[0])
 
-    def _bag_ids(self, bags: Bags, tables: torch.Tensor) -> torch.Tensor:
-        """``values`` as int64 ids, hashed into their table with ``hash_indices`` as one-hot ids are."""
+    def _bag_ids_and_weights(self, bags: Bags, batch: int, tables: torch.Tensor,
+                             dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every value's row in its local table (int64, hashed into the whole table with
+        ``hash_indices`` as one-hot ids are) and the per-value weights of the pooled sum: ``1 / len``
+        for mean-pooled bags, and for row-wise blocks 0 for the ids outside the block (the ranks
+        holding the other blocks add their part: partial sums, with the whole bag's ``len``).
+        None when every weight would be 1. On the device, no host sync."""
         ids = bags.values.to(torch.int64)
         if self.hash_indices:
             ids = ids % self.rows[tables]
-        return ids
+        weights = self._mean_weights(bags, batch, dtype)
+        if self.row_sharded:
+            ids = ids - self.row_start[tables]
+            keep = (ids >= 0) & (ids < self.block_rows[tables])
+            ids = torch.where(keep, ids, 0)  # any row of the block: its weight is 0
+            weights = keep.to(dtype) if weights is None else weights * keep
+        return ids, weights
+
+    def _as_bags(self, ids: torch.Tensor | Bags) -> Bags:
+        """Row-wise blocks look ids up as bags (one-hot ids as bags of one), whose per-value
+        weights drop the ids of other blocks."""
+        if isinstance(ids, Bags):
+            return ids
+        if ids.dim() != 2 or ids.shape[1] != self.num_tables:
+            raise ValueError(f"expected ids of shape [B, {self.num_tables}], got {list(ids.shape)}")
+        return Bags.from_one_hot(ids)
 
     def _mean_weights(self, bags: Bags, batch: int, dtype: torch.dtype) -> torch.Tensor | None:
         """Per-value weights that make a weighted sum the mean: ``1 / len`` for the values of
@@ -140,16 +191,11 @@ class EmbeddingTables(nn.Module):
         raise NotImplementedError
 
     def _init_table_(self, i: int) -> None:
-        weight = self.table_weight(i)
-        generator = table_generator(self.init_seed, self.table_indices[i], weight.device)
-        if weight.dtype not in HALF_DTYPES:
-            init_embedding_table_(weight, generator)
-            return
         # Half tables hold the fp32 initial weights rounded to nearest: the same draws as fp32
         # tables, so runs that differ only in embedding_dtype start from the same model.
-        initial = torch.empty(weight.shape, dtype=torch.float32, device=weight.device)
-        init_embedding_table_(initial, generator)
-        weight.copy_(initial)
+        weight = self.table_weight(i)
+        init_table_rows_(weight, self.init_seed, self.table_indices[i], self.full_table_sizes[i], self.row_starts[i],
+                         draw_dtype=torch.float32 if weight.dtype in HALF_DTYPES else weight.dtype)
 
     def storage_dtype(self) -> torch.dtype:
         """The tables' dtype as it is now (a model may be cast after it was built)."""
@@ -186,6 +232,9 @@ class EmbeddingTables(nn.Module):
             f"hash_indices={self.hash_indices}"
             + ("" if "mean" not in self.poolings else f", poolings={self.poolings}")
             + ("" if self.storage_dtype() == torch.float32 else f", weight_dtype={self.storage_dtype()}")
+            + ("" if not self.row_sharded else ", row_blocks=" + str(
+                [(t, s, s + r) for t, s, r, full in zip(self.table_indices, self.row_starts, self.table_sizes,
+                                                       self.full_table_sizes) if (s, r) != (0, full)]))
         )
 
 
@@ -202,8 +251,11 @@ class JointEmbedding(EmbeddingTables):
         init_seed: int | None = None,
         poolings: Sequence[str] | None = None,
         weight_dtype: torch.dtype = torch.float32,
+        row_starts: Sequence[int] | None = None,
+        full_table_sizes: Sequence[int] | None = None,
     ) -> None:
-        super().__init__(table_sizes, embedding_dim, hash_indices, table_indices, init_seed, poolings, weight_dtype)
+        super().__init__(table_sizes, embedding_dim, hash_indices, table_indices, init_seed, poolings, weight_dtype,
+                         row_starts, full_table_sizes)
         starts = [0]
         for rows in self.table_sizes:
             starts.append(starts[-1] + rows)
@@ -224,8 +276,8 @@ class JointEmbedding(EmbeddingTables):
         return self.weight, self._starts[i]
 
     def forward(self, ids: torch.Tensor | Bags) -> torch.Tensor:
-        if isinstance(ids, Bags):
-            return self._pool_bags(ids)
+        if isinstance(ids, Bags) or self.row_sharded:
+            return self._pool_bags(self._as_bags(ids))
         out = F.embedding(self._prepare_ids(ids) + self.offsets, self.weight, sparse=True)
         return out.to(self.output_dtype())
 
@@ -233,8 +285,9 @@ class JointEmbedding(EmbeddingTables):
         """Rows of the joint weight for every value (id + its table's offset) and the pooling
         weights: the input of one pooled lookup over all features."""
         tables = self._value_tables(bags, batch)
-        rows = self._bag_ids(bags, tables) + self.offsets[tables]
-        return rows, self._mean_weights(bags, batch, torch.promote_types(self.weight.dtype, torch.float32))
+        ids, weights = self._bag_ids_and_weights(bags, batch, tables,
+                                                 torch.promote_types(self.weight.dtype, torch.float32))
+        return ids + self.offsets[tables], weights
 
     def _pool_bags(self, bags: Bags) -> torch.Tensor:
         """One ``embedding_bag`` over the joint weight for every bag of every feature -> ``[B, T, D]``."""
@@ -263,8 +316,11 @@ class MultiTableEmbedding(EmbeddingTables):
         init_seed: int | None = None,
         poolings: Sequence[str] | None = None,
         weight_dtype: torch.dtype = torch.float32,
+        row_starts: Sequence[int] | None = None,
+        full_table_sizes: Sequence[int] | None = None,
     ) -> None:
-        super().__init__(table_sizes, embedding_dim, hash_indices, table_indices, init_seed, poolings, weight_dtype)
+        super().__init__(table_sizes, embedding_dim, hash_indices, table_indices, init_seed, poolings, weight_dtype,
+                         row_starts, full_table_sizes)
         # skip_init: nn.Embedding's default N(0, 1) init would be overwritten anyway.
         device = torch.get_default_device() if device is None else device
         self.tables = nn.ModuleList(
@@ -284,8 +340,8 @@ class MultiTableEmbedding(EmbeddingTables):
         return self.tables[i].weight, 0
 
     def forward(self, ids: torch.Tensor | Bags) -> torch.Tensor:
-        if isinstance(ids, Bags):
-            return self._pool_bags(ids)
+        if isinstance(ids, Bags) or self.row_sharded:
+            return self._pool_bags(self._as_bags(ids))
         ids, dtype = self._prepare_ids(ids), self.output_dtype()
         # each cast before the stack: autocast's type promotion of stack refuses fp16 on the CPU
         return torch.stack([table(ids[:, i]).to(dtype) for i, table in enumerate(self.tables)], dim=1)
@@ -296,17 +352,26 @@ class MultiTableEmbedding(EmbeddingTables):
         if batch == 0:
             return self.tables[0].weight.new_zeros(0, self.num_tables, self.embedding_dim, dtype=self.output_dtype())
         offsets, dtype = bags.offsets.to(torch.int64), self.output_dtype()
+        weight_dtype = self.tables[0].weight.dtype
+        # Weights only where a row-wise block drops ids; mean pooling alone is embedding_bag's mode.
+        ids, weights = self._bag_ids_and_weights(bags, batch, self._value_tables(bags, batch), weight_dtype) \
+            if self.row_sharded else (bags.values.to(torch.int64), None)
         # One host sync per batch: slicing each feature's values needs its bounds on the host
         # (the joint layout, one lookup for all features, needs none).
         bounds = offsets[::batch].tolist()
         pooled = []
         for t, table in enumerate(self.tables):
-            ids = bags.values[bounds[t]:bounds[t + 1]].to(torch.int64)
-            if self.hash_indices:
-                ids = ids % self.table_sizes[t]
+            table_ids = ids[bounds[t]:bounds[t + 1]]
+            if self.hash_indices and not self.row_sharded:
+                table_ids = table_ids % self.table_sizes[t]
             bag_offsets = offsets[t * batch:(t + 1) * batch + 1] - bounds[t]
-            pooled.append(F.embedding_bag(ids, table.weight, bag_offsets, mode=self.poolings[t], sparse=True,
-                                          include_last_offset=True).to(dtype))
+            if weights is None:
+                out = F.embedding_bag(table_ids, table.weight, bag_offsets, mode=self.poolings[t], sparse=True,
+                                      include_last_offset=True)
+            else:
+                out = F.embedding_bag(table_ids, table.weight, bag_offsets, mode="sum", sparse=True,
+                                      per_sample_weights=weights[bounds[t]:bounds[t + 1]], include_last_offset=True)
+            pooled.append(out.to(dtype))
         return torch.stack(pooled, dim=1)
 
 
@@ -394,14 +459,16 @@ class JointFusedEmbedding(JointEmbedding):
         init_seed: int | None = None,
         poolings: Sequence[str] | None = None,
         weight_dtype: torch.dtype = torch.float32,
+        row_starts: Sequence[int] | None = None,
+        full_table_sizes: Sequence[int] | None = None,
     ) -> None:
         super().__init__(table_sizes, embedding_dim, hash_indices, device, table_indices, init_seed, poolings,
-                         weight_dtype)
+                         weight_dtype, row_starts, full_table_sizes)
         self._pending: list[PendingUpdate | PendingBagUpdate] = []
 
     def forward(self, ids: torch.Tensor | Bags) -> torch.Tensor:
-        if isinstance(ids, Bags):
-            return self._pool_bags(ids)
+        if isinstance(ids, Bags) or self.row_sharded:
+            return self._pool_bags(self._as_bags(ids))
         if exporting():
             # torch.jit.trace / torch.export cannot record the kernel's autograd.Function: they
             # get the joint layout's plain gather of the same rows (in the weight's dtype).

@@ -1,8 +1,10 @@
 """Weight initialisers matching NVIDIA's DLRM, so training curves are comparable to theirs.
 
 Linear layers draw from torch's global generator in a fixed order; each embedding table draws
-from its own generator seeded from its global table index, so a table's initial weights do not
-depend on which other tables a process builds (hybrid parallelism builds only its own).
+from its own generators, seeded from its global table index and drawn block by block of
+``INIT_BLOCK_ROWS`` rows, so a table's initial weights depend neither on which other tables a
+process builds (hybrid parallelism builds only its own) nor on how its rows are split across
+processes (row-wise sharding builds one block of rows, with the same values as the whole table).
 """
 
 from __future__ import annotations
@@ -32,8 +34,43 @@ def init_embedding_table_(weight: torch.Tensor, generator: torch.Generator | Non
         weight.uniform_(-bound, bound, generator=generator)
 
 
-def table_generator(seed: int, table_index: int, device: torch.device) -> torch.Generator:
-    """The generator of one table: a function of the model seed and the global table index."""
+INIT_BLOCK_ROWS = 2**18  # rows drawn from one generator: a shard's init costs at most 2 such blocks extra
+
+
+def table_generator(seed: int, table_index: int, device: torch.device, block: int = 0) -> torch.Generator:
+    """The generator of one block of ``INIT_BLOCK_ROWS`` rows of one table: a function of the
+    model seed, the global table index and the block."""
     generator = torch.Generator(device=device)
-    generator.manual_seed((seed * 1_000_003 + table_index) % (2**63 - 1))
+    key = seed * 1_000_003 + table_index
+    if block:
+        key = key * 1_000_033 + block
+    generator.manual_seed(key % (2**63 - 1))
     return generator
+
+
+def init_table_rows_(weight: torch.Tensor, seed: int, table_index: int, table_rows: int, first_row: int = 0,
+                     draw_dtype: torch.dtype | None = None) -> None:
+    """Rows ``[first_row, first_row + len(weight))`` of table ``table_index``'s initial weights,
+    U(-sqrt(1/table_rows), sqrt(1/table_rows)) as ``init_embedding_table_`` draws for the whole
+    table. Each block of ``INIT_BLOCK_ROWS`` rows comes from its own generator, so the values of a
+    row do not depend on which range is built. ``draw_dtype`` (default: the weight's) is the dtype
+    of the draws, rounded to the weight's dtype when they differ (fp16/bf16 tables draw fp32)."""
+    rows, dim = weight.shape
+    if first_row < 0 or first_row + rows > table_rows:
+        raise ValueError(f"rows [{first_row}, {first_row + rows}) are not inside table {table_index} of "
+                         f"{table_rows} rows")
+    draw_dtype = weight.dtype if draw_dtype is None else draw_dtype
+    bound = math.sqrt(1.0 / table_rows)
+    stop = first_row + rows
+    with torch.no_grad():
+        for block in range(first_row // INIT_BLOCK_ROWS, -(-stop // INIT_BLOCK_ROWS)):
+            lo, hi = block * INIT_BLOCK_ROWS, min((block + 1) * INIT_BLOCK_ROWS, table_rows)
+            start, end = max(lo, first_row), min(hi, stop)
+            generator = table_generator(seed, table_index, weight.device, block)
+            target = weight[start - first_row:end - first_row]
+            if (start, end) == (lo, hi) and draw_dtype == weight.dtype:
+                target.uniform_(-bound, bound, generator=generator)
+                continue
+            drawn = torch.empty(hi - lo, dim, dtype=draw_dtype, device=weight.device)
+            drawn.uniform_(-bound, bound, generator=generator)
+            target.copy_(drawn[start - lo:end - lo])

@@ -33,11 +33,12 @@ from dlrm.data.sources import (
 from dlrm.data.synthetic import MLPERF_DLRMV2_CARDINALITIES, MLPERF_MULTI_HOT_SIZES
 from dlrm.distributed.collectives import Collectives, ProcessGroupCollectives
 from dlrm.distributed.parallelize import parallelize
-from dlrm.distributed.planner import PlanError, format_plan, load_override, plan_tables
+from dlrm.distributed.planner import PlanError, format_plan, load_placement, plan_tables
 from dlrm.distributed.process_group import DistEnv, device_memory_bytes, dist_env, init_process_group
 from dlrm.inference.benchmark import benchmark_inference, exported_forward, format_table
 from dlrm.model.dlrm import DLRM, EMBEDDING_DTYPES, DLRMConfig
 from dlrm.model.precision import Precision
+from dlrm.nn.embeddings import TableShard
 from dlrm.scripts import cli
 from dlrm.training.checkpoint import CheckpointError, CheckpointLock, load_checkpoint
 from dlrm.training.cuda_graphs import GraphedInference, check_cuda_graphs_supported
@@ -156,9 +157,12 @@ flags.DEFINE_float("auc_threshold", None, "Stop training once a test reaches thi
 flags.DEFINE_float("device_memory_gb", None,
                    "Memory per process for embedding tables, in GB. Default: 90% of the GPU's memory, or an equal "
                    "share of 90% of the host's RAM on CPU.")
-flags.DEFINE_string("table_placement", None,
-                    'Manual table placement instead of the planner: JSON such as {"0": [0, 3], "1": [1, 2]} '
-                    "(rank -> global table indices), or a path to a file holding it.")
+flags.DEFINE_string("table_placement", "auto",
+                    "Where the embedding tables go. auto: whole tables balanced by bytes, a table split row-wise "
+                    "across every process only when memory demands it; table_wise: whole tables only; row_wise: every "
+                    'table split row-wise; or JSON such as {"0": [0, 3], "1": [1, 2], "row_wise": [4]} (rank -> '
+                    "global table indices, the optional row_wise tables split; {\"row_wise\": [4]} alone lets the "
+                    "planner place the rest), a saved plan, or a path to a file holding either.")
 flags.DEFINE_enum("exchange_dtype", "auto", ["auto", "fp32", "fp16", "bf16"],
                   "What the embedding all-to-all carries. auto: the compute dtype (the --amp dtype with --amp, "
                   "else fp32), half the bytes of fp32 under AMP; fp32 exchanges exactly.")
@@ -377,15 +381,16 @@ def _plan_one_device(model_cfg: DLRMConfig, device: torch.device, logger: RunLog
     logger.print(format_plan(plan))
 
 
-def _plan(model_cfg: DLRMConfig, env: DistEnv, device: torch.device, logger: RunLogger) -> list[list[int]]:
-    """Tables per rank: from --table_placement, or the memory-balancing planner."""
-    override = load_override(FLAGS.table_placement) if FLAGS.table_placement else None
+def _plan(model_cfg: DLRMConfig, env: DistEnv, device: torch.device, logger: RunLogger) -> list[list[int | TableShard]]:
+    """Tables (or row blocks of tables) per rank: the memory-balancing planner, as --table_placement says."""
+    placement = load_placement(FLAGS.table_placement)
     plan = plan_tables(model_cfg.table_sizes, model_cfg.embedding_dim, env.world_size,
-                       _capacity(device, env.local_world_size), override=override,
-                       state_bytes_per_row=_state_bytes(model_cfg), bytes_per_value=_bytes_per_value(model_cfg))
+                       _capacity(device, env.local_world_size), override=placement.tables,
+                       row_wise=placement.row_wise, state_bytes_per_row=_state_bytes(model_cfg),
+                       bytes_per_value=_bytes_per_value(model_cfg))
     logger.print(format_plan(plan))
-    logger.record("plan", tables=plan.tables, bytes=[plan.rank_bytes(r) for r in range(env.world_size)])
-    return plan.tables
+    logger.record("plan", **plan.to_json(), bytes=[plan.rank_bytes(r) for r in range(env.world_size)])
+    return [plan.entries(rank) for rank in range(env.world_size)]
 
 
 def _validate(collectives: Collectives, *sources: object) -> None:

@@ -7,6 +7,9 @@ Layout (independent of the embedding storage and of how tables are placed on dev
     <path>/table_<i>.pt       embedding table i (global table index), [rows, dim]
     <path>/table_<i>_optimizer.pt  its optimizer state (Adagrad: [rows, dim], row-wise: [rows]);
                               absent with SGD, which keeps none
+    <path>/table_<i>_rows_<a>_<b>.pt (and _optimizer.pt)  instead of the two above when table i was
+                              split row-wise: rows [a, b), one file per block, the blocks
+                              covering the table
     <path>/dense.pt           every non-embedding parameter and buffer
     <path>/optimizer.pt       optimizer and gradient-scaler state
     <path>/rng.pt             torch RNG states (CPU and CUDA)
@@ -19,8 +22,10 @@ A run that saves holds ``<path>.lock`` (``CheckpointLock``), so two runs never w
 Loading checks the size and checksum of every file it reads before unpickling anything, and turns
 every way a damaged file can fail into a ``CheckpointError`` that names the file.
 
-In hybrid-parallel runs every process writes the tables it holds and the first process the
-rest, into one directory on a file system all processes share; any process count loads it.
+In hybrid-parallel runs every process writes the tables (or blocks of rows) it holds and the
+first process the rest, into one directory on a file system all processes share; any process
+count and any placement loads it: a process reads the rows it holds from whichever files cover
+them (memory-mapped, so it never reads a whole table to keep a block).
 The processes meet through the run's ``Collectives``, never through torch.distributed itself.
 """
 
@@ -32,11 +37,13 @@ import json
 import math
 import os
 import pickle
+import re
 import shutil
 import socket
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any, BinaryIO
 
 import torch
@@ -88,12 +95,44 @@ class TrainState:
         return state
 
 
-def _table_file(index: int) -> str:
-    return f"table_{index}.pt"
+def _table_file(index: int, rows: tuple[int, int] | None = None) -> str:
+    """Table ``index``'s file, or with ``rows`` (a row-wise block ``[a, b)``) the block's."""
+    return f"table_{index}.pt" if rows is None else f"table_{index}_rows_{rows[0]}_{rows[1]}.pt"
 
 
-def _table_state_file(index: int) -> str:
-    return f"table_{index}_optimizer.pt"
+def _state_file(table_file: str) -> str:
+    """The optimizer-state file that goes with a table file (or block file)."""
+    return table_file[:-len(".pt")] + "_optimizer.pt"
+
+
+_PIECE = re.compile(r"table_(\d+)(?:_rows_(\d+)_(\d+))?\.pt")
+
+
+def _local_rows(embeddings: torch.nn.Module, i: int) -> tuple[int, int] | None:
+    """The rows ``[a, b)`` local table ``i`` holds when it is a row-wise block, else None (whole)."""
+    start, rows = embeddings.row_starts[i], embeddings.table_sizes[i]
+    return None if (start, rows) == (0, embeddings.full_table_sizes[i]) else (start, start + rows)
+
+
+def _table_pieces(names: Iterable[str], index: int, rows: int) -> list[tuple[int, int, str]]:
+    """The files that hold table ``index`` among ``names``: ``(first row, end row, name)`` in row
+    order, the whole-table file or the blocks of a row-wise table (empty if there are none)."""
+    pieces = []
+    for name in names:
+        match = _PIECE.fullmatch(name)
+        if match and int(match[1]) == index:
+            pieces.append((0, rows, name) if match[2] is None else (int(match[2]), int(match[3]), name))
+    return sorted(pieces)
+
+
+def _covers(pieces: list[tuple[int, int, str]], rows: int) -> bool:
+    """Whether ``pieces`` tile ``[0, rows)`` exactly, without gaps or overlaps."""
+    end = 0
+    for start, stop, _ in pieces:
+        if start != end or stop <= start:
+            return False
+        end = stop
+    return end == rows
 
 
 def _table_optimizer_state(optimizer: Any, embeddings: torch.nn.Module, i: int) -> dict[str, torch.Tensor]:
@@ -237,11 +276,11 @@ def save_checkpoint(
         embeddings = model.embeddings
         checksums = {}
         for i, index in enumerate(embeddings.table_indices):
-            name = _table_file(index)
+            name = _table_file(index, _local_rows(embeddings, i))
             checksums[name] = _save_tensor_file(_host_copy(embeddings.table_weight(i)), os.path.join(tmp, name))
             table_state = _table_optimizer_state(optimizer, embeddings, i)
             if table_state:
-                name = _table_state_file(index)
+                name = _state_file(name)
                 state_copy = {k: _host_copy(v) for k, v in table_state.items()}
                 checksums[name] = _save_tensor_file(state_copy, os.path.join(tmp, name))
         # Every process's table checksums, on every process (also the barrier after the tables).
@@ -276,9 +315,9 @@ def _write_rest(
 ) -> None:
     """Dense weights, optimizer, RNG and, last, meta.json (which makes the directory complete)."""
     tables = _expected_tables(model)
-    missing = [i for i in range(len(tables)) if not os.path.isfile(os.path.join(tmp, _table_file(i)))]
+    missing = [i for i, (rows, _) in enumerate(tables) if not _covers(_table_pieces(checksums, i, rows), rows)]
     if missing:
-        raise CheckpointError(f"{tmp}: tables {missing} were not written by any process")
+        raise CheckpointError(f"{tmp}: tables {missing} were not written (whole, or all their rows) by the processes")
     dense = {k: _host_copy(v) for k, v in _dense_state(model).items()}
     checksums["dense.pt"] = _save_tensor_file(dense, os.path.join(tmp, "dense.pt"))
     checksums["optimizer.pt"] = _save_tensor_file(
@@ -465,20 +504,59 @@ def _load_optimizer(path: str, optimizer: Any, saved: dict[str, Any]) -> None:
         group.update({k: v for k, v in saved_group.items() if k != "params"})
 
 
-def _load_table_state(path: str, name: str, state: dict[str, torch.Tensor]) -> None:
-    """Copies one table's saved optimizer state into ``state`` (views of the live state)."""
-    saved = _load_file(path, name)
-    if not isinstance(saved, dict) or set(saved) != set(state):
-        raise CheckpointError(f"{os.path.join(path, name)}: holds {sorted(saved) if isinstance(saved, dict) else saved!r}, "
-                              f"the optimizer keeps {sorted(state)}: the checkpoint is damaged")
+Piece = tuple[int, int, str]  # (first row, end row, file name) of a file holding a table's rows
+
+
+def _rows_of(path: str, pieces: list[Piece], loaded: list[torch.Tensor], start: int, stop: int,
+             what: str) -> torch.Tensor:
+    """Rows ``[start, stop)`` of a table from the pieces that cover them (each ``[rows, ...]``)."""
+    parts = []
+    for (first, end, name), tensor in zip(pieces, loaded):
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0 or tensor.shape[0] != end - first:
+            raise CheckpointError(f"{os.path.join(path, name)}: {what} has shape {list(getattr(tensor, 'shape', []))}, "
+                                  f"expected {end - first} rows: the checkpoint is damaged")
+        parts.append(tensor[max(start, first) - first:min(stop, end) - first])
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _load_table_state(path: str, pieces: list[Piece], start: int, stop: int, state: dict[str, torch.Tensor]) -> None:
+    """Copies the saved optimizer state of one table's rows ``[start, stop)`` into ``state``
+    (views of the live state): per-row tensors from every piece, scalars from the first."""
+    names = [_state_file(name) for _, _, name in pieces]
+    saved = [_load_file(path, name, mmap=True) for name in names]
+    for name, part in zip(names, saved):
+        if not isinstance(part, dict) or set(part) != set(state):
+            raise CheckpointError(f"{os.path.join(path, name)}: holds {sorted(part) if isinstance(part, dict) else part!r}, "
+                                  f"the optimizer keeps {sorted(state)}: the checkpoint is damaged")
     for key, target in state.items():
-        value = saved[key]
+        if target.dim() == 0:
+            value = saved[0][key]
+        else:
+            state_pieces = [(a, b, n) for (a, b, _), n in zip(pieces, names)]
+            value = _rows_of(path, state_pieces, [part[key] for part in saved], start, stop, key)
         if not isinstance(value, torch.Tensor) or value.shape != target.shape:
-            raise CheckpointError(f"{os.path.join(path, name)}: {key} has shape "
+            raise CheckpointError(f"{os.path.join(path, names[0])}: {key} has shape "
                                   f"{list(getattr(value, 'shape', []))}, expected {list(target.shape)}: "
                                   "the checkpoint is damaged")
         with torch.no_grad():
             target.copy_(value)
+
+
+def _pieces_to_read(path: str, meta: dict[str, Any], embeddings: torch.nn.Module) -> list[list[Piece]]:
+    """Per local table, the files that hold its rows (whole-table files or row-wise blocks,
+    whichever the checkpoint has: it may come from another placement)."""
+    reads = []
+    for i, index in enumerate(embeddings.table_indices):
+        rows = embeddings.full_table_sizes[i]
+        pieces = _table_pieces(meta["files"], index, rows)
+        if not _covers(pieces, rows):
+            raise CheckpointError(f"{os.path.join(path, META)}: the files of embedding table {index} "
+                                  f"({[name for _, _, name in pieces] or 'none'}) do not cover its {rows} rows: "
+                                  "the checkpoint is damaged")
+        start = embeddings.row_starts[i]
+        stop = start + embeddings.table_sizes[i]
+        reads.append([piece for piece in pieces if piece[0] < stop and piece[1] > start])
+    return reads
 
 
 def load_checkpoint(
@@ -499,19 +577,24 @@ def load_checkpoint(
     meta = read_meta(path)
     _check_shapes(path, meta, model)
     embeddings = model.embeddings
-    tables = [_table_file(index) for index in embeddings.table_indices]
+    reads = _pieces_to_read(path, meta, embeddings)
+    tables = [name for pieces in reads for _, _, name in pieces]
     table_states = []
     if optimizer is not None:
         _check_optimizer_kind(path, meta, optimizer)
         if any(_table_optimizer_state(optimizer, embeddings, i) for i in range(embeddings.num_tables)):
-            table_states = [_table_state_file(index) for index in embeddings.table_indices]
+            table_states = [_state_file(name) for name in tables]
     names = tables + table_states + ["dense.pt", "optimizer.pt"] + (["rng.pt"] if restore_rng else [])
     missing = [n for n in names if n not in meta["files"]]
     if missing:
         raise CheckpointError(f"{os.path.join(path, META)}: lists no {missing[0]}: the checkpoint is damaged")
     if verify:
         verify_checksums(path, meta, names)
-    weights = [_load_file(path, name, mmap=True) for name in tables]
+    weights = []
+    for i, pieces in enumerate(reads):
+        start = embeddings.row_starts[i]
+        loaded = [_load_file(path, name, mmap=True) for _, _, name in pieces]
+        weights.append(_rows_of(path, pieces, loaded, start, start + embeddings.table_sizes[i], "the table"))
     dense = _load_file(path, "dense.pt")
     extra = _load_file(path, "optimizer.pt")
     rng = _load_file(path, "rng.pt") if restore_rng else None
@@ -525,8 +608,10 @@ def load_checkpoint(
         model.load_state_dict(dense, strict=False)
     if optimizer is not None and extra["optimizer"] is not None:
         _load_optimizer(path, optimizer, extra["optimizer"])
-        for i, name in enumerate(table_states):
-            _load_table_state(path, name, _table_optimizer_state(optimizer, embeddings, i))
+        for i, pieces in enumerate(reads if table_states else []):
+            start = embeddings.row_starts[i]
+            _load_table_state(path, pieces, start, start + embeddings.table_sizes[i],
+                              _table_optimizer_state(optimizer, embeddings, i))
     if scaler is not None and scaler.is_enabled() and extra["scaler"] is not None:
         scaler.load_state_dict(extra["scaler"])
     if rng is not None:
