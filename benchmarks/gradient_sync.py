@@ -1,5 +1,6 @@
 """How to sum the replicated MLP gradients across processes: one all-reduce after the backward
-(what training does) against torch DDP's bucketed all-reduce that overlaps the backward.
+(what training does by default) against bucketed all-reduces that overlap the backward (torch
+DDP's, and this repository's ``OverlappedCollectives``).
 
     python benchmarks/gradient_sync.py --world 2 --batch 4096 --steps 30 --rounds 3
 
@@ -13,6 +14,9 @@ hits them all alike:
 - ``ddp_<MB>``: the bottom and top MLPs wrapped in ``DistributedDataParallel`` with
   ``bucket_cap_mb=<MB>`` and a comm hook that sums (the loss is already divided by the global
   batch), so buckets are all-reduced while the backward still runs;
+- ``overlap_<MB>``: ``OverlappedCollectives(bucket_bytes=<MB> MiB)``, the same idea without
+  wrapping the model: hooks on the dense parameters all-reduce buckets as their gradients become
+  ready, and ``sync_gradients`` only waits for them;
 - ``no_sync``: no gradient communication at all: the floor, showing what the sync costs.
 
 It prints the median step time of each strategy and its ratio to ``after_backward``. Rank 0 also
@@ -34,7 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dlrm.data.rank_source import RankSource
 from dlrm.data.synthetic import SyntheticDataset
-from dlrm.distributed.collectives import ProcessGroupCollectives
+from dlrm.distributed.collectives import OverlappedCollectives, ProcessGroupCollectives
 from dlrm.distributed.parallelize import parallelize
 from dlrm.distributed.planner import plan_tables
 from dlrm.model.dlrm import DLRMConfig
@@ -64,12 +68,17 @@ def _ddp(module: torch.nn.Module, bucket_mb: float) -> DistributedDataParallel:
 
 def _strategy(name: str, config: DLRMConfig, plan: list[list[int]]):
     torch.manual_seed(0)
-    collectives = ProcessGroupCollectives(CPU)
+    if name.startswith("overlap_"):  # builds its own process group: every rank, in the same order
+        collectives = OverlappedCollectives(CPU, bucket_bytes=int(float(name.removeprefix("overlap_")) * 2**20))
+    else:
+        collectives = ProcessGroupCollectives(CPU)
     model, _ = parallelize(config, plan, CPU, collectives)
     if name.startswith("ddp_"):
         bucket_mb = float(name.removeprefix("ddp_"))
         model.bottom_mlp, model.top_mlp = _ddp(model.bottom_mlp, bucket_mb), _ddp(model.top_mlp, bucket_mb)
-    if name != "after_backward":
+    if name.startswith("overlap_"):
+        collectives.attach(model)  # hooks from the first step on, so the gradient check covers them
+    elif name != "after_backward":
         collectives = _NoSync(CPU)
     return model, make_optimizer(model, 0.01), collectives
 
@@ -88,7 +97,8 @@ def _worker(rank: int, args: argparse.Namespace, port: int, results: "mp.Queue")
     data = RankSource(lambda *a: SyntheticDataset(13, tables, args.batch * 8, args.batch, seed=1),
                       plan[rank], rank, args.world)
     batches = [data.read_batch(i) for i in range(8)]
-    names = ["after_backward", *(f"ddp_{mb:g}" for mb in args.bucket_mb), "no_sync"]
+    names = ["after_backward", *(f"ddp_{mb:g}" for mb in args.bucket_mb),
+             *(f"overlap_{mb:g}" for mb in args.bucket_mb), "no_sync"]
     built = {name: _strategy(name, config, plan) for name in names}
 
     reference = None  # the same first step under every strategy: same dense gradients
@@ -123,7 +133,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=100_000, help="rows per table")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per strategy per round")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--bucket_mb", type=float, nargs="+", default=[25.0, 1.0])
+    parser.add_argument("--bucket_mb", type=float, nargs="+", default=[25.0, 1.0],
+                        help="bucket sizes for the ddp_ and overlap_ strategies")
     parser.add_argument("--amp", action="store_true", help="bf16 autocast")
     args = parser.parse_args()
     with socket.socket() as s:

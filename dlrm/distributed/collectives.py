@@ -1,13 +1,25 @@
 """What the training loop needs from the other processes, behind one small interface.
 
 ``Collectives`` is the single-process version (every operation is the identity);
-``ProcessGroupCollectives`` combines numbers across a torch.distributed process group.
+``ProcessGroupCollectives`` combines numbers across a torch.distributed process group and sums
+the replicated weights' gradients in one all-reduce after the backward (the default);
+``OverlappedCollectives`` sums them in buckets while the backward runs, as DDP does.
+``process_group_collectives(device, group, gradient_sync)`` picks one by name.
 """
 
 from __future__ import annotations
 
+import contextlib
+import weakref
+from typing import Iterator
+
 import torch
 import torch.distributed as dist
+
+from dlrm.distributed.gradient_buckets import GradientBuckets
+
+GRADIENT_SYNC = ("after_backward", "overlap")
+DEFAULT_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
 
 
 class Collectives:
@@ -85,3 +97,75 @@ class ProcessGroupCollectives(Collectives):
         for g in grads:
             g.copy_(flat[offset: offset + g.numel()].view_as(g))
             offset += g.numel()
+
+
+class OverlappedCollectives(ProcessGroupCollectives):
+    """``ProcessGroupCollectives`` whose ``sync_gradients`` overlaps the backward: hooks on the
+    dense parameters all-reduce their gradients in buckets of at most ``bucket_bytes`` as soon as
+    a bucket's gradients are ready (``dlrm.distributed.gradient_buckets``), and
+    ``sync_gradients(model)``, still the one call after the backward, only starts what is left,
+    waits and copies the sums back. The result is the same sum as the after-backward one.
+
+    Why: on GPUs NCCL runs beside the backward, so most of the gradient sync hides behind it. On
+    the 2-core CPU machine it gained nothing (the communication shares the two cores with the
+    backward; docs/distributed.md, benchmarks/gradient_sync.py), so it is not the default.
+
+    The hooks go on at the first ``sync_gradients(model)`` (that step syncs after its backward;
+    every later one overlaps), or earlier with ``attach(model)``. The contract is DDP's: every
+    process runs every backward and then ``sync_gradients``; a backward not followed by it has
+    its sums dropped when the next backward starts; a backward that only some processes run goes
+    inside ``no_sync(model)``. The gradient all-reduces use a process group of their own, built
+    here (so every process of the default group must construct this object, at the same point),
+    because the backward also runs the embedding exchange's all-to-all on ``group``.
+    Not for CUDA graph capture (one process only anyway).
+    """
+
+    def __init__(self, device: torch.device, group: dist.ProcessGroup | None = None,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+        super().__init__(device, group)
+        if bucket_bytes <= 0:
+            raise ValueError(f"`bucket_bytes` must be positive, got {bucket_bytes}")
+        self.bucket_bytes = bucket_bytes
+        ranks = None if group is None else dist.get_process_group_ranks(group)
+        self.gradient_group = dist.new_group(ranks=ranks, backend=dist.get_backend(self.process_group))
+        self._buckets: weakref.WeakKeyDictionary[torch.nn.Module, GradientBuckets] = weakref.WeakKeyDictionary()
+
+    def attach(self, model: torch.nn.Module) -> GradientBuckets:
+        """Registers the hooks on ``model.dense_parameters()`` (again if they changed since)."""
+        params = model.dense_parameters()
+        buckets = self._buckets.get(model)
+        if buckets is not None and buckets.matches(params):
+            return buckets
+        if buckets is not None:
+            buckets.remove()
+        buckets = self._buckets[model] = GradientBuckets(params, self.bucket_bytes, self.gradient_group)
+        return buckets
+
+    def detach(self, model: torch.nn.Module) -> None:
+        """Removes the hooks (dropping any sums started); the next ``sync_gradients`` re-attaches."""
+        buckets = self._buckets.pop(model, None)
+        if buckets is not None:
+            buckets.remove()
+
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
+        """Backwards inside start no all-reduce; their gradients are summed, as accumulated in
+        ``p.grad``, by the next ``sync_gradients``."""
+        with self.attach(model).paused():
+            yield
+
+    def sync_gradients(self, model: torch.nn.Module) -> None:
+        """Finishes the bucketed sum of the replicated weights' gradients that the backward began."""
+        self.attach(model).synchronize()
+
+
+def process_group_collectives(device: torch.device, group: dist.ProcessGroup | None = None,
+                              gradient_sync: str = "after_backward",
+                              bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> ProcessGroupCollectives:
+    """``gradient_sync``: ``after_backward`` (one all-reduce once the backward is done) or
+    ``overlap`` (buckets of ``bucket_bytes`` all-reduced during the backward)."""
+    if gradient_sync == "after_backward":
+        return ProcessGroupCollectives(device, group)
+    if gradient_sync == "overlap":
+        return OverlappedCollectives(device, group, bucket_bytes)
+    raise ValueError(f"`gradient_sync` must be one of {', '.join(GRADIENT_SYNC)}, got {gradient_sync!r}")
