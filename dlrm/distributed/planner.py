@@ -14,6 +14,12 @@ ranks that own the samples through one all-to-all. A table is held in one of two
   exchange traffic, as much as a whole table: W entries instead of one in all. It is what lets a
   table larger than any one rank's memory be trained at all.
 
+A single-process run has a third place for a table, host (CPU) memory (``host_tables``): host
+memory is about 10x larger than GPU memory and 10-50x slower, so keeping the largest tables
+there, looked up on the host, lets a model larger than one GPU train on one GPU, at the price
+of copying those tables' ids to the host and their embeddings back every step. With several
+processes, row-wise splitting is the answer instead, so host tables are for one process only.
+
 Because a row-wise table multiplies its lookup and exchange work by the number of ranks, the
 default (``row_wise="auto"``) splits tables only when memory demands it: it tries the table-wise
 greedy first, and only when that fails moves the largest remaining tables, one at a time, to
@@ -41,6 +47,7 @@ GIB = 2**30
 _MIB = 2**20
 _BYTES_PER_VALUE = 4  # fp32 weights
 _ROW_WISE_MODES = ("auto", "never", "all")
+_HOST_MODES = ("none", "auto")
 _PLACEMENT_WORDS = {"auto": "auto", "table_wise": "never", "row_wise": "all"}
 _PLACEMENT_FORMS = (
     'auto, table_wise, row_wise, JSON such as {"0": [0, 3], "1": [1, 2]} or [[0, 3], [1, 2]] '
@@ -94,6 +101,23 @@ def _names(tables: Sequence[int]) -> str:
     return ", ".join(map(str, tables))
 
 
+def _host_advice(bytes_per_value: int) -> str:
+    """What a user can change when the host tables do not fit in host memory."""
+    dtype = ", store the tables in fp16/bf16 with `embedding_dtype`" if bytes_per_value > 2 else ""
+    return (
+        f"lower `embedding_dim`, cap rows with `max_table_size`{dtype}, or run several processes "
+        "(`table_placement=row_wise` splits large tables across them)"
+    )
+
+
+def _single_process(world_size: int) -> str:
+    return (
+        "tables in host memory (`host_tables`) are for single-process runs, and this run has "
+        f"{world_size} processes; with several processes `table_placement=row_wise` splits "
+        "large tables across them instead"
+    )
+
+
 def _advice(bytes_per_value: int) -> str:
     """What a user can change when the tables do not fit."""
     if bytes_per_value > 2:
@@ -117,10 +141,11 @@ def _block_bytes(bounds: Sequence[int], size: int, rank: int) -> int:
 
 
 def _check_assignment(
-    assignment: object, num_tables: int, world_size: int, row_wise: Sequence[int] = ()
+    assignment: object, num_tables: int, world_size: int, row_wise: Sequence[int] = (),
+    host: Sequence[int] = (),
 ) -> list[list[int]]:
-    """A manual placement: every table-wise table on exactly one rank, no row-wise table, one
-    list per rank; returns the lists sorted."""
+    """A manual placement: every table-wise table on exactly one rank, no row-wise table and
+    no table kept in host memory, one list per rank; returns the lists sorted."""
     if isinstance(assignment, (str, bytes)) or not isinstance(assignment, Sequence):
         raise PlanError("the table placement must be a list with one list of tables per rank")
     if len(assignment) != world_size:
@@ -129,6 +154,7 @@ def _check_assignment(
             f"{world_size}; give one list per rank, [] for a rank without tables"
         )
     split = set(row_wise)
+    on_host = set(host)
     owner: dict[int, int] = {}
     result = []
     for rank, tables in enumerate(assignment):
@@ -150,6 +176,12 @@ def _check_assignment(
                     f"the table placement puts table {index} on rank {rank}, but table {index} is "
                     "split row-wise across all ranks; leave it out of the lists of tables per rank"
                 )
+            if index in on_host:
+                raise PlanError(
+                    f"the table placement puts table {index} on rank {rank}, but table {index} is "
+                    "kept in host memory (`host_tables`); leave it out of the lists of tables per "
+                    "rank"
+                )
             if index in owner:
                 where = (
                     f"twice on rank {rank}"
@@ -162,7 +194,8 @@ def _check_assignment(
             owner[index] = rank
             ranked.append(index)
         result.append(sorted(ranked))
-    missing = [t for t in range(num_tables) if t not in owner and t not in split]
+    missing = [t for t in range(num_tables) if t not in owner and t not in split
+               and t not in on_host]
     if missing:
         raise PlanError(
             f"the table placement leaves table(s) {_names(missing)} on no rank; every table needs "
@@ -202,8 +235,10 @@ class Plan:
     non-empty row-wise block. ``row_wise`` maps each row-wise table to its ``world_size + 1``
     row bounds (rank ``r`` holds rows ``[b[r], b[r+1])``); ``entries(r)`` tells the two kinds
     apart. ``table_bytes`` and ``rows`` are in global table order; ``rows`` may be empty when
-    unknown (it only feeds ``format_plan``). ``plan_tables`` builds plans and checks them; this
-    class only holds the result.
+    unknown (it only feeds ``format_plan``). ``host`` lists, ascending, the tables kept in host
+    (CPU) memory and looked up on the host, single-process runs only: they are in no
+    ``tables[r]`` and no ``entries(r)``, and ``rank_bytes`` leaves them out (``host_bytes``
+    counts them). ``plan_tables`` builds plans and checks them; this class only holds the result.
     """
 
     world_size: int
@@ -212,6 +247,7 @@ class Plan:
     capacity: list[int]
     rows: list[int] = field(default_factory=list)
     row_wise: dict[int, list[int]] = field(default_factory=dict)
+    host: list[int] = field(default_factory=list)
 
     @property
     def num_tables(self) -> int:
@@ -219,6 +255,10 @@ class Plan:
 
     def rank_of(self, table: int) -> int:
         """The rank that holds ``table`` (a global index), a whole table."""
+        if table in self.host:
+            raise ValueError(
+                f"table {table} is kept in host memory: no rank holds it on the device"
+            )
         if table in self.row_wise:
             raise ValueError(
                 f"table {table} is split row-wise across {_ranks_word(self.world_size)}: no single "
@@ -252,19 +292,29 @@ class Plan:
                 total += _block_bytes(bounds, self.table_bytes[table], rank)
         return total
 
+    def host_bytes(self) -> int:
+        """Bytes of the tables kept in host memory."""
+        return sum(self.table_bytes[t] for t in self.host)
+
     def rank_lookup_share(self, rank: int) -> float:
-        """Share of all lookups that ``rank`` serves (its share of gather work and exchange):
-        with one id per feature and sample, every entry (a whole table, or a row-wise block,
-        looked up for the whole batch) costs the same."""
-        return len(self.tables[rank]) / sum(len(held) for held in self.tables)
+        """Share of the device lookups that ``rank`` serves (its share of gather work and
+        exchange; tables in host memory are not counted): with one id per feature and sample,
+        every entry (a whole table, or a row-wise block, looked up for the whole batch) costs
+        the same. 0 when the devices hold no table at all."""
+        entries = sum(len(held) for held in self.tables)
+        return len(self.tables[rank]) / entries if entries else 0.0
 
     def to_json(self) -> dict:
-        """The plan as JSON-ready data; ``load_placement`` reads it back as a placement."""
-        return {
+        """The plan as JSON-ready data; ``load_placement`` reads it back as a placement.
+        ``"host"`` (the tables in host memory) is there only when some are."""
+        data = {
             "world_size": self.world_size,
             "tables": [list(held) for held in self.tables],
             "row_wise": {str(t): list(b) for t, b in sorted(self.row_wise.items())},
         }
+        if self.host:
+            data["host"] = list(self.host)
+        return data
 
 
 # --------------------------------------------------------------------------------------------
@@ -308,21 +358,27 @@ def _row_wise_tables(row_wise: object, num_tables: int) -> tuple[str, list[int]]
         raise PlanError(
             f"the row-wise tables must be a list of table indices, got {row_wise!r}"
         )
+    return "list", _table_list(row_wise, num_tables, "the list of row-wise tables", "a row-wise table index")
+
+
+def _table_list(values: Sequence[object], num_tables: int, name: str, item: str) -> list[int]:
+    """``values`` as table indices, each in range and once; errors call the list ``name`` and
+    an entry ``item``."""
     tables: list[int] = []
-    for table in row_wise:
+    for table in values:
         try:
-            index = _whole(table, "a row-wise table index")
+            index = _whole(table, item)
         except ValueError as error:
-            raise PlanError(f"the list of row-wise tables is invalid: {error}") from None
+            raise PlanError(f"{name} is invalid: {error}") from None
         if index >= num_tables:
             raise PlanError(
-                f"the list of row-wise tables names table {index}, but there are only "
-                f"{num_tables} tables (0 to {num_tables - 1})"
+                f"{name} names table {index}, but there are only {num_tables} tables "
+                f"(0 to {num_tables - 1})"
             )
         if index in tables:
-            raise PlanError(f"the list of row-wise tables names table {index} twice")
+            raise PlanError(f"{name} names table {index} twice")
         tables.append(index)
-    return "list", tables
+    return tables
 
 
 # --------------------------------------------------------------------------------------------
@@ -356,20 +412,23 @@ def _greedy(
     return [sorted(ts) for ts in held]
 
 
-def _totals(sizes: list[int], capacity: list[int]) -> str:
+def _totals(sizes: list[int], capacity: list[int], what: str = "") -> str:
+    """``sizes``: the bytes of the tables on the devices; ``what`` qualifies them."""
     total, offered = sum(sizes), sum(capacity)
     return (
-        f"the {_tables_word(len(sizes))} {'needs' if len(sizes) == 1 else 'need'} {_size(total)} "
-        "in all and "
+        f"the {_tables_word(len(sizes))}{what} {'needs' if len(sizes) == 1 else 'need'} "
+        f"{_size(total)} in all and "
         f"{_ranks_word(len(capacity))} {'offers' if len(capacity) == 1 else 'offer'} "
         f"{_size(offered)}"
     )
 
 
 def _no_room(
-    gap: _NoRoom, sizes: list[int], rows: list[int], capacity: list[int], split: list[int]
+    gap: _NoRoom, sizes: list[int], rows: list[int], capacity: list[int], split: list[int],
+    host: Sequence[int] = (),
 ) -> str:
-    """The first clause and numbers of a table-wise failure (without the advice)."""
+    """The first clause and numbers of a table-wise failure (without the advice); the totals
+    leave out the tables kept in host memory (``host``)."""
     table, free, best = gap.table, gap.free, gap.best
     size = sizes[table]
     after = f" (after the row-wise blocks of {_names(split)})" if split else ""
@@ -383,25 +442,46 @@ def _no_room(
             f" (rank {capped[0]} has room but already holds {gap.limit} tables, the cap per rank;"
             " give an `override` placement)"
         )
-    if sum(sizes) > sum(capacity):
-        message += f"; {_totals(sizes, capacity)}"
+    device = [size for t, size in enumerate(sizes) if t not in host]
+    if sum(device) > sum(capacity):
+        message += f"; {_totals(device, capacity, ' not in host memory' if host else '')}"
     return message
 
 
 def _blocks_overflow(
-    split: list[int], blocks: list[int], sizes: list[int], capacity: list[int]
+    split: list[int], blocks: list[int], sizes: list[int], capacity: list[int],
+    host: Sequence[int] = (),
 ) -> str | None:
     """None when every rank can hold its row-wise blocks, else the numbers of the fullest rank."""
     short = [blocks[r] - capacity[r] for r in range(len(capacity))]
     fullest = max(range(len(capacity)), key=lambda r: (short[r], -r))
     if short[fullest] <= 0:
         return None
+    device = [size for t, size in enumerate(sizes) if t not in host]
     return (
         f"with {'table' if len(split) == 1 else 'tables'} {_names(split)} split row-wise, "
         f"rank {fullest} needs {_size(blocks[fullest])} for its row blocks alone but "
         f"has {_size(capacity[fullest])}, {_size(short[fullest])} short; "
-        f"{_totals(sizes, capacity)}"
+        f"{_totals(device, capacity, ' not in host memory' if host else '')}"
     )
+
+
+def _host_tables(host_tables: object, num_tables: int) -> tuple[str, list[int]]:
+    """``host_tables`` -> (mode: ``"none"``, ``"auto"`` or ``"list"``, the listed tables)."""
+    if host_tables is None:
+        return "none", []
+    if isinstance(host_tables, str):
+        if host_tables not in _HOST_MODES:
+            raise ValueError(
+                f"host_tables must be one of {', '.join(_HOST_MODES)}, None or a list of table "
+                f"indices, got {host_tables!r}"
+            )
+        return host_tables, []
+    if isinstance(host_tables, bytes) or not isinstance(host_tables, Sequence):
+        raise PlanError(
+            f"`host_tables` must be a list of table indices, got {host_tables!r}"
+        )
+    return "list", sorted(_table_list(host_tables, num_tables, "the list of `host_tables`", "a host table index"))
 
 
 def plan_tables(
@@ -413,9 +493,11 @@ def plan_tables(
     state_bytes_per_row: int = 0,
     bytes_per_value: int = _BYTES_PER_VALUE,
     row_wise: str | Sequence[int] = "auto",
+    host_tables: str | Sequence[int] | None = None,
+    host_capacity: int | None = None,
 ) -> Plan:
-    """Place tables on ranks, whole or split row-wise; see docs/distributed.md for the algorithm
-    and the flags.
+    """Place tables on ranks, whole or split row-wise, or (one process) in host memory; see
+    docs/distributed.md for the algorithm and the flags.
 
     ``capacity`` is bytes per rank available for tables (one number for all, or one per rank);
     ``state_bytes_per_row`` the embedding optimizer's state per row, counted with the weights,
@@ -426,16 +508,37 @@ def plan_tables(
     the rest fit whole. The greedy balances bytes, after every rank's row-wise blocks, with at
     most ``ceil(table-wise tables / ranks)`` tables per rank.
     ``override`` (``override[r]`` = whole tables on rank ``r``) replaces the greedy; it lists
-    every table that is not row-wise once (with ``"auto"`` none is), it is validated and must
-    fit, but the cap on tables per rank does not apply to it.
+    every table that is not row-wise or in host memory once (with ``"auto"`` none is
+    row-wise), it is validated and must fit, but the cap on tables per rank does not apply to it.
+
+    ``host_tables`` keeps tables in host (CPU) memory, looked up on the host (``Plan.host``):
+    host memory is about 10x larger and 10-50x slower than GPU memory, so keeping the largest
+    tables there lets a model larger than one GPU train on one GPU, each step copying their ids
+    to the host and their embeddings back. ``None`` or ``"none"``: no table; a list of table
+    indices: exactly these (``world_size`` must be 1); ``"auto"``: none when the tables fit on
+    the devices, else, with one process, the fewest largest tables (by bytes, ties: lowest
+    index) such that the rest fit on the device; with several processes ``"auto"`` is
+    ``None`` (row-wise splitting is their answer), and with ``override`` too (it places every
+    table). ``host_capacity`` bounds the host tables' bytes (None: no bound).
     Raises ``ValueError`` for malformed inputs and ``PlanError`` for placements that cannot work.
     """
     sizes = table_bytes(rows, dim, state_bytes_per_row, bytes_per_value)
     row_counts = [int(r) for r in rows]
     world_size = _whole(world_size, "world size", minimum=1)
     capacities = _capacities(capacity, world_size)
-    mode, split = _row_wise_tables(row_wise, len(sizes))
+    mode, listed = _row_wise_tables(row_wise, len(sizes))
+    host_mode, host_listed = _host_tables(host_tables, len(sizes))
+    host_limit = None if host_capacity is None else _whole(host_capacity, "host capacity (bytes)")
     advice = _advice(bytes_per_value)
+    if host_listed and world_size > 1:
+        raise PlanError(_single_process(world_size))
+    if mode == "list":
+        both = [t for t in host_listed if t in listed]
+        if both:
+            raise PlanError(
+                f"table {both[0]} is listed both as row-wise and in `host_tables`; a table is "
+                "either split row-wise on the devices or kept whole in host memory"
+            )
 
     def blocks_of(split: list[int]) -> tuple[dict[int, list[int]], list[int]]:
         bounds = {t: row_bounds(row_counts[t], world_size) for t in split}
@@ -443,54 +546,106 @@ def plan_tables(
                   for r in range(world_size)]
         return bounds, blocks
 
-    def finish(placed: list[list[int]], bounds: dict[int, list[int]]) -> Plan:
-        tables = [
-            sorted(held + [t for t, b in bounds.items() if b[r] < b[r + 1]])
-            for r, held in enumerate(placed)
-        ]
-        return Plan(world_size, tables, sizes, capacities, rows=row_counts,
-                    row_wise=dict(sorted(bounds.items())))
+    def place(host: list[int]) -> Plan:
+        """The plan with ``host`` in host memory and every other table on the devices."""
 
-    bounds, blocks = blocks_of(split)
-    overflow = _blocks_overflow(split, blocks, sizes, capacities)
-    if overflow is not None:
-        raise PlanError(f"the row-wise tables do not fit: {overflow}; {advice}")
-    if override is not None:
-        placed = _check_assignment(override, len(sizes), world_size, split)
-        _check_capacity(placed, sizes, capacities, blocks)
-        return finish(placed, bounds)
+        def finish(placed: list[list[int]], bounds: dict[int, list[int]]) -> Plan:
+            tables = [
+                sorted(held + [t for t, b in bounds.items() if b[r] < b[r + 1]])
+                for r, held in enumerate(placed)
+            ]
+            return Plan(world_size, tables, sizes, capacities, rows=row_counts,
+                        row_wise=dict(sorted(bounds.items())), host=list(host))
 
-    first: str | None = None  # the table-wise failure, named first if splitting does not help
-    while True:
-        whole = [t for t in range(len(sizes)) if t not in bounds]
-        free = [c - b for c, b in zip(capacities, blocks)]
-        try:
-            placed = _greedy(whole, sizes, free, math.ceil(len(whole) / world_size))
-        except _NoRoom as gap:
-            message = _no_room(gap, sizes, row_counts, capacities, split)
-            if mode != "auto" or world_size == 1:
-                hint = ""
-                if world_size > 1 and mode == "never":
-                    hint = ("; `table_placement=row_wise` (or `auto`) splits tables row-wise "
-                            "across ranks")
-                elif world_size > 1 and mode == "list":
-                    hint = ("; list more tables as row-wise in `table_placement`, or use "
-                            "`table_placement=auto`")
-                raise PlanError(f"{message}; {advice}{hint}") from None
-            if first is None:
-                table = gap.table
-                first = (f"table {table} ({row_counts[table]:,} rows, {_size(sizes[table])}) "
-                         "fits on no rank")
-            split.append(max(whole, key=lambda t: (sizes[t], -t)))  # largest, ties: lowest index
-        else:
-            return finish(placed, bounds)
+        split = [t for t in listed if t not in host]
         bounds, blocks = blocks_of(split)
-        overflow = _blocks_overflow(split, blocks, sizes, capacities)
+        overflow = _blocks_overflow(split, blocks, sizes, capacities, host)
         if overflow is not None:
+            raise PlanError(f"the row-wise tables do not fit: {overflow}; {advice}")
+        if override is not None:
+            placed = _check_assignment(override, len(sizes), world_size, split, host)
+            _check_capacity(placed, sizes, capacities, blocks)
+            return finish(placed, bounds)
+
+        first: str | None = None  # the table-wise failure, named first if splitting does not help
+        while True:
+            whole = [t for t in range(len(sizes)) if t not in bounds and t not in host]
+            free = [c - b for c, b in zip(capacities, blocks)]
+            try:
+                placed = _greedy(whole, sizes, free, math.ceil(len(whole) / world_size))
+            except _NoRoom as gap:
+                message = _no_room(gap, sizes, row_counts, capacities, split, host)
+                if mode != "auto" or world_size == 1:
+                    hint = ""
+                    if world_size > 1 and mode == "never":
+                        hint = ("; `table_placement=row_wise` (or `auto`) splits tables row-wise "
+                                "across ranks")
+                    elif world_size > 1 and mode == "list":
+                        hint = ("; list more tables as row-wise in `table_placement`, or use "
+                                "`table_placement=auto`")
+                    elif host:
+                        hint = ("; keep more tables in host memory with `host_tables`, or let "
+                                "`host_tables=auto` choose them")
+                    raise PlanError(f"{message}; {advice}{hint}") from None
+                if first is None:
+                    table = gap.table
+                    first = (f"table {table} ({row_counts[table]:,} rows, {_size(sizes[table])}) "
+                             "fits on no rank")
+                split.append(max(whole, key=lambda t: (sizes[t], -t)))  # largest, ties: lowest
+            else:
+                return finish(placed, bounds)
+            bounds, blocks = blocks_of(split)
+            overflow = _blocks_overflow(split, blocks, sizes, capacities, host)
+            if overflow is not None:
+                raise PlanError(
+                    f"{first}, and splitting tables row-wise across the {world_size} ranks does "
+                    f"not help: {overflow}; {advice}"
+                ) from None
+
+    def host_need(host: list[int]) -> int:
+        return sum(sizes[t] for t in host)
+
+    if host_mode == "list":
+        need = host_need(host_listed)
+        if host_limit is not None and need > host_limit:
             raise PlanError(
-                f"{first}, and splitting tables row-wise across the {world_size} ranks does not "
-                f"help: {overflow}; {advice}"
-            ) from None
+                f"host {'table' if len(host_listed) == 1 else 'tables'} {_names(host_listed)} "
+                f"need {_size(need)} of host memory but {_size(host_limit)} is offered; keep "
+                f"fewer tables in host memory (`host_tables`), {_host_advice(bytes_per_value)}"
+            )
+        return place(host_listed)
+    if host_mode != "auto" or world_size > 1 or override is not None:
+        return place([])
+    try:
+        return place([])
+    except PlanError as error:
+        failure = str(error)
+    # One process and the tables do not all fit on its device: the largest tables, fewest first,
+    # go to host memory (never a table listed as row-wise).
+    candidates = sorted((t for t in range(len(sizes)) if t not in listed),
+                        key=lambda t: (-sizes[t], t))
+    for count in range(1, len(candidates) + 1):
+        host = sorted(candidates[:count])
+        try:
+            plan = place(host)
+        except PlanError:
+            continue
+        need = host_need(host)
+        if host_limit is not None and need > host_limit:
+            device = sum(sizes) - need
+            raise PlanError(
+                f"the tables do not fit on the device ({failure.split('; ')[0]}) nor in host "
+                f"memory: keeping the fewest largest tables, "
+                f"{'table' if count == 1 else 'tables'} {_names(host)}, in host memory needs "
+                f"{_size(device)} on the device, which offers {_size(capacities[0])}, and "
+                f"{_size(need)} on the host, but {_size(host_limit)} is offered; "
+                f"{_host_advice(bytes_per_value)}"
+            )
+        return plan
+    raise PlanError(
+        f"{failure}; keeping tables in host memory does not help: the row-wise tables "
+        f"{_names(listed)} do not fit on the device alone"
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -501,10 +656,12 @@ def plan_tables(
 class Placement:
     """A placement read by ``load_placement``, the arguments of the same names of
     ``plan_tables``: ``tables`` (``override``; None: the planner places the whole tables) and
-    ``row_wise`` (``"auto"``, ``"never"``, ``"all"`` or a list of table indices)."""
+    ``row_wise`` (``"auto"``, ``"never"``, ``"all"`` or a list of table indices); ``host``
+    (``host_tables``) the tables a saved plan kept in host memory, None when it says nothing."""
 
     tables: list[list[int]] | None = None
     row_wise: str | list[int] = "auto"
+    host: list[int] | None = None
 
 
 def _index_list(value: object, what: str) -> list[int]:
@@ -518,6 +675,7 @@ def _index_list(value: object, what: str) -> list[int]:
 def _parse_placement(data: object) -> Placement:
     """JSON value -> a placement (not yet checked against a model)."""
     row_wise: list[int] = []
+    host: list[int] | None = None
     if isinstance(data, dict) and "tables" in data and "world_size" in data:  # a saved plan
         saved = data.get("row_wise", {})
         if isinstance(saved, dict):
@@ -529,6 +687,7 @@ def _parse_placement(data: object) -> Placement:
             row_wise = sorted(int(key) for key in saved)
         else:
             row_wise = _index_list(saved, "the saved plan's row_wise")
+        host = _index_list(data["host"], "the saved plan's host") if "host" in data else None
         data = data["tables"]
         if isinstance(data, list):
             split = set(row_wise)
@@ -556,7 +715,7 @@ def _parse_placement(data: object) -> Placement:
     placement = []
     for rank, tables in enumerate(data):
         placement.append(_index_list(tables, f"rank {rank} of the table placement"))
-    return Placement(placement, row_wise)
+    return Placement(placement, row_wise, host)
 
 
 def load_placement(path_or_text: str) -> Placement:
@@ -568,9 +727,11 @@ def load_placement(path_or_text: str) -> Placement:
     but the highest rank must be there), ``[[0, 3], [1, 2]]``, either dict form with
     ``"row_wise": [4, 5]`` (these tables split row-wise; without rank keys the planner places
     the rest), or a saved plan (``Plan.to_json()``: its row-wise tables stay row-wise and the
-    rest stay where they were). Text starting with ``{`` or ``[`` is JSON; any other text that
-    is not a word is a path. Checks against the model (every table once, capacity) happen in
-    ``plan_tables(override=placement.tables, row_wise=placement.row_wise)``.
+    rest stay where they were; its tables in host memory, ``"host"``, come back as
+    ``Placement.host``). Text starting with ``{`` or ``[`` is JSON; any other text that is not
+    a word is a path. Checks against the model (every table once, capacity) happen in
+    ``plan_tables(override=placement.tables, row_wise=placement.row_wise,
+    host_tables=placement.host)``.
     """
     text = path_or_text.strip()
     if not text:
@@ -610,22 +771,25 @@ def _size_span(low: int, high: int) -> str:
 
 def format_plan(plan: Plan) -> str:
     """A table for logs: per rank its tables (``9r``: a row-wise block of table 9), rows, GiB,
-    % of capacity and % of lookups; then a line per row-wise table."""
+    % of capacity and % of lookups; a row ``host`` for the tables kept in host memory, if any;
+    then a line per row-wise table, and one for the host tables."""
     lines = []
     caps = set(plan.capacity)
     per_rank = f", {_size(plan.capacity[0])} per rank" if len(caps) == 1 else ""
     total_bytes = sum(plan.table_bytes)
     split = f", {len(plan.row_wise)} split row-wise" if plan.row_wise else ""
+    host = f", {len(plan.host)} in host memory" if plan.host else ""
     lines.append(
         f"Embedding placement: {_tables_word(plan.num_tables)} on "
-        f"{_ranks_word(plan.world_size)}{per_rank}, {_size(total_bytes)} in all{split}"
+        f"{_ranks_word(plan.world_size)}{per_rank}, {_size(total_bytes)} in all{split}{host}"
     )
     entries = [plan.entries(rank) for rank in range(plan.world_size)]
     names = [
         ", ".join(f"{e.table}r" if isinstance(e, TableShard) else str(e) for e in held) or "-"
         for held in entries
     ]
-    width = max(len("tables"), *(len(n) for n in names))
+    host_names = _names(plan.host)
+    width = max(len("tables"), len(host_names), *(len(n) for n in names))
     header = (
         f"{'rank':>5}  {'tables':<{width}}  {'rows':>13}  {'GiB':>8}  {'capacity':>8}  "
         f"{'lookups':>7}"
@@ -640,18 +804,28 @@ def format_plan(plan: Plan) -> str:
     def percent(part: float, whole: float) -> str:
         return f"{100 * part / whole:.1f}%" if whole else "-"
 
+    # Lookups: share of all entries, the host tables' among them (with none, rank_lookup_share).
+    lookups = sum(len(held) for held in entries) + len(plan.host)
     for rank in range(plan.world_size):
         used = plan.rank_bytes(rank)
         lines.append(
             f"{rank:>5}  {names[rank]:<{width}}  {row_count(entries[rank]):>13}  "
             f"{used / GIB:>8.2f}  {percent(used, plan.capacity[rank]):>8}  "
-            f"{percent(plan.rank_lookup_share(rank), 1):>7}"
+            f"{percent(len(entries[rank]), lookups):>7}"
+        )
+    if plan.host:
+        used = plan.host_bytes()
+        lines.append(
+            f"{'host':>5}  {host_names:<{width}}  {row_count(plan.host):>13}  "
+            f"{used / GIB:>8.2f}  {'-':>8}  {percent(len(plan.host), lookups):>7}"
         )
     lines.append("-" * len(header))
+    # With host tables the devices' capacity does not bound the total: no % of capacity.
+    total_capacity = "-" if plan.host else percent(total_bytes, sum(plan.capacity))
     lines.append(
         f"{'total':>5}  {_tables_word(plan.num_tables):<{width}}  "
         f"{row_count(range(plan.num_tables)):>13}  {total_bytes / GIB:>8.2f}  "
-        f"{percent(total_bytes, sum(plan.capacity)):>8}  {percent(1, 1):>7}"
+        f"{total_capacity:>8}  {percent(1, 1):>7}"
     )
     for table, bounds in plan.row_wise.items():
         counts = [bounds[r + 1] - bounds[r] for r in range(plan.world_size)]
@@ -662,8 +836,17 @@ def format_plan(plan: Plan) -> str:
             f"over {_ranks_word(plan.world_size)}, {_span(f'{low:,}', f'{high:,}')} rows "
             f"({_size_span(low * per_row, high * per_row)}) each"
         )
+    if plan.host:
+        rows = f"{sum(plan.rows[t] for t in plan.host):,} rows, " if plan.rows else ""
+        lines.append(
+            f"host memory: {'table' if len(plan.host) == 1 else 'tables'} {host_names} "
+            f"({rows}{_size(plan.host_bytes())}), looked up on the host"
+        )
     heaviest = max(range(plan.world_size), key=plan.rank_bytes)
-    mean = total_bytes / plan.world_size
+    mean = (total_bytes - plan.host_bytes()) / plan.world_size
+    if not mean:  # every table in host memory
+        lines.append("fullest rank: none, the devices hold no table")
+        return "\n".join(lines)
     lines.append(
         f"fullest rank: {heaviest} with {_size(plan.rank_bytes(heaviest))}, "
         f"{plan.rank_bytes(heaviest) / mean:.2f}x the mean of {_size(round(mean))}"

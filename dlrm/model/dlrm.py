@@ -134,6 +134,25 @@ def _table_blocks(config: DLRMConfig, tables: Sequence[int | TableShard]) -> lis
     return blocks
 
 
+def _check_host_tables(config: DLRMConfig, blocks: list[TableShard], host_tables: Sequence[int]) -> set[int]:
+    """``host_tables`` as a set, each a whole table among ``blocks``."""
+    host = set()
+    for table in host_tables:
+        table = operator.index(table) if isinstance(table, Integral) else table
+        block = next((b for b in blocks if b.table == table), None)
+        if block is None:
+            raise ValueError(f"`host_tables` lists table {table!r}, which is not among the tables built here")
+        if block != TableShard(table, 0, config.table_sizes[table]):
+            raise ValueError(f"`host_tables` lists table {table}, a row-wise block: only whole tables stay on the host")
+        host.add(table)
+    return host
+
+
+def _columns(categorical: torch.Tensor | Bags, columns: list[int]) -> torch.Tensor | Bags:
+    """The ids of ``columns`` (positions among the model's tables)."""
+    return categorical.select(columns) if isinstance(categorical, Bags) else categorical[:, columns]
+
+
 def _is_positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
@@ -152,23 +171,28 @@ class DLRM(nn.Module):
 
     def __init__(
         self, config: DLRMConfig, device: torch.device | str | None = None,
-        tables: Sequence[int | TableShard] | None = None,
+        tables: Sequence[int | TableShard] | None = None, host_tables: Sequence[int] = (),
     ) -> None:
         """``tables``: the embedding tables to build (all by default), each a global table index
         or a ``TableShard`` (a block of a table's rows, for row-wise sharding). Hybrid parallelism
-        builds each process's share; ``embed`` then takes those tables' columns only."""
+        builds each process's share; ``embed`` then takes those tables' columns only.
+        ``host_tables``: whole tables among them to keep in host memory and look up on the host
+        (``host_embeddings``), for a model whose tables do not all fit on ``device``."""
         super().__init__()
         config.validate()
         self.config = config
         blocks = _table_blocks(config, range(config.num_categorical_features) if tables is None else tables)
-        indices = [block.table for block in blocks]
-        self.embeddings = _EMBEDDING_CLASSES[config.embedding_type](
-            [block.rows for block in blocks], config.embedding_dim, hash_indices=config.hash_indices,
-            device=device, table_indices=indices,
-            poolings=None if config.poolings is None else [config.poolings[t] for t in indices],
-            weight_dtype=EMBEDDING_DTYPES[config.embedding_dtype],
-            row_starts=[block.start for block in blocks], full_table_sizes=[config.table_sizes[t] for t in indices],
-        )
+        host = _check_host_tables(config, blocks, host_tables)
+        # Positions of the device and the host tables among ``blocks`` (the input's columns).
+        self._device_columns = [i for i, block in enumerate(blocks) if block.table not in host]
+        self._host_columns = [i for i, block in enumerate(blocks) if block.table in host]
+        self.embeddings = self._embedding_module([blocks[i] for i in self._device_columns], device)
+        # On the host: the same tables, with the same per-table initialisation (the seed is shared).
+        self.host_embeddings = None if not host else self._embedding_module(
+            [blocks[i] for i in self._host_columns], "cpu", init_seed=self.embeddings.init_seed)
+        order = torch.tensor(self._device_columns + self._host_columns, dtype=torch.int64).argsort()
+        self.register_buffer("_column_order", order.to(torch.get_default_device() if device is None else device),
+                             persistent=False)
         self.bottom_mlp = MLP(config.num_numerical_features, config.bottom_mlp_sizes, relu_last=True, device=device)
         num_features = config.num_categorical_features + 1  # the bottom output is one more feature
         if config.interaction_op in ("dot", "cuda_dot"):
@@ -187,13 +211,43 @@ class DLRM(nn.Module):
         # Between the halves: nothing on one device; hybrid parallelism puts its all-to-all here.
         self.exchange: nn.Module = nn.Identity()
 
+    def _embedding_module(self, blocks: list[TableShard], device: torch.device | str | None,
+                          init_seed: int | None = None) -> JointEmbedding | MultiTableEmbedding:
+        config, indices = self.config, [block.table for block in blocks]
+        return _EMBEDDING_CLASSES[config.embedding_type](
+            [block.rows for block in blocks], config.embedding_dim, hash_indices=config.hash_indices,
+            device=device, table_indices=indices, init_seed=init_seed,
+            poolings=None if config.poolings is None else [config.poolings[t] for t in indices],
+            weight_dtype=EMBEDDING_DTYPES[config.embedding_dtype],
+            row_starts=[block.start for block in blocks], full_table_sizes=[config.table_sizes[t] for t in indices],
+        )
+
+    def embedding_modules(self) -> list[JointEmbedding | MultiTableEmbedding]:
+        """Every module holding tables: ``embeddings``, and ``host_embeddings`` when some tables
+        are kept in host memory (checkpoints and optimizers go through all of them)."""
+        return [self.embeddings] + ([self.host_embeddings] if self.host_embeddings is not None else [])
+
     def forward(self, numerical: torch.Tensor, categorical: torch.Tensor | Bags) -> torch.Tensor:
         return self.dense_forward(numerical, self.exchange(self.embed(categorical)))
 
     def embed(self, categorical: torch.Tensor | Bags) -> torch.Tensor:
         """Ids ``[B, T]`` (any integer dtype) or ``Bags`` with ``T`` features, for the tables built
         here -> embeddings ``[B, T, D]`` (bags pooled by each table's pooling)."""
-        return self.embeddings(categorical)
+        if self.host_embeddings is None:
+            return self.embeddings(categorical)
+        device = self._column_order.device
+        on_device = self.embeddings(_columns(categorical, self._device_columns)) if self._device_columns else None
+        # The host tables' ids go to the host and their embeddings come back, in the device
+        # part's dtype (cast before the copy: under AMP half the bytes cross the bus).
+        on_host = self.host_embeddings(_columns(categorical, self._host_columns).to("cpu"))
+        on_host = on_host.to(on_device.dtype if on_device is not None else self.embeddings.output_dtype())
+        if device.type == "cuda":
+            on_host = on_host.pin_memory().to(device, non_blocking=True)
+        else:
+            on_host = on_host.to(device)
+        if on_device is None:
+            return on_host
+        return torch.cat([on_device, on_host], dim=1).index_select(1, self._column_order)
 
     def dense_forward(self, numerical: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
         """Bottom MLP, interaction with ``embedded`` ``[B, F, D]``, top MLP -> logits ``[B]``."""
@@ -205,13 +259,13 @@ class DLRM(nn.Module):
 
     def sparse_parameters(self) -> list[nn.Parameter]:
         """Embedding weights: their gradients are sparse and need a sparse-capable optimizer."""
-        return list(self.embeddings.parameters())
+        return [p for module in self.embedding_modules() for p in module.parameters()]
 
     def fused_embeddings(self) -> list[JointFusedEmbedding]:
         """Embedding modules that apply their own update, SGD or row-wise Adagrad
         (``embedding_type='joint_fused'``): their weights get no gradient, ``fused_train_step``
         updates them."""
-        return [self.embeddings] if isinstance(self.embeddings, JointFusedEmbedding) else []
+        return [module for module in self.embedding_modules() if isinstance(module, JointFusedEmbedding)]
 
     def dense_parameters(self) -> list[nn.Parameter]:
         """Every parameter that is not an embedding weight."""

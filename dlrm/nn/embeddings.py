@@ -528,6 +528,8 @@ class JointFusedEmbedding(JointEmbedding):
         lr_t = _device_scalar(lr, torch.float32, device)
         scale_t = _device_scalar(grad_scale, torch.float32, device)
         skip_t = _device_scalar(False if skip is None else skip, torch.bool, device)
+        if rounding_step is not None:
+            rounding_step = rounding_step.to(device)  # tables in host memory: the step's counter is on the GPU
         if not self._pending:
             return
         if rowwise_state is not None or self.weight.dtype in HALF_DTYPES:

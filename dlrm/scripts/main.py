@@ -157,6 +157,11 @@ flags.DEFINE_float("auc_threshold", None, "Stop training once a test reaches thi
 flags.DEFINE_float("device_memory_gb", None,
                    "Memory per process for embedding tables, in GB. Default: 90% of the GPU's memory, or an equal "
                    "share of 90% of the host's RAM on CPU.")
+flags.DEFINE_string("host_tables", "auto",
+                    "One-process runs: embedding tables kept in host memory and looked up on the host (their ids go "
+                    "to the host and their embeddings come back every step), so that a model whose tables do not all "
+                    "fit on the GPU trains on one GPU. auto: the fewest largest tables that let the rest fit, only when "
+                    "they do not (GPU runs); none; or comma-separated table indices.")
 flags.DEFINE_string("table_placement", "auto",
                     "Where the embedding tables go. auto: whole tables balanced by bytes, a table split row-wise "
                     "across every process only when memory demands it; table_wise: whole tables only; row_wise: every "
@@ -380,12 +385,26 @@ def _bytes_per_value(model_cfg: DLRMConfig) -> int:
     return EMBEDDING_DTYPES[model_cfg.embedding_dtype].itemsize
 
 
-def _plan_one_device(model_cfg: DLRMConfig, device: torch.device, logger: RunLogger) -> None:
-    """Every table on this device: print the bytes, and stop with the numbers (not an
-    out-of-memory crash half-way through building the model) when they do not fit."""
+def _host_tables() -> str | list[int]:
+    if FLAGS.host_tables in ("auto", "none"):
+        return FLAGS.host_tables
+    return _ints(FLAGS.host_tables.split(","), "host_tables")
+
+
+def _plan_one_device(model_cfg: DLRMConfig, device: torch.device, logger: RunLogger) -> list[int]:
+    """Every table on this device, or the largest in host memory when they do not all fit there
+    (--host_tables): print the bytes, and stop with the numbers (not an out-of-memory crash
+    half-way through building the model) when they do not fit. Returns the host tables."""
+    host_tables = _host_tables()
+    if device.type != "cuda" and host_tables == "auto":
+        host_tables = "none"  # on the CPU the host's memory is the device's: nothing to gain
     plan = plan_tables(model_cfg.table_sizes, model_cfg.embedding_dim, 1, _capacity(device, 1),
-                       state_bytes_per_row=_state_bytes(model_cfg), bytes_per_value=_bytes_per_value(model_cfg))
+                       state_bytes_per_row=_state_bytes(model_cfg), bytes_per_value=_bytes_per_value(model_cfg),
+                       host_tables=host_tables, host_capacity=int(0.9 * device_memory_bytes(torch.device("cpu"), 1)))
     logger.print(format_plan(plan))
+    if plan.host:
+        logger.record("plan", **plan.to_json(), bytes=[plan.rank_bytes(0)], host_bytes=plan.host_bytes())
+    return plan.host
 
 
 def _plan(model_cfg: DLRMConfig, env: DistEnv, device: torch.device, logger: RunLogger) -> list[list[int | TableShard]]:
@@ -393,7 +412,7 @@ def _plan(model_cfg: DLRMConfig, env: DistEnv, device: torch.device, logger: Run
     placement = load_placement(FLAGS.table_placement)
     plan = plan_tables(model_cfg.table_sizes, model_cfg.embedding_dim, env.world_size,
                        _capacity(device, env.local_world_size), override=placement.tables,
-                       row_wise=placement.row_wise, state_bytes_per_row=_state_bytes(model_cfg),
+                       row_wise=placement.row_wise, host_tables=_host_tables(), state_bytes_per_row=_state_bytes(model_cfg),
                        bytes_per_value=_bytes_per_value(model_cfg))
     logger.print(format_plan(plan))
     logger.record("plan", **plan.to_json(), bytes=[plan.rank_bytes(r) for r in range(env.world_size)])
@@ -478,8 +497,8 @@ def _build(env: DistEnv | None, device: torch.device, collectives: Collectives, 
         raise app.UsageError(str(e)) from None
     logger.record("flags", **_our_flags())
     if env is None:
-        _plan_one_device(model_cfg, device, logger)
-        model = DLRM(model_cfg, device=device)
+        host_tables = _plan_one_device(model_cfg, device, logger)
+        model = DLRM(model_cfg, device=device, host_tables=host_tables)
         source = lambda split, batch_size: make_source(data_cfg, spec, split, batch_size, device)  # noqa: E731
     else:
         exchange_dtype = {"auto": None, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

@@ -148,7 +148,16 @@ def _table_optimizer_state(optimizer: Any, embeddings: torch.nn.Module, i: int) 
 
 
 def _dense_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in model.state_dict().items() if not k.startswith("embeddings.")}
+    return {k: v for k, v in model.state_dict().items() if not k.startswith(("embeddings.", "host_embeddings."))}
+
+
+LocalTable = tuple[torch.nn.Module, int]  # (embedding module, local table index in it)
+
+
+def _local_tables(model: torch.nn.Module) -> list[LocalTable]:
+    """Every table this process holds, in each of the model's embedding modules (the device's
+    and, when some tables stay in host memory, the host's)."""
+    return [(module, i) for module in model.embedding_modules() for i in range(module.num_tables)]
 
 
 class _Checksummed:
@@ -273,10 +282,9 @@ def save_checkpoint(
         os.makedirs(tmp)
     collectives.barrier()
     try:
-        embeddings = model.embeddings
         checksums = {}
-        for i, index in enumerate(embeddings.table_indices):
-            name = _table_file(index, _local_rows(embeddings, i))
+        for embeddings, i in _local_tables(model):
+            name = _table_file(embeddings.table_indices[i], _local_rows(embeddings, i))
             checksums[name] = _save_tensor_file(_host_copy(embeddings.table_weight(i)), os.path.join(tmp, name))
             table_state = _table_optimizer_state(optimizer, embeddings, i)
             if table_state:
@@ -542,12 +550,12 @@ def _load_table_state(path: str, pieces: list[Piece], start: int, stop: int, sta
             target.copy_(value)
 
 
-def _pieces_to_read(path: str, meta: dict[str, Any], embeddings: torch.nn.Module) -> list[list[Piece]]:
+def _pieces_to_read(path: str, meta: dict[str, Any], local: list[LocalTable]) -> list[list[Piece]]:
     """Per local table, the files that hold its rows (whole-table files or row-wise blocks,
     whichever the checkpoint has: it may come from another placement)."""
     reads = []
-    for i, index in enumerate(embeddings.table_indices):
-        rows = embeddings.full_table_sizes[i]
+    for embeddings, i in local:
+        index, rows = embeddings.table_indices[i], embeddings.full_table_sizes[i]
         pieces = _table_pieces(meta["files"], index, rows)
         if not _covers(pieces, rows):
             raise CheckpointError(f"{os.path.join(path, META)}: the files of embedding table {index} "
@@ -576,13 +584,13 @@ def load_checkpoint(
     path = os.path.abspath(path)
     meta = read_meta(path)
     _check_shapes(path, meta, model)
-    embeddings = model.embeddings
-    reads = _pieces_to_read(path, meta, embeddings)
+    local = _local_tables(model)
+    reads = _pieces_to_read(path, meta, local)
     tables = [name for pieces in reads for _, _, name in pieces]
     table_states = []
     if optimizer is not None:
         _check_optimizer_kind(path, meta, optimizer)
-        if any(_table_optimizer_state(optimizer, embeddings, i) for i in range(embeddings.num_tables)):
+        if any(_table_optimizer_state(optimizer, embeddings, i) for embeddings, i in local):
             table_states = [_state_file(name) for name in tables]
     names = tables + table_states + ["dense.pt", "optimizer.pt"] + (["rng.pt"] if restore_rng else [])
     missing = [n for n in names if n not in meta["files"]]
@@ -591,7 +599,7 @@ def load_checkpoint(
     if verify:
         verify_checksums(path, meta, names)
     weights = []
-    for i, pieces in enumerate(reads):
+    for (embeddings, i), pieces in zip(local, reads):
         start = embeddings.row_starts[i]
         loaded = [_load_file(path, name, mmap=True) for _, _, name in pieces]
         weights.append(_rows_of(path, pieces, loaded, start, start + embeddings.table_sizes[i], "the table"))
@@ -603,12 +611,12 @@ def load_checkpoint(
         raise CheckpointError(f"{path}: dense.pt, optimizer.pt or rng.pt does not hold what this program writes: "
                               "the checkpoint is damaged or not one of this program's")
     with torch.no_grad():
-        for i, weight in enumerate(weights):
+        for (embeddings, i), weight in zip(local, weights):
             embeddings.load_table_(i, weight)
         model.load_state_dict(dense, strict=False)
     if optimizer is not None and extra["optimizer"] is not None:
         _load_optimizer(path, optimizer, extra["optimizer"])
-        for i, pieces in enumerate(reads if table_states else []):
+        for (embeddings, i), pieces in zip(local, reads if table_states else []):
             start = embeddings.row_starts[i]
             _load_table_state(path, pieces, start, start + embeddings.table_sizes[i],
                               _table_optimizer_state(optimizer, embeddings, i))

@@ -44,6 +44,10 @@ def check_cuda_graphs_supported(model: torch.nn.Module, device: torch.device, wo
             f"`cuda_graphs` needs `embedding_type=joint_fused` (got {model.config.embedding_type!r}): sparse "
             "gradients change size with every batch, which a captured graph cannot do"
         )
+    if getattr(model, "host_embeddings", None) is not None:
+        raise ValueError("`cuda_graphs` cannot capture lookups in host memory (`host_tables`): keep every table on "
+                         "the GPU (`host_tables=none`, with `max_table_size` or `embedding_dtype` to make them fit) "
+                         "or set `cuda_graphs=False`")
     if world_size != 1:
         raise ValueError(f"`cuda_graphs` supports one process only, this run has {world_size}: set `cuda_graphs=False`")
 

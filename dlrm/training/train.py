@@ -138,7 +138,7 @@ def fused_train_step(
             found_inf = torch.zeros(1, dtype=torch.float32, device=device)
             grad_scale = scaler_state.unscale_and_check_(grads, found_inf).reshape(())
             for embedding in fused:
-                found_inf += embedding.pending_nonfinite().float()
+                found_inf += embedding.pending_nonfinite().to(device).float()  # host tables: a CPU flag
             found_inf = collectives.sum(found_inf)  # each process holds other tables: all skip together
             skip = found_inf.reshape(()) > 0
         device_dense_step_(optimizer, lr, skip)
