@@ -15,12 +15,9 @@ from dlrm.nn.embeddings import TableShard
 from dlrm.training.checkpoint import TrainState, load_checkpoint, save_checkpoint
 from dlrm.training.optimizers import OptimizerConfig, make_optimizer
 from dlrm.training.train import make_train_step
-from test_bag_embeddings import bags_of, random_lists
+from test_fused_rowwise_adagrad import POOLINGS, TABLES, batches  # skewed one-hot ids, or bags
 
-TABLES = [3, 1000, 17, 250, 40]
-POOLINGS = ["sum", "mean", "sum", "mean", "sum"]
 HOST = [1, 3]
-BATCH = 48
 
 
 def config(embedding_type, dtype="fp32"):
@@ -31,19 +28,6 @@ def config(embedding_type, dtype="fp32"):
 def build(embedding_type, host_tables=(), device=None, dtype="fp32"):
     torch.manual_seed(0)
     return DLRM(config(embedding_type, dtype), device=device, host_tables=host_tables)
-
-
-def batches(kind, n=4, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(n):
-        numerical, label = torch.randn(BATCH, 4, generator=g), torch.randint(0, 2, (BATCH,), generator=g).float()
-        if kind == "one_hot":
-            ids = torch.stack([(torch.rand(BATCH, generator=g) ** 3 * rows).long() for rows in TABLES], dim=1)
-        else:
-            ids = bags_of(random_lists(BATCH, sizes=TABLES, seed=seed * 100 + i))
-        out.append(Batch(numerical, ids, label))
-    return out
 
 
 def tables_of(model):
@@ -86,9 +70,10 @@ def test_training_with_host_tables_equals_training_on_the_device(embedding_type,
     models = [build(embedding_type, host, dtype=dtype) for host in ((), HOST)]
     if dtype == "fp32":
         models = [m.double() for m in models]
-    # bf16 tables: the fp32 sum of a row's repeated gradients may round differently, and then
-    # the row by one bf16 step; everything else is float64
-    rtol, atol = (1e-12, 1e-15) if dtype == "fp32" else (2**-7, 1e-4)
+    # bf16 tables: the fp32 sum of a row's repeated gradients may round differently, then the
+    # row by a bf16 step (2.4e-4 near 0.06), and the steps after add up (3 such steps seen);
+    # everything else is float64
+    rtol, atol = (1e-12, 1e-15) if dtype == "fp32" else (2**-7, 2e-3)
     optimizers = [make_optimizer(m, 0.3, OptimizerConfig(embedding=optimizer)) for m in models]
     losses = [steps(m, o, data) for m, o in zip(models, optimizers)]
     torch.testing.assert_close(torch.tensor(losses[1]), torch.tensor(losses[0]), rtol=rtol, atol=0)
@@ -99,7 +84,7 @@ def test_training_with_host_tables_equals_training_on_the_device(embedding_type,
         torch.testing.assert_close(dense[1][name], value, rtol=rtol, atol=atol, msg=name)
 
 
-@pytest.mark.parametrize("saved_host,loaded_host", [(HOST, ()), ((), HOST), (HOST, [0, 4])])
+@pytest.mark.parametrize("saved_host,loaded_host", [(HOST, ()), ((), HOST), (HOST, [0, 2])])
 def test_checkpoints_move_between_host_and_device_placements(tmp_path, saved_host, loaded_host):
     """Row-wise Adagrad (per-row state saved with each table): 2 steps, save, 2 more steps in the
     other placement equal 4 uninterrupted steps."""
@@ -127,7 +112,7 @@ def test_host_tables_must_be_whole_tables_of_the_model():
     with pytest.raises(ValueError, match="`host_tables` lists table 7, which is not among the tables built here"):
         DLRM(cfg, host_tables=[7])
     with pytest.raises(ValueError, match="`host_tables` lists table 1, a row-wise block"):
-        DLRM(cfg, tables=[0, TableShard(1, 0, 500)], host_tables=[1])
+        DLRM(cfg, tables=[0, TableShard(1, 0, 100)], host_tables=[1])
 
 
 @pytest.mark.gpu

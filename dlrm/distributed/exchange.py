@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dlrm.data.rank_source import local_batch_sizes
-from dlrm.nn.embeddings import TableShard
+from dlrm.nn.embeddings import TableShard, table_of
 
 
 class _AllToAll(torch.autograd.Function):
@@ -58,7 +58,7 @@ class EmbeddingExchange(nn.Module):
         self.tables_per_rank = [list(t) for t in tables_per_rank]
         self.rank = rank
         self.group = group
-        rank_major = [t.table if isinstance(t, TableShard) else t for tables in self.tables_per_rank for t in tables]
+        rank_major = [table_of(t) for tables in self.tables_per_rank for t in tables]
         self.num_features = len(set(rank_major))
         if sorted(set(rank_major)) != list(range(self.num_features)):
             raise ValueError(f"the ranks hold tables {sorted(set(rank_major))}: every table from 0 to the last must "

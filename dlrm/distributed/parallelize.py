@@ -3,9 +3,9 @@
     model, parallel = parallelize(config, [plan.entries(r) for r in range(plan.world_size)], device, collectives)
 
 The model is the same class with two differences: it holds only the embedding tables (or, for
-tables split row-wise, the blocks of rows) the plan gives this process (built with the same per-table initialisation, so a table's weights do not
-depend on where it lands), and the all-to-all exchange sits between its embeddings and its dense
-part. The MLPs stay replicated; ``parallel.collectives`` sums their gradients and combines
+tables split row-wise, the blocks of rows) the plan gives this process (built with the same
+per-table initialisation, so a table's weights do not depend on where it lands or how it is
+split), and the all-to-all exchange sits between its embeddings and its dense part. The MLPs stay replicated; ``parallel.collectives`` sums their gradients and combines
 metrics and checkpoints across processes, and ``parallel.tables`` says which id columns this
 process reads for the whole global batch.
 
@@ -22,7 +22,7 @@ import torch
 from dlrm.distributed.collectives import ProcessGroupCollectives
 from dlrm.distributed.exchange import EmbeddingExchange
 from dlrm.model.dlrm import DLRM, DLRMConfig
-from dlrm.nn.embeddings import TableShard
+from dlrm.nn.embeddings import TableShard, table_of
 
 
 @dataclass
@@ -44,7 +44,7 @@ class HybridParallel:
     def tables(self) -> list[int]:
         """The global indices of this process's tables (whole, or a block of rows): it looks
         their ids up for every sample of the global batch."""
-        return [t.table if isinstance(t, TableShard) else t for t in self.plan[self.rank]]
+        return [table_of(t) for t in self.plan[self.rank]]
 
 
 def parallelize(

@@ -18,7 +18,7 @@ from torch import nn
 
 from dlrm.data.batch import Bags
 from dlrm.data.feature_spec import POOLINGS
-from dlrm.nn.embeddings import JointEmbedding, JointFusedEmbedding, MultiTableEmbedding, TableShard
+from dlrm.nn.embeddings import JointEmbedding, JointFusedEmbedding, MultiTableEmbedding, TableShard, table_of
 from dlrm.nn.interactions import CatInteraction, DCNInteraction, DotInteraction
 from dlrm.nn.mlp import MLP
 
@@ -121,7 +121,7 @@ def _table_blocks(config: DLRMConfig, tables: Sequence[int | TableShard]) -> lis
     """Every table to build as a block of rows (a whole table: all of them), checked against the config."""
     blocks = []
     for entry in tables:
-        table = entry.table if isinstance(entry, TableShard) else entry
+        table = table_of(entry)
         table = operator.index(table) if isinstance(table, Integral) else table
         if not (isinstance(table, int) and 0 <= table < config.num_categorical_features):
             raise ValueError(f"table index {table!r} out of range for {config.num_categorical_features} tables")

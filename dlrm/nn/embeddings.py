@@ -48,6 +48,11 @@ class TableShard(NamedTuple):
         return self.stop - self.start
 
 
+def table_of(entry: int | TableShard) -> int:
+    """The global table index of a plan entry: a whole table's index, or a block's table."""
+    return entry.table if isinstance(entry, TableShard) else entry
+
+
 class EmbeddingTables(nn.Module):
     """What both layouts share: table bookkeeping, id preparation, per-table weight access."""
 
@@ -181,6 +186,14 @@ class EmbeddingTables(nn.Module):
                                       output_size=bags.values.shape[0])
         return scale[bag]
 
+    def row_range(self, i: int) -> tuple[int, int]:
+        """The rows ``[start, stop)`` of its whole table that local table ``i`` holds."""
+        return self.row_starts[i], self.row_starts[i] + self.table_sizes[i]
+
+    def is_block(self, i: int) -> bool:
+        """Whether local table ``i`` is a row-wise block rather than a whole table."""
+        return self.row_range(i) != (0, self.full_table_sizes[i])
+
     def table_weight(self, i: int) -> torch.Tensor:
         """Table ``i`` as a ``[rows_i, D]`` view of the storage (detached), e.g. for checkpoints."""
         raise NotImplementedError
@@ -233,8 +246,7 @@ class EmbeddingTables(nn.Module):
             + ("" if "mean" not in self.poolings else f", poolings={self.poolings}")
             + ("" if self.storage_dtype() == torch.float32 else f", weight_dtype={self.storage_dtype()}")
             + ("" if not self.row_sharded else ", row_blocks=" + str(
-                [(t, s, s + r) for t, s, r, full in zip(self.table_indices, self.row_starts, self.table_sizes,
-                                                       self.full_table_sizes) if (s, r) != (0, full)]))
+                [(t, *self.row_range(i)) for i, t in enumerate(self.table_indices) if self.is_block(i)]))
         )
 
 

@@ -108,12 +108,6 @@ def _state_file(table_file: str) -> str:
 _PIECE = re.compile(r"table_(\d+)(?:_rows_(\d+)_(\d+))?\.pt")
 
 
-def _local_rows(embeddings: torch.nn.Module, i: int) -> tuple[int, int] | None:
-    """The rows ``[a, b)`` local table ``i`` holds when it is a row-wise block, else None (whole)."""
-    start, rows = embeddings.row_starts[i], embeddings.table_sizes[i]
-    return None if (start, rows) == (0, embeddings.full_table_sizes[i]) else (start, start + rows)
-
-
 def _table_pieces(names: Iterable[str], index: int, rows: int) -> list[tuple[int, int, str]]:
     """The files that hold table ``index`` among ``names``: ``(first row, end row, name)`` in row
     order, the whole-table file or the blocks of a row-wise table (empty if there are none)."""
@@ -284,7 +278,7 @@ def save_checkpoint(
     try:
         checksums = {}
         for embeddings, i in _local_tables(model):
-            name = _table_file(embeddings.table_indices[i], _local_rows(embeddings, i))
+            name = _table_file(embeddings.table_indices[i], embeddings.row_range(i) if embeddings.is_block(i) else None)
             checksums[name] = _save_tensor_file(_host_copy(embeddings.table_weight(i)), os.path.join(tmp, name))
             table_state = _table_optimizer_state(optimizer, embeddings, i)
             if table_state:
@@ -515,9 +509,10 @@ def _load_optimizer(path: str, optimizer: Any, saved: dict[str, Any]) -> None:
 Piece = tuple[int, int, str]  # (first row, end row, file name) of a file holding a table's rows
 
 
-def _rows_of(path: str, pieces: list[Piece], loaded: list[torch.Tensor], start: int, stop: int,
+def _rows_of(path: str, pieces: list[Piece], loaded: list[torch.Tensor], rows: tuple[int, int],
              what: str) -> torch.Tensor:
     """Rows ``[start, stop)`` of a table from the pieces that cover them (each ``[rows, ...]``)."""
+    start, stop = rows
     parts = []
     for (first, end, name), tensor in zip(pieces, loaded):
         if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0 or tensor.shape[0] != end - first:
@@ -527,7 +522,7 @@ def _rows_of(path: str, pieces: list[Piece], loaded: list[torch.Tensor], start: 
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def _load_table_state(path: str, pieces: list[Piece], start: int, stop: int, state: dict[str, torch.Tensor]) -> None:
+def _load_table_state(path: str, pieces: list[Piece], rows: tuple[int, int], state: dict[str, torch.Tensor]) -> None:
     """Copies the saved optimizer state of one table's rows ``[start, stop)`` into ``state``
     (views of the live state): per-row tensors from every piece, scalars from the first."""
     names = [_state_file(name) for _, _, name in pieces]
@@ -536,12 +531,12 @@ def _load_table_state(path: str, pieces: list[Piece], start: int, stop: int, sta
         if not isinstance(part, dict) or set(part) != set(state):
             raise CheckpointError(f"{os.path.join(path, name)}: holds {sorted(part) if isinstance(part, dict) else part!r}, "
                                   f"the optimizer keeps {sorted(state)}: the checkpoint is damaged")
+    state_pieces = [(a, b, n) for (a, b, _), n in zip(pieces, names)]
     for key, target in state.items():
         if target.dim() == 0:
             value = saved[0][key]
         else:
-            state_pieces = [(a, b, n) for (a, b, _), n in zip(pieces, names)]
-            value = _rows_of(path, state_pieces, [part[key] for part in saved], start, stop, key)
+            value = _rows_of(path, state_pieces, [part[key] for part in saved], rows, key)
         if not isinstance(value, torch.Tensor) or value.shape != target.shape:
             raise CheckpointError(f"{os.path.join(path, names[0])}: {key} has shape "
                                   f"{list(getattr(value, 'shape', []))}, expected {list(target.shape)}: "
@@ -561,8 +556,7 @@ def _pieces_to_read(path: str, meta: dict[str, Any], local: list[LocalTable]) ->
             raise CheckpointError(f"{os.path.join(path, META)}: the files of embedding table {index} "
                                   f"({[name for _, _, name in pieces] or 'none'}) do not cover its {rows} rows: "
                                   "the checkpoint is damaged")
-        start = embeddings.row_starts[i]
-        stop = start + embeddings.table_sizes[i]
+        start, stop = embeddings.row_range(i)
         reads.append([piece for piece in pieces if piece[0] < stop and piece[1] > start])
     return reads
 
@@ -600,9 +594,8 @@ def load_checkpoint(
         verify_checksums(path, meta, names)
     weights = []
     for (embeddings, i), pieces in zip(local, reads):
-        start = embeddings.row_starts[i]
         loaded = [_load_file(path, name, mmap=True) for _, _, name in pieces]
-        weights.append(_rows_of(path, pieces, loaded, start, start + embeddings.table_sizes[i], "the table"))
+        weights.append(_rows_of(path, pieces, loaded, embeddings.row_range(i), "the table"))
     dense = _load_file(path, "dense.pt")
     extra = _load_file(path, "optimizer.pt")
     rng = _load_file(path, "rng.pt") if restore_rng else None
@@ -617,9 +610,7 @@ def load_checkpoint(
     if optimizer is not None and extra["optimizer"] is not None:
         _load_optimizer(path, optimizer, extra["optimizer"])
         for (embeddings, i), pieces in zip(local, reads if table_states else []):
-            start = embeddings.row_starts[i]
-            _load_table_state(path, pieces, start, start + embeddings.table_sizes[i],
-                              _table_optimizer_state(optimizer, embeddings, i))
+            _load_table_state(path, pieces, embeddings.row_range(i), _table_optimizer_state(optimizer, embeddings, i))
     if scaler is not None and scaler.is_enabled() and extra["scaler"] is not None:
         scaler.load_state_dict(extra["scaler"])
     if rng is not None:
