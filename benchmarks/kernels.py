@@ -14,7 +14,7 @@ operation must move: inputs read plus outputs written, not cache traffic) and TF
 Gram products that are kept: ``D n (n-1)`` per sample forward, twice that backward), and the
 fraction of the roofline ``max(bytes / peak GB/s, flops / peak FLOP/s)`` reached. Both peaks
 are measured in the same run: a large device-to-device copy, and a large matmul in each dtype
-(fp32 as torch runs it: TF32 when ``torch.backends.cuda.matmul.allow_tf32``, like the kernel).
+(fp32 as torch runs it: TF32 unless ``--tf32 off``, as training runs it, and so does the kernel).
 """
 
 from __future__ import annotations
@@ -300,6 +300,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="BxNxD,... dot-interaction shapes instead of the main shape and a few others")
     parser.add_argument("--table_rows", type=int, default=None, help="rows of the embedding table (default 4M on GPU)")
     parser.add_argument("--skip_embedding", action="store_true", help="benchmark the dot interaction only")
+    parser.add_argument("--tf32", choices=("on", "off"), default="on",
+                        help="fp32 matmuls (torch's and the kernels') in TF32, as training runs them (--allow_tf32)")
     parser.add_argument("--warmup", type=int, default=None)
     parser.add_argument("--reps", type=int, default=None)
     args = parser.parse_args(argv)
@@ -324,6 +326,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     device = torch.device(args.device)
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32 == "on"
     peaks = measure_peaks(device, args.dtypes, args.warmup, args.reps)
     print(format_peaks(peaks, device))
     print(HEADER)

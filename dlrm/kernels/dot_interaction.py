@@ -227,39 +227,61 @@ def _block_d(dim: int, block_n: int, element_size: int) -> int:
     return min(max(16, triton.next_power_of_2(dim)), cap)
 
 
-def _precision(dtype: torch.dtype) -> str:
+def _precision(dtype: torch.dtype, backward: bool) -> str:
     """``tl.dot`` input precision: TF32 for fp32 when torch allows it for matmuls (as the
-    reference's bmm would), IEEE otherwise; the interpreter always computes in IEEE fp32."""
-    if dtype == torch.float32 and not _KERNELS_INTERPRETED and tf32_allowed():
+    reference's bmm would). Otherwise IEEE, but for the fp32 forward, where Triton's IEEE
+    ``tl.dot`` (no tensor cores) took 2.6 ms against torch's 1.6 on an H100: there three TF32
+    products (``tf32x3``) give fp32 accuracy in 0.67 ms. The interpreter always computes in IEEE
+    fp32."""
+    if dtype != torch.float32 or _KERNELS_INTERPRETED:
+        return "ieee"
+    if tf32_allowed():
         return "tf32"
-    return "ieee"
+    return "ieee" if backward else "tf32x3"
 
 
 def _num_warps(block_n: int, block_d: int) -> int:
     return 4 if block_n * block_d <= 32 * 128 else 8
 
 
-def _forward(bottom: torch.Tensor, embedded: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def _launch(block_n: int, dim: int, dtype: torch.dtype, backward: bool, tuning: dict | None) -> dict:
+    """Meta-parameters of a launch, or ``tuning``'s (``BLOCK_D``, ``PRECISION``, ``num_warps``,
+    ``num_stages``), which ``benchmarks/dot_interaction_tiles.py`` sweeps on a device.
+
+    The defaults come from that sweep on an H100 (Criteo shape, docs/benchmarks.md): one stage
+    (the loop over the dimension has one or two steps, so pipelining only costs shared memory),
+    two warps forward, ``BLOCK_D`` at most 64 backward, whose ``[BLOCK_N, BLOCK_D]``
+    accumulator lives across the inner loop, and at most 32 for the ``tf32x3`` forward."""
+    block_d = _block_d(dim, block_n, dtype.itemsize)
+    precision = _precision(dtype, backward)
+    if backward or precision == "tf32x3":
+        block_d = min(block_d, 64 if backward else 32)
+    launch = {"BLOCK_D": block_d, "PRECISION": precision, "num_stages": 1,
+              "num_warps": _num_warps(block_n, block_d) if backward else 2}
+    return {**launch, **(tuning or {})}
+
+
+def _forward(bottom: torch.Tensor, embedded: torch.Tensor, dtype: torch.dtype,
+             tuning: dict | None = None) -> torch.Tensor:
     """Launches the forward kernel; the output is allocated in ``dtype`` (the compute dtype)."""
     batch, num_embedded, dim = embedded.shape
     n = num_embedded + 1
     width = dot_interaction_width(n, dim)
     out = torch.empty(batch, width, dtype=dtype, device=bottom.device)
     block_n = _block_n(n)
-    block_d = _block_d(dim, block_n, out.element_size())
     tiles_per_side = triton.cdiv(n, block_n)
     grid = (batch * tiles_per_side * tiles_per_side,)
     _forward_kernel[grid](
         bottom, embedded, out, n, dim, width, tiles_per_side,
         bottom.stride(0), bottom.stride(1), embedded.stride(0), embedded.stride(1), embedded.stride(2),
-        BLOCK_N=block_n, BLOCK_D=block_d, SINGLE_TILE=tiles_per_side == 1, PRECISION=_precision(dtype),
-        INTERPRETER=_KERNELS_INTERPRETED, num_warps=_num_warps(block_n, block_d),
+        BLOCK_N=block_n, SINGLE_TILE=tiles_per_side == 1, INTERPRETER=_KERNELS_INTERPRETED,
+        **_launch(block_n, dim, dtype, False, tuning),
     )
     return out
 
 
 def _backward(
-    grad_out: torch.Tensor, bottom: torch.Tensor, embedded: torch.Tensor
+    grad_out: torch.Tensor, bottom: torch.Tensor, embedded: torch.Tensor, tuning: dict | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launches the backward kernel; gradients come back in the inputs' own dtypes."""
     batch, num_embedded, dim = embedded.shape
@@ -267,14 +289,12 @@ def _backward(
     d_bottom = torch.empty(batch, dim, dtype=bottom.dtype, device=bottom.device)
     d_embedded = torch.empty(batch, num_embedded, dim, dtype=embedded.dtype, device=embedded.device)
     block_n = _block_n(n)
-    block_d = _block_d(dim, block_n, grad_out.element_size())
     tiles_per_side = triton.cdiv(n, block_n)
     _backward_kernel[(batch * tiles_per_side,)](
         grad_out, bottom, embedded, d_bottom, d_embedded, n, dim, tiles_per_side,
         grad_out.stride(0), grad_out.stride(1),
         bottom.stride(0), bottom.stride(1), embedded.stride(0), embedded.stride(1), embedded.stride(2),
-        BLOCK_N=block_n, BLOCK_D=block_d, PRECISION=_precision(grad_out.dtype),
-        INTERPRETER=_KERNELS_INTERPRETED, num_warps=_num_warps(block_n, block_d),
+        BLOCK_N=block_n, INTERPRETER=_KERNELS_INTERPRETED, **_launch(block_n, dim, grad_out.dtype, True, tuning),
     )
     return d_bottom, d_embedded
 

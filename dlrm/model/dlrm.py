@@ -187,9 +187,10 @@ class DLRM(nn.Module):
         self._device_columns = [i for i, block in enumerate(blocks) if block.table not in host]
         self._host_columns = [i for i, block in enumerate(blocks) if block.table in host]
         self.embeddings = self._embedding_module([blocks[i] for i in self._device_columns], device)
-        # On the host: the same tables, with the same per-table initialisation (the seed is shared).
+        # On the host: the same tables, with the same per-table initialisation (the seed is
+        # shared, the draws are made on ``device``).
         self.host_embeddings = None if not host else self._embedding_module(
-            [blocks[i] for i in self._host_columns], "cpu", init_seed=self.embeddings.init_seed)
+            [blocks[i] for i in self._host_columns], "cpu", init_seed=self.embeddings.init_seed, init_device=device)
         order = torch.tensor(self._device_columns + self._host_columns, dtype=torch.int64).argsort()
         self.register_buffer("_column_order", order.to(torch.get_default_device() if device is None else device),
                              persistent=False)
@@ -212,11 +213,12 @@ class DLRM(nn.Module):
         self.exchange: nn.Module = nn.Identity()
 
     def _embedding_module(self, blocks: list[TableShard], device: torch.device | str | None,
-                          init_seed: int | None = None) -> JointEmbedding | MultiTableEmbedding:
+                          init_seed: int | None = None,
+                          init_device: torch.device | str | None = None) -> JointEmbedding | MultiTableEmbedding:
         config, indices = self.config, [block.table for block in blocks]
         return _EMBEDDING_CLASSES[config.embedding_type](
             [block.rows for block in blocks], config.embedding_dim, hash_indices=config.hash_indices,
-            device=device, table_indices=indices, init_seed=init_seed,
+            device=device, table_indices=indices, init_seed=init_seed, init_device=init_device,
             poolings=None if config.poolings is None else [config.poolings[t] for t in indices],
             weight_dtype=EMBEDDING_DTYPES[config.embedding_dtype],
             row_starts=[block.start for block in blocks], full_table_sizes=[config.table_sizes[t] for t in indices],

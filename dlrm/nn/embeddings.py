@@ -67,6 +67,7 @@ class EmbeddingTables(nn.Module):
         weight_dtype: torch.dtype = torch.float32,
         row_starts: Sequence[int] | None = None,
         full_table_sizes: Sequence[int] | None = None,
+        init_device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
         table_sizes = [int(rows) for rows in table_sizes]
@@ -85,6 +86,10 @@ class EmbeddingTables(nn.Module):
         # One draw from the global generator whatever the tables, so layers built after the
         # embeddings get the same weights in every process.
         self.init_seed = int(torch.randint(0, 2**62, ())) if init_seed is None else init_seed
+        # Where the initial weights are drawn (default: where they are kept). CPU and CUDA
+        # generators draw different numbers, so tables kept in host memory for a GPU model draw on
+        # the GPU: a table's initial values must not depend on where it is kept.
+        self.init_device = None if init_device is None else torch.device(init_device)
         # Row-wise sharding: local table i holds rows [row_starts[i], row_starts[i] + table_sizes[i])
         # of a table of full_table_sizes[i] rows (by default every table is whole).
         self.row_starts = [0] * len(table_sizes) if row_starts is None else [int(s) for s in row_starts]
@@ -208,7 +213,8 @@ class EmbeddingTables(nn.Module):
         # tables, so runs that differ only in embedding_dtype start from the same model.
         weight = self.table_weight(i)
         init_table_rows_(weight, self.init_seed, self.table_indices[i], self.full_table_sizes[i], self.row_starts[i],
-                         draw_dtype=torch.float32 if weight.dtype in HALF_DTYPES else weight.dtype)
+                         draw_dtype=torch.float32 if weight.dtype in HALF_DTYPES else weight.dtype,
+                         draw_device=self.init_device)
 
     def storage_dtype(self) -> torch.dtype:
         """The tables' dtype as it is now (a model may be cast after it was built)."""
@@ -265,9 +271,10 @@ class JointEmbedding(EmbeddingTables):
         weight_dtype: torch.dtype = torch.float32,
         row_starts: Sequence[int] | None = None,
         full_table_sizes: Sequence[int] | None = None,
+        init_device: torch.device | str | None = None,
     ) -> None:
         super().__init__(table_sizes, embedding_dim, hash_indices, table_indices, init_seed, poolings, weight_dtype,
-                         row_starts, full_table_sizes)
+                         row_starts, full_table_sizes, init_device)
         starts = [0]
         for rows in self.table_sizes:
             starts.append(starts[-1] + rows)
@@ -330,9 +337,10 @@ class MultiTableEmbedding(EmbeddingTables):
         weight_dtype: torch.dtype = torch.float32,
         row_starts: Sequence[int] | None = None,
         full_table_sizes: Sequence[int] | None = None,
+        init_device: torch.device | str | None = None,
     ) -> None:
         super().__init__(table_sizes, embedding_dim, hash_indices, table_indices, init_seed, poolings, weight_dtype,
-                         row_starts, full_table_sizes)
+                         row_starts, full_table_sizes, init_device)
         # skip_init: nn.Embedding's default N(0, 1) init would be overwritten anyway.
         device = torch.get_default_device() if device is None else device
         self.tables = nn.ModuleList(
@@ -473,9 +481,10 @@ class JointFusedEmbedding(JointEmbedding):
         weight_dtype: torch.dtype = torch.float32,
         row_starts: Sequence[int] | None = None,
         full_table_sizes: Sequence[int] | None = None,
+        init_device: torch.device | str | None = None,
     ) -> None:
         super().__init__(table_sizes, embedding_dim, hash_indices, device, table_indices, init_seed, poolings,
-                         weight_dtype, row_starts, full_table_sizes)
+                         weight_dtype, row_starts, full_table_sizes, init_device)
         self._pending: list[PendingUpdate | PendingBagUpdate] = []
 
     def forward(self, ids: torch.Tensor | Bags) -> torch.Tensor:

@@ -49,28 +49,31 @@ def table_generator(seed: int, table_index: int, device: torch.device, block: in
 
 
 def init_table_rows_(weight: torch.Tensor, seed: int, table_index: int, table_rows: int, first_row: int = 0,
-                     draw_dtype: torch.dtype | None = None) -> None:
+                     draw_dtype: torch.dtype | None = None, draw_device: torch.device | None = None) -> None:
     """Rows ``[first_row, first_row + len(weight))`` of table ``table_index``'s initial weights,
     U(-sqrt(1/table_rows), sqrt(1/table_rows)) as ``init_embedding_table_`` draws for the whole
     table. Each block of ``INIT_BLOCK_ROWS`` rows comes from its own generator, so the values of a
     row do not depend on which range is built. ``draw_dtype`` (default: the weight's) is the dtype
-    of the draws, rounded to the weight's dtype when they differ (fp16/bf16 tables draw fp32)."""
+    of the draws, rounded to the weight's dtype when they differ (fp16/bf16 tables draw fp32);
+    ``draw_device`` (default: the weight's) is where they are drawn, since a CPU and a CUDA
+    generator with the same seed draw different numbers."""
     rows, dim = weight.shape
     if first_row < 0 or first_row + rows > table_rows:
         raise ValueError(f"rows [{first_row}, {first_row + rows}) are not inside table {table_index} of "
                          f"{table_rows} rows")
     draw_dtype = weight.dtype if draw_dtype is None else draw_dtype
+    draw_device = weight.device if draw_device is None else draw_device
     bound = math.sqrt(1.0 / table_rows)
     stop = first_row + rows
     with torch.no_grad():
         for block in range(first_row // INIT_BLOCK_ROWS, -(-stop // INIT_BLOCK_ROWS)):
             lo, hi = block * INIT_BLOCK_ROWS, min((block + 1) * INIT_BLOCK_ROWS, table_rows)
             start, end = max(lo, first_row), min(hi, stop)
-            generator = table_generator(seed, table_index, weight.device, block)
+            generator = table_generator(seed, table_index, draw_device, block)
             target = weight[start - first_row:end - first_row]
-            if (start, end) == (lo, hi) and draw_dtype == weight.dtype:
+            if (start, end) == (lo, hi) and draw_dtype == weight.dtype and draw_device == weight.device:
                 target.uniform_(-bound, bound, generator=generator)
                 continue
-            drawn = torch.empty(hi - lo, dim, dtype=draw_dtype, device=weight.device)
+            drawn = torch.empty(hi - lo, dim, dtype=draw_dtype, device=draw_device)
             drawn.uniform_(-bound, bound, generator=generator)
             target.copy_(drawn[start - lo:end - lo])
