@@ -43,6 +43,7 @@ CLIS = {
     "local_server": ["triton/local_server.py"],
     "preproc": ["-m", "preproc"],
     "main": ["-m", "dlrm.scripts.main"],
+    "spark_train": ["-m", "dlrm.scripts.spark_train"],
 }
 
 
@@ -69,6 +70,7 @@ HELP = [
     Case("local_server", "-h", "--server_env", 0),
     Case("preproc", "--help", "--frequency_threshold", 0),
     Case("main", "--help", "--inference_benchmark_batch_sizes", 0),
+    Case("spark_train", "--help", "--spark_conf", 0),
 ]
 
 # Fixture paths: missing (absent), file (random bytes), dir (empty directory), ckpt_damaged

@@ -40,7 +40,7 @@ from dlrm.model.dlrm import DLRM, EMBEDDING_DTYPES, DLRMConfig
 from dlrm.model.precision import Precision
 from dlrm.nn.embeddings import TableShard
 from dlrm.scripts import cli
-from dlrm.training.checkpoint import CheckpointError, CheckpointLock, load_checkpoint
+from dlrm.training.checkpoint import CheckpointError, CheckpointLock, latest_checkpoint, load_checkpoint
 from dlrm.training.cuda_graphs import GraphedInference, check_cuda_graphs_supported
 from dlrm.training.logger import RunLogger
 from dlrm.training.lr_schedule import LRSchedule
@@ -136,6 +136,10 @@ flags.DEFINE_enum("preset", "none", ["none", "mlperf_dlrmv2"],
 flags.DEFINE_string("load_checkpoint_path", None, "Checkpoint directory to load; in train mode the run resumes from it.")
 flags.DEFINE_string("save_checkpoint_path", None, "Directory to save the checkpoint to (atomically) at the end.")
 flags.DEFINE_integer("checkpoint_freq", None, "Also save every this many steps.")
+flags.DEFINE_boolean("resume", False,
+                     "Resume from --save_checkpoint_path when it holds a checkpoint, else start afresh: one "
+                     "command for the first start and every restart (Spark stage retries, torchrun "
+                     "--max_restarts, a requeued job).")
 flags.DEFINE_boolean("skip_checkpoint_verify", False,
                      "Load --load_checkpoint_path without comparing its files' checksums with those saved in "
                      "meta.json (sizes, shapes and safe unpickling are still checked). For a damaged checkpoint "
@@ -249,6 +253,11 @@ def _validate_flags() -> None:
         raise app.UsageError("--max_table_size needs --hash_indices (ids above the cap must be mapped somewhere)")
     if FLAGS.mode == "test" and not FLAGS.load_checkpoint_path:
         raise app.UsageError("--mode test evaluates a trained model: pass --load_checkpoint_path")
+    if FLAGS.resume and not (FLAGS.mode == "train" and FLAGS.save_checkpoint_path):
+        raise app.UsageError("--resume resumes a training run from its own checkpoint: pass --save_checkpoint_path "
+                             "(and --checkpoint_freq to lose at most that many steps)")
+    if FLAGS.resume and FLAGS.load_checkpoint_path:
+        raise app.UsageError("--resume loads --save_checkpoint_path when it exists: drop --load_checkpoint_path")
     for name in ("batch_size", "test_batch_size", "epochs", "print_freq", "inference_benchmark_steps", "max_steps",
                  "test_freq", "checkpoint_freq", "max_table_size", "device_memory_gb", "dist_timeout"):
         if FLAGS[name].value is not None and not FLAGS[name].value > 0:  # "not >": NaN fails too
@@ -447,9 +456,9 @@ class _Run:
     source: Callable[[str, int], Any]  # (split, batch size) -> this process's source of the split, or None
     logger: RunLogger
 
-    def load(self, *args: Any, **kwargs: Any) -> Any:
-        return load_checkpoint(FLAGS.load_checkpoint_path, self.model, *args, verify=not FLAGS.skip_checkpoint_verify,
-                               **kwargs)
+    def load(self, *args: Any, path: str | None = None, **kwargs: Any) -> Any:
+        return load_checkpoint(path or FLAGS.load_checkpoint_path, self.model, *args,
+                               verify=not FLAGS.skip_checkpoint_verify, **kwargs)
 
 
 def _build(env: DistEnv | None, device: torch.device, collectives: Collectives, logger: RunLogger) -> _Run:
@@ -535,9 +544,10 @@ def _run_train(run: _Run) -> int:
     saves = FLAGS.save_checkpoint_path and run.collectives.rank == 0  # the first process renames into place
     with CheckpointLock(FLAGS.save_checkpoint_path) if saves else contextlib.nullcontext():
         state = None
-        if FLAGS.load_checkpoint_path:
-            state = run.load(optimizer, scaler, restore_rng=True)
-            run.logger.print(f"Resuming from {FLAGS.load_checkpoint_path} at step {state.step}")
+        resume_from = latest_checkpoint(FLAGS.save_checkpoint_path) if FLAGS.resume else FLAGS.load_checkpoint_path
+        if resume_from:
+            state = run.load(optimizer, scaler, restore_rng=True, path=resume_from)
+            run.logger.print(f"Resuming from {resume_from} at step {state.step}")
         train_source = run.source("train", FLAGS.batch_size)
         test_source = run.source("test", FLAGS.test_batch_size)
         _validate(run.collectives, train_source, test_source)

@@ -358,6 +358,15 @@ _META_KEYS = {"model_config": dict, "tables": list, "dense": dict, "train_state"
               "files": dict}
 
 
+def latest_checkpoint(path: str) -> str | None:
+    """The complete checkpoint a restarted run resumes from: ``path``, or ``path.old`` when a
+    save was cut off between its two renames; None when neither holds one (a first start)."""
+    for candidate in (path, f"{path.rstrip(os.sep)}.old"):
+        if os.path.isfile(os.path.join(candidate, META)):
+            return candidate
+    return None
+
+
 def read_meta(path: str) -> dict[str, Any]:
     """Reads and checks ``meta.json``: the checkpoint is complete, of a known format, and every
     file it lists has the size it was written with."""

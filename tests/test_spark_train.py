@@ -1,0 +1,134 @@
+"""Training launched on Spark (TorchDistributor, a barrier stage in local mode) is the torchrun
+run: the same losses and AUCs; and a run whose worker is killed resumes from its last checkpoint
+and ends where the uninterrupted run ends."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from dlrm.spark.launch import flag_args, local_session, parse_flag_args, train
+
+from test_torchrun import MODEL, dataset, launch  # noqa: F401 (a fixture)
+
+pytest.importorskip("pyspark")
+
+# 240 steps of 500 samples on 2 processes; a checkpoint every 40 steps.
+FLAGS = {
+    "batch_size": 500, "test_batch_size": 700, "lr": 0.5, "warmup_steps": 5, "decay_start_step": 0,
+    "decay_steps": 0, "print_freq": 40, "base_device": "cpu", "epochs": 20, "dist_timeout": 60,
+}
+STEPS, CHECKPOINT_FREQ = 240, 40
+
+
+def records(path, kind):
+    return [r for r in map(json.loads, open(path)) if r["type"] == kind]
+
+
+@pytest.fixture(scope="module")
+def spark():
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    session = local_session("local[2]")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module")
+def torchrun_log(dataset, tmp_path_factory):  # noqa: F811
+    log = str(tmp_path_factory.mktemp("torchrun") / "log.json")
+    launch(2, "--dataset", dataset, *MODEL, *flag_args(FLAGS), "--log_path", log)
+    return log
+
+
+def spark_flags(dataset, tmp_path):  # noqa: F811
+    return {"dataset": dataset, **parse_flag_args(MODEL), **FLAGS, "checkpoint_freq": CHECKPOINT_FREQ,
+            "save_checkpoint_path": str(tmp_path / "ckpt"), "log_path": str(tmp_path / "log.json")}
+
+
+def test_a_spark_run_is_the_torchrun_run(spark, dataset, torchrun_log, tmp_path):  # noqa: F811
+    flags = spark_flags(dataset, tmp_path)
+    summary = train(flags, num_processes=2, spark=spark)
+    assert summary["stop_reason"] == "completed" and summary["steps"] == STEPS
+    for kind, key in (("train", "loss"), ("eval", "auc")):
+        got, want = ([(r["step"], r[key]) for r in records(log, kind)] for log in (flags["log_path"], torchrun_log))
+        assert len(got) >= 6 and got == pytest.approx(want, rel=1e-12)
+    assert summary["best_auc"] == pytest.approx(records(torchrun_log, "summary")[0]["best_auc"], rel=1e-12)
+    assert os.path.isfile(os.path.join(flags["save_checkpoint_path"], "meta.json"))
+
+
+def _kill_rank_after_first_checkpoint(log_path: str, checkpoint: str, rank: int, killed: list) -> None:
+    """Waits for the run's first checkpoint, then SIGKILLs the training process of ``rank``
+    (found by its command line, which names this run's log, and its RANK)."""
+    deadline = time.time() + 240
+    while not os.path.isfile(os.path.join(checkpoint, "meta.json")):
+        if time.time() > deadline:
+            return
+        time.sleep(0.02)
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace").split("\0")
+            environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        is_worker = any(arg.endswith("dlrm/scripts/main.py") for arg in cmdline[:3])
+        if is_worker and any(log_path in arg for arg in cmdline) and f"RANK={rank}".encode() in environ:
+            os.kill(int(pid), signal.SIGKILL)
+            killed.append(int(pid))
+
+
+def test_a_killed_worker_fails_the_stage_and_the_next_attempt_resumes_exactly(spark, dataset, torchrun_log,  # noqa: F811
+                                                                              tmp_path):
+    flags = spark_flags(dataset, tmp_path)
+    killed = []
+    killer = threading.Thread(target=_kill_rank_after_first_checkpoint,
+                              args=(flags["log_path"], flags["save_checkpoint_path"], 1, killed))
+    killer.start()
+    summary = train(flags, num_processes=2, spark=spark, attempts=2)
+    killer.join()
+    assert len(killed) == 1, "no training process of rank 1 was found to kill"
+    summaries = records(flags["log_path"], "summary")
+    assert [s["stop_reason"] for s in summaries] == ["error", "completed"] and summary == summaries[-1]
+    resumed_at = summaries[0]["steps"] // CHECKPOINT_FREQ * CHECKPOINT_FREQ  # the first attempt's last checkpoint
+    assert CHECKPOINT_FREQ <= resumed_at < STEPS
+    # The second attempt's records from the checkpoint on equal the uninterrupted run's.
+    for kind, key in (("train", "loss"), ("eval", "auc")):
+        second = [(r["step"], r[key]) for r in records(flags["log_path"], kind)]
+        second = second[max(i for i, (step, _) in enumerate(second) if step <= resumed_at) + 1:]
+        want = [(step, value) for step, value in ((r["step"], r[key]) for r in records(torchrun_log, kind))
+                if step > resumed_at]
+        assert second == pytest.approx(want, rel=1e-12)
+    assert summary["best_auc"] == pytest.approx(records(torchrun_log, "summary")[0]["best_auc"], rel=1e-12)
+
+
+def test_bad_launches_are_refused_before_spark_starts(tmp_path):
+    base = {"log_path": str(tmp_path / "log.json"), "save_checkpoint_path": str(tmp_path / "ckpt")}
+    with pytest.raises(ValueError, match="`log_path` is needed"):
+        train({"save_checkpoint_path": base["save_checkpoint_path"]}, 2)
+    with pytest.raises(ValueError, match="`save_checkpoint_path` is 'ckpt': give an absolute path"):
+        train({**base, "save_checkpoint_path": "ckpt"}, 2)
+    with pytest.raises(ValueError, match="resumes from its own `save_checkpoint_path`"):
+        train({**base, "load_checkpoint_path": "/elsewhere"}, 2)
+    assert flag_args({"amp": True, "hash_indices": False, "lr": 0.5, "max_steps": None, "sizes": [1, 2]}) == [
+        "--amp", "--nohash_indices", "--lr=0.5", "--sizes=1,2"]
+    assert parse_flag_args(["--amp", "--lr", "0.5", "--sizes=1,2"]) == {"amp": True, "lr": "0.5", "sizes": "1,2"}
+
+
+def test_the_command_line_needs_training_flags_and_shared_paths():
+    base = [sys.executable, "-m", "dlrm.scripts.spark_train", "--num_processes", "2"]
+    proc = subprocess.run(base, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "give dlrm.scripts.main's flags after --" in proc.stderr
+    proc = subprocess.run([*base, "--", "--log_path", "/tmp/x.json"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--save_checkpoint_path is needed" in proc.stderr
+
+
+def test_resume_needs_its_own_checkpoint_path(cli):
+    proc = cli("dlrm.scripts.main", "--resume", "--max_steps", "1", check=False)
+    assert proc.returncode == 2 and "--resume resumes a training run from its own checkpoint" in proc.stderr
+    proc = cli("dlrm.scripts.main", "--resume", "--save_checkpoint_path", "/tmp/a", "--load_checkpoint_path", "/tmp/b",
+               check=False)
+    assert proc.returncode == 2 and "drop --load_checkpoint_path" in proc.stderr
