@@ -6,8 +6,9 @@ labels; temporaries a killed run left behind are removed first) in row order: un
 fragments are streamed in the order given; the buckets of a shuffled split are loaded one at a
 time and sorted by (key, position). Nothing replaces an existing dataset unless every split has
 rows and was written completely: the old spec is removed first (so a crash while renaming leaves
-no spec rather than a wrong one), then the files are renamed into place, then the new spec is
-written.
+no spec rather than a wrong one), then the files are renamed into place, then the vocabulary the
+ids came from replaces ``<output>/vocabulary`` (``vocab.save_dataset_vocabulary``), then the new
+spec is written: a dataset with a spec always has the vocabulary of its ids.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from preproc.fragments import record_dtype
 from preproc.job import NUM_CATEGORICAL, NUM_NUMERICAL, Job, Result
 from preproc.progress import Progress
 from preproc.report import empty_split_error, skipped_text
+from preproc.vocab import save_dataset_vocabulary
 from preproc.workdir import WorkDir
 
 _WRITE_ROWS = 1 << 18
@@ -71,8 +73,9 @@ def _write_split(writer: SplitBinaryWriter, frags: SplitFragments, advance: Call
 
 def write_dataset(output_dir: str, cardinalities: list[int], splits: dict[str, SplitFragments], split_files: dict[str, list[str]],
                   metadata_for: Callable[[dict[str, int]], dict], advance: Callable[[int], None] = lambda n: None,
-                  skipped: dict | None = None) -> FeatureSpec:
-    """Write every split, then the spec (whose metadata ``metadata_for(rows per split)`` gives)."""
+                  skipped: dict | None = None, vocabulary: str | None = None) -> FeatureSpec:
+    """Write every split, then the vocabulary saved in directory ``vocabulary`` (if given) as
+    ``<output_dir>/vocabulary``, then the spec (whose metadata ``metadata_for(rows per split)`` gives)."""
     os.makedirs(output_dir, exist_ok=True)
     spec = FeatureSpec.default(NUM_NUMERICAL, cardinalities, splits=list(splits), base_directory=os.path.abspath(output_dir))
     writers = [SplitBinaryWriter(spec, name) for name in splits]
@@ -92,6 +95,8 @@ def write_dataset(output_dir: str, cardinalities: list[int], splits: dict[str, S
         os.unlink(old_spec)
     for writer in writers:
         writer.close()
+    if vocabulary is not None:
+        save_dataset_vocabulary(output_dir, vocabulary)
     spec.to_yaml(output_dir)
     return spec
 
@@ -104,10 +109,11 @@ def record_dtypes(job: Job, cardinalities: list[int]) -> dict[str, np.dtype]:
 
 
 def write_job_dataset(job: Job, cardinalities: list[int], fragments: dict[str, list[list[str]]], total_rows: int,
-                      skipped: dict, progress: Progress) -> FeatureSpec:
+                      skipped: dict, progress: Progress, vocabulary: str) -> FeatureSpec:
     """``write_dataset`` for a ``Job`` (its output directory, input files and metadata), shown
     as the ``assemble`` phase of ``progress``; what both engines end with. ``fragments[split][b]``
-    lists bucket b's fragment files in row order."""
+    lists bucket b's fragment files in row order; ``vocabulary`` is the work directory's saved
+    vocabulary, kept with the dataset."""
     dtypes = record_dtypes(job, cardinalities)
     splits = {s: SplitFragments(dtypes[s], fragments[s], sort=job.shuffled(s)) for s in job.splits}
     progress.begin("assemble", total_rows)
@@ -120,7 +126,7 @@ def write_job_dataset(job: Job, cardinalities: list[int], fragments: dict[str, l
 
     spec = write_dataset(
         job.output_dir, cardinalities, splits, {s: job.split_files(s) for s in job.splits},
-        lambda rows: job.metadata(rows, skipped), advance, skipped,
+        lambda rows: job.metadata(rows, skipped), advance, skipped, vocabulary,
     )
     progress.end()
     return spec

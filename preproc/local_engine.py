@@ -8,7 +8,8 @@ Stages, each resumable per input file (see ``workdir``):
 2. **vocab**: merge the runs partition by partition into the vocabulary (``vocab``).
 3. **transform** every input file: parse again, map values to ids, compute float16 numericals,
    write packed records per (split, shuffle bucket) (``tasks.transform_task``).
-4. **assemble**: write the dataset and spec (``assemble``) and remove the work directory.
+4. **assemble**: write the dataset, its vocabulary (``<output>/vocabulary``) and spec
+   (``assemble``), and remove the work directory.
 
 Chunks of 32 MiB of lines are parsed by a pool of worker processes (``workers``) and consumed
 in order, so memory stays bounded by the number of chunks in flight, the count buffer and one
@@ -302,7 +303,7 @@ class LocalEngine:
                 for b in range(buckets)
             ]
         total = sum(sum(m["rows"].values()) for m in fragments)
-        return write_job_dataset(job, cardinalities, files, total, skipped, self.progress)
+        return write_job_dataset(job, cardinalities, files, total, skipped, self.progress, work.file("vocab"))
 
 
 def preprocess_local(job: Job, progress: Progress | None = None, workers: int | None = None,

@@ -26,6 +26,8 @@ Output (a split-binary dataset, see docs/data_format.md):
 - thresholds: an int for every column, or a dict {TSV field index (14..39): threshold} as in
   NVIDIA's ``--frequency_limit`` (``14`` is C1), where the key ``None`` holds the default of the
   columns not listed (0, i.e. no threshold, when absent). Thresholds 0 and 1 keep every value.
+- vocabulary: the kept values of each column in id order, saved as ``<output>/vocabulary``
+  (``vocab.Vocabulary``, the engines' format) so raw rows can be mapped to the same ids later.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from dlrm.data.batch import Batch
 from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import FeatureSpec
 from dlrm.data.split_binary import SplitBinaryWriter
+from preproc.vocab import Vocabulary, save_dataset_vocabulary
 
 NUM_NUMERICAL = 13
 NUM_CATEGORICAL = 26
@@ -309,6 +312,8 @@ def reference_preprocess(
         raise
     for writer in writers:
         writer.close()
+    by_id = [sorted(v, key=v.__getitem__) for v in vocabularies]  # each column's kept values in id order
+    save_dataset_vocabulary(output_dir, Vocabulary.build([[int(h, 16) for h in values] for values in by_id]))
 
     skipped = errors.summary()
     spec.metadata = {

@@ -39,11 +39,11 @@ def classify_bad(bad: list[tuple[int, bytes]]) -> list[tuple[int, str, str]]:
     return out
 
 
-def malformed_error(path: str, line: int, detail: str) -> DatasetError:
-    return DatasetError(
-        f"{path}, line {line}: {detail}; fix or drop the line, or rerun with --on_error skip "
-        f"(on_error='skip') to leave out malformed lines"
-    )
+def malformed_error(path: str, line: int, detail: str, skip: str = "rerun with --on_error skip (on_error='skip')",
+                    what: str = "line") -> DatasetError:
+    """The fail-mode error of a malformed line: where it is, why, and how to go on (``skip``:
+    how to leave such lines out; the library functions name only their parameter)."""
+    return DatasetError(f"{path}, {what} {line}: {detail}; fix or drop the {what}, or {skip} to leave out malformed {what}s")
 
 
 @dataclass

@@ -13,7 +13,8 @@ Criteo day is always alone), each group a unit of resume, in four stages:
 3. **vocab**: counts summed over groups, filtered by threshold, ranked with
    ``row_number() over (partition by column order by count desc, value asc)``.
    The driver collects the ranking into the same hash table the single-machine engine uses
-   (``vocab.Vocabulary``), saved in the work directory.
+   (``vocab.Vocabulary``), saved in the work directory (and, at the end, kept with the
+   dataset as ``<output>/vocabulary``).
 4. **rows** (per group): a sort by (split, shuffle bucket, sort key, position), and
    ``mapInArrow`` tasks that map values to ids with that table (memory-mapped), compute the
    float16 numericals and write packed records (``spark_worker``), which the driver assembles
@@ -538,7 +539,8 @@ class SparkEngine:
                     lists[f["bucket"]].append(work.file(f"spark/rows/g{g}", f["name"]))
             files[split] = lists
         total = sum(f["rows"] for m in markers for f in m["fragments"])
-        return write_job_dataset(job, cardinalities, files, total, skipped, self.progress)
+        return write_job_dataset(job, cardinalities, files, total, skipped, self.progress,
+                                 work.file("spark/vocab", "table"))
 
 
 def preprocess_spark(job: Job, progress: Progress | None = None, spark=None, master: str = "local[*]",

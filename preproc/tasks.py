@@ -18,7 +18,7 @@ from preproc.counting import count_chunk
 from preproc.fragments import make_records
 from preproc.numeric import LogTable
 from preproc.order import bucket_of, position, shuffle_key
-from preproc.parse import parse_chunk
+from preproc.parse import Chunk, parse_chunk
 from preproc.vocab import Vocabulary
 
 
@@ -56,6 +56,15 @@ def scan_task(data: bytes, first_line: int, ranges: list[tuple[str, int, int]]) 
     return ScanResult(chunk.lines, chunk.bad, keys, counts, good)
 
 
+def transform_chunk(data: bytes, first_line: int, table: LogTable, vocab: Vocabulary) -> tuple[Chunk, np.ndarray, np.ndarray]:
+    """The transform of every well-formed line of a chunk: (the parsed chunk, float16
+    numericals [n, 13], int64 ids [n, 26]) for ``chunk.rows``; ``chunk.bad`` holds the rest.
+    What the engines write for a row, and what ``preproc.transform`` gives a scoring caller."""
+    chunk = parse_chunk(data, first_line)
+    rows = chunk.rows
+    return chunk, rows.numerical(table), vocab.lookup(rows.hashes, rows.hash_present)
+
+
 @dataclass
 class TransformResult:
     lines: int
@@ -66,10 +75,8 @@ class TransformResult:
 def transform_task(data: bytes, first_line: int, file_index: int, ranges: list[tuple[str, int, int]], vocab_dir: str,
                    table: LogTable, dtypes: dict[str, np.dtype], shuffle_seed: int | None, bucket_bits: int) -> TransformResult:
     """Parse a chunk and turn its rows into records per (split, bucket)."""
-    chunk = parse_chunk(data, first_line)
+    chunk, numerical, ids = transform_chunk(data, first_line, table, Vocabulary.load(vocab_dir))
     rows = chunk.rows
-    numerical = rows.numerical(table)
-    ids = Vocabulary.load(vocab_dir).lookup(rows.hashes, rows.hash_present)
     out: dict[tuple[str, int], np.ndarray] = {}
     for split, a, b in ranges:
         sel = np.flatnonzero((rows.line >= a) & (rows.line <= b))

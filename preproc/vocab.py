@@ -8,11 +8,21 @@ Lookups use one open-addressing hash table for all columns (linear probing, Fibo
 load factor <= 1/4) probed with whole-array numpy operations on blocks of rows, so a chunk
 costs a few cache-resident passes instead of a dict lookup per value. The table is saved as a
 .npy file so it can be memory-mapped.
+
+A finished dataset keeps the vocabulary its ids came from in ``<dataset>/vocabulary/``
+(``save_dataset_vocabulary``, ``load_dataset_vocabulary``), so raw rows can be scored later
+with the same ids (``preproc.transform``).
+
+This module is imported by Spark's Python workers, which get the ``preproc`` package only:
+it depends on numpy at import time (``dlrm`` is imported inside the driver-side functions).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+from typing import Callable
+
 import numpy as np
 
 _FIB = np.uint64(0x9E3779B97F4A7C15)
@@ -128,3 +138,94 @@ class Vocabulary:
         sizes = np.load(os.path.join(directory, "sizes.npy")).tolist()
         table = np.load(os.path.join(directory, "table.npy"), mmap_mode="r" if mmap else None)
         return cls(sizes, table)
+
+
+VOCABULARY_FILES = ("sizes.npy", "table.npy")
+DATASET_VOCABULARY_DIR = "vocabulary"  # <dataset>/vocabulary: the vocabulary the dataset's ids came from
+
+
+def _link_or_copy(source_dir: str) -> Callable[[str], None]:
+    """Fills a directory with the files of the vocabulary saved in ``source_dir``: hard links
+    when on the same filesystem (no copy of a multi-GB table; saved files are never modified in
+    place, a rebuild writes new ones), copies otherwise."""
+
+    def fill(directory: str) -> None:
+        for name in VOCABULARY_FILES:
+            src, dst = os.path.join(source_dir, name), os.path.join(directory, name)
+            try:
+                os.link(src, dst)
+            except OSError:
+                shutil.copyfile(src, dst)
+
+    return fill
+
+
+def save_dataset_vocabulary(dataset_dir: str, source: Vocabulary | str) -> None:
+    """Put ``source`` (a ``Vocabulary``, or the directory of a saved one) into
+    ``<dataset_dir>/vocabulary``, atomically: it is written into a temporary sibling directory,
+    flushed, and renamed into place; an old vocabulary is moved aside just before and deleted
+    after. A failure leaves the old vocabulary in place (or, killed between the two renames,
+    none: never a half-written one); temporaries a killed writer left are removed first."""
+    from dlrm.data.atomic import fsync_dir, remove_stale_temporaries, temporary_name
+
+    target = os.path.join(os.path.abspath(dataset_dir), DATASET_VOCABULARY_DIR)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    remove_stale_temporaries(target)
+    staged = temporary_name(target)
+    os.makedirs(staged)
+    try:
+        if isinstance(source, Vocabulary):
+            source.save(staged)
+        else:
+            _link_or_copy(source)(staged)
+        for name in VOCABULARY_FILES:
+            with open(os.path.join(staged, name), "rb") as f:
+                os.fsync(f.fileno())
+        fsync_dir(staged)
+        old = None
+        if os.path.lexists(target):
+            old = temporary_name(target)
+            os.rename(target, old)
+        try:
+            os.rename(staged, target)
+        except BaseException:
+            if old is not None:
+                os.rename(old, target)
+            raise
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    fsync_dir(os.path.dirname(target))
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def load_dataset_vocabulary(dataset_dir: str, mmap: bool = True) -> Vocabulary:
+    """The vocabulary a preprocessed dataset's categorical ids came from (``<dataset_dir>/vocabulary``),
+    checked against the dataset's ``feature_spec.yaml`` when there is one. The table is
+    memory-mapped unless ``mmap`` is false. Raises ``DatasetError`` naming the path and the fix
+    when the dataset has none (made before datasets kept it, or by another tool)."""
+    from dlrm.data.errors import DatasetError
+
+    directory = os.path.join(dataset_dir, DATASET_VOCABULARY_DIR)
+    missing = [name for name in VOCABULARY_FILES if not os.path.isfile(os.path.join(directory, name))]
+    if missing:
+        raise DatasetError(
+            f"{directory}: no vocabulary ({', '.join(missing)} not found); the dataset was made before "
+            f"preprocessing kept its vocabulary, or by another tool. Re-run preprocessing with the same "
+            f"settings into {dataset_dir} (python -m preproc ... --output {dataset_dir}): a run that kept its "
+            f"work directory (--keep_work_dir, keep_work_dir=True) resumes and redoes only the final write; "
+            f"otherwise the whole run is redone"
+        )
+    vocab = Vocabulary.load(directory, mmap=mmap)
+    if os.path.isfile(os.path.join(dataset_dir, "feature_spec.yaml")):
+        from dlrm.data.feature_spec import FeatureSpec
+
+        spec = FeatureSpec.from_yaml(dataset_dir)
+        if list(spec.cardinalities) != vocab.cardinalities:
+            raise DatasetError(
+                f"{directory} does not belong to the dataset: its cardinalities {vocab.cardinalities} differ "
+                f"from those of {os.path.join(dataset_dir, 'feature_spec.yaml')} {list(spec.cardinalities)}; "
+                f"re-run preprocessing into {dataset_dir}"
+            )
+    return vocab

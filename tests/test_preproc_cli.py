@@ -111,7 +111,7 @@ def test_killed_run_resumes_to_the_same_dataset(tmp_path):
             a = os.path.join(root, name)
             b = os.path.join(out, os.path.relpath(a, tmp_path / "whole"))
             assert open(a, "rb").read() == open(b, "rb").read(), b
-    assert sorted(os.listdir(out)) == ["feature_spec.yaml", "test", "train", "validation"]
+    assert sorted(os.listdir(out)) == ["feature_spec.yaml", "test", "train", "validation", "vocabulary"]
 
 
 def test_scripts_are_shellcheck_clean():

@@ -34,6 +34,7 @@ from dlrm.data.synthetic import MLPERF_DLRMV2_CARDINALITIES, MLPERF_MULTI_HOT_SI
 from dlrm.distributed.collectives import GRADIENT_SYNC, Collectives, process_group_collectives
 from dlrm.distributed.parallelize import parallelize
 from dlrm.distributed.planner import PlanError, format_plan, load_placement, plan_tables
+from dlrm.distributed.sizing import format_sizing, size_processes
 from dlrm.distributed.process_group import DistEnv, device_memory_bytes, dist_env, init_process_group
 from dlrm.inference.benchmark import benchmark_inference, exported_forward, format_table
 from dlrm.model.dlrm import DLRM, EMBEDDING_DTYPES, DLRMConfig
@@ -50,9 +51,12 @@ from dlrm.training.optimizers import DENSE_OPTIMIZERS, EMBEDDING_OPTIMIZERS, Opt
 FLAGS = flags.FLAGS
 
 # Run
-flags.DEFINE_enum("mode", "train", ["train", "test", "inference_benchmark"],
+flags.DEFINE_enum("mode", "train", ["train", "test", "inference_benchmark", "plan"],
                   "train: train (and test as scheduled); test: evaluate --load_checkpoint_path on the test split; "
-                  "inference_benchmark: latency and throughput per batch size.")
+                  "inference_benchmark: latency and throughput per batch size; plan: the memory per process and "
+                  "the fewest processes (GPUs, Spark tasks) the model and --batch_size need on devices of "
+                  "--device_memory_gb, without building the model.")
+flags.DEFINE_integer("plan_max_processes", 64, "--mode plan: the most processes considered.", lower_bound=1)
 flags.DEFINE_integer("seed", 12345, "Random seed for initialisation, batch order and synthetic data.")
 flags.DEFINE_string("base_device", None, "Device to run on: cuda, cuda:N or cpu. Default: cuda if available, else cpu.")
 flags.DEFINE_boolean("amp", False, "Automatic mixed precision through torch.amp (see --amp_dtype).")
@@ -461,12 +465,8 @@ class _Run:
                                verify=not FLAGS.skip_checkpoint_verify, **kwargs)
 
 
-def _build(env: DistEnv | None, device: torch.device, collectives: Collectives, logger: RunLogger) -> _Run:
-    """Precision, data and the model (placed by the planner in a multi-process run)."""
-    try:
-        precision = Precision.parse(FLAGS.amp, FLAGS.amp_dtype, device)
-    except ValueError as e:
-        raise app.UsageError(str(e)) from None
+def _config(device: torch.device) -> tuple[DataConfig, FeatureSpec, DLRMConfig]:
+    """The data and the model the flags describe (nothing built, nothing read but the spec)."""
     dataset_type = FLAGS.dataset_type or ("split_binary" if FLAGS.dataset else "synthetic")
     data_cfg = DataConfig(
         dataset=FLAGS.dataset,
@@ -504,6 +504,16 @@ def _build(env: DistEnv | None, device: torch.device, collectives: Collectives, 
         model_cfg.validate()
     except ValueError as e:
         raise app.UsageError(str(e)) from None
+    return data_cfg, spec, model_cfg
+
+
+def _build(env: DistEnv | None, device: torch.device, collectives: Collectives, logger: RunLogger) -> _Run:
+    """Precision, data and the model (placed by the planner in a multi-process run)."""
+    try:
+        precision = Precision.parse(FLAGS.amp, FLAGS.amp_dtype, device)
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
+    data_cfg, spec, model_cfg = _config(device)
     logger.record("flags", **_our_flags())
     if env is None:
         host_tables = _plan_one_device(model_cfg, device, logger)
@@ -518,7 +528,7 @@ def _build(env: DistEnv | None, device: torch.device, collectives: Collectives, 
     n_params = sum(p.numel() for p in model.parameters())
     held = "" if env is None else f" on rank 0 of {env.world_size}"
     logger.print(f"DLRM: {len(model_cfg.table_sizes)} tables, {n_params:,} parameters{held}, device {device}, "
-                 f"precision {precision}, data {dataset_type}{' ' + FLAGS.dataset if FLAGS.dataset else ''}")
+                 f"precision {precision}, data {data_cfg.dataset_type}{' ' + FLAGS.dataset if FLAGS.dataset else ''}")
     if FLAGS.cuda_graphs:  # before any data is read; the training step checks again as a library guard
         try:
             check_cuda_graphs_supported(model, device, collectives.world_size, training=FLAGS.mode == "train")
@@ -622,6 +632,37 @@ def _run_inference_benchmark(run: _Run) -> int:
     return 0
 
 
+def _run_plan(device: torch.device) -> int:
+    """--mode plan: per-process memory for 1, 2, 4, ... processes and the fewest that fit."""
+    if FLAGS.device_memory_gb is None and device.type != "cuda":
+        raise app.UsageError("--mode plan sizes for the devices the run will use: pass --device_memory_gb "
+                             "(e.g. 80 for an H100)")
+    _, _, model_cfg = _config(device)
+    device_bytes = int(FLAGS.device_memory_gb * 2**30) if FLAGS.device_memory_gb else device_memory_bytes(device, 1)
+    optimizer = _optimizer_config()
+    common = dict(state_bytes_per_row=optimizer.state_bytes_per_row(model_cfg.embedding_dim),
+                  bytes_per_value=_bytes_per_value(model_cfg), dense_state_bytes=4 * (optimizer.dense_optimizer == "adagrad"),
+                  compute_bytes=2 if FLAGS.amp else 4)
+    counts = list(range(1, FLAGS.plan_max_processes + 1))
+    sizings = size_processes(model_cfg, FLAGS.batch_size, device_bytes, counts, **common)
+    fits = [s for s in sizings if s.plan is not None]
+    shown = [s for s in sizings if s.processes & (s.processes - 1) == 0 or (fits and s is fits[0])]
+    print(f"DLRM: {len(model_cfg.table_sizes)} tables, {sum(model_cfg.table_sizes):,} rows, dim "
+          f"{model_cfg.embedding_dim}, batch {FLAGS.batch_size}, {optimizer.embedding} tables, "
+          f"{'AMP' if FLAGS.amp else 'fp32'} compute")
+    print(format_sizing(shown, device_bytes))
+    if not fits:
+        print(f"No number of processes up to {FLAGS.plan_max_processes} fits: raise --plan_max_processes, lower "
+              "--batch_size, or use --embedding_dtype bf16")
+        return 1
+    best = fits[0]
+    print(f"\nFewest processes: {best.processes}. Their placement:\n{format_plan(best.plan)}")
+    print(f"\nOn Spark: python -m dlrm.scripts.spark_train --num_processes {best.processes} --use_gpu "
+          f"--spark_conf spark.task.resource.gpu.amount=1 -- <these flags>: {best.processes} tasks of one GPU "
+          "(spark.executor.resource.gpu.amount = GPUs per executor, spark.executor.cores at least that many)")
+    return 0
+
+
 MODES = {"train": _run_train, "test": _run_test, "inference_benchmark": _run_inference_benchmark}
 
 
@@ -632,6 +673,10 @@ def _main(argv: list[str], env: DistEnv | None) -> int:
     _apply_preset()
     _validate_flags()
     device = _device(env)
+    if FLAGS.mode == "plan":
+        if env is not None:
+            raise app.UsageError("--mode plan sizes a run without running it: start it without torchrun")
+        return _run_plan(device)
     collectives = Collectives()
     if env is not None:
         if FLAGS.mode == "inference_benchmark":
