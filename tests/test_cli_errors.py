@@ -44,6 +44,7 @@ CLIS = {
     "preproc": ["-m", "preproc"],
     "main": ["-m", "dlrm.scripts.main"],
     "spark_train": ["-m", "dlrm.scripts.spark_train"],
+    "spark_score": ["-m", "dlrm.scripts.spark_score"],
 }
 
 
@@ -71,6 +72,7 @@ HELP = [
     Case("preproc", "--help", "--frequency_threshold", 0),
     Case("main", "--help", "--inference_benchmark_batch_sizes", 0),
     Case("spark_train", "--help", "--spark_conf", 0),
+    Case("spark_score", "--help", "--raw", 0),
 ]
 
 # Fixture paths: missing (absent), file (random bytes), dir (empty directory), ckpt_damaged

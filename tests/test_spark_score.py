@@ -74,6 +74,18 @@ def test_scored_split_has_the_offline_auc_and_the_eager_probabilities(spark, dat
     assert roc_auc_score(scored["label"], scored[OUTPUT]) == pytest.approx(offline_auc, abs=1e-6)
 
 
+def test_cli_writes_parquet_and_prints_the_offline_auc(dataset, trained, cli, tmp_path):  # noqa: F811
+    _, model_path, offline_auc = trained
+    out = str(tmp_path / "scores.parquet")
+    stdout = cli("dlrm.scripts.spark_score", "--model", model_path, "--dataset", dataset, "--split", "test",
+                 "--output", out, "--spark_master", "local[2]").stdout
+    assert "wrote 3,000 rows" in stdout
+    assert float(stdout.split("auc ")[1].split()[0]) == pytest.approx(offline_auc, abs=2e-6)
+    import pandas as pd
+
+    assert len(pd.read_parquet(out)) == 3000
+
+
 def test_score_refuses_rows_that_do_not_fit_the_model(spark, dataset, trained):  # noqa: F811
     _, model_path, _ = trained
     rows = read_dataset(spark, dataset, "test")
