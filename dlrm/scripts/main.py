@@ -658,7 +658,8 @@ def _run_plan(device: torch.device) -> int:
     best = fits[0]
     print(f"\nFewest processes: {best.processes}. Their placement:\n{format_plan(best.plan)}")
     print(f"\nOn Spark: python -m dlrm.scripts.spark_train --num_processes {best.processes} --use_gpu "
-          f"--spark_conf spark.task.resource.gpu.amount=1 -- <these flags>: {best.processes} tasks of one GPU "
+          f"--spark_conf spark.task.resource.gpu.amount=1 -- <these flags>: {best.processes} task"
+          f"{'s' if best.processes > 1 else ''} of one GPU "
           "(spark.executor.resource.gpu.amount = GPUs per executor, spark.executor.cores at least that many)")
     return 0
 
