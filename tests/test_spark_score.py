@@ -5,6 +5,7 @@ import json
 import os
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from sklearn.metrics import roc_auc_score
@@ -14,6 +15,7 @@ from dlrm.data.split_binary import SplitBinaryReader
 from dlrm.inference.export import build_inference_model, export_onnx
 from dlrm.spark.launch import local_session
 from dlrm.spark.score import OUTPUT, prepare_raw_rows, prepared_columns, read_dataset, score
+from preproc.transform import COLUMNS
 
 from test_preproc_transform_rows import _split_lines
 from test_preproc_transform_rows import dataset as criteo_dataset  # noqa: F401 (fixtures)
@@ -81,8 +83,6 @@ def test_cli_writes_parquet_and_prints_the_offline_auc(dataset, trained, cli, tm
                  "--output", out, "--spark_master", "local[2]").stdout
     assert "wrote 3,000 rows" in stdout
     assert float(stdout.split("auc ")[1].split()[0]) == pytest.approx(offline_auc, abs=2e-6)
-    import pandas as pd
-
     assert len(pd.read_parquet(out)) == 3000
 
 
@@ -112,6 +112,14 @@ def test_raw_criteo_rows_score_as_their_preprocessed_rows(spark, criteo_dataset,
     lines = [line.decode() for line in _split_lines(inputs)["test"]]
     raw = spark.createDataFrame([(line,) for line in lines], "value string").repartition(2)
     scored = score(prepare_raw_rows(raw, str(out)), model_path).toPandas()
+    # The same rows as a Parquet table of the 40 fields (counts as nullable ints, categories as text).
+    table = pd.DataFrame([line.split("\t") for line in lines], columns=COLUMNS).replace("", None)
+    for column in COLUMNS[:14]:
+        table[column] = pd.to_numeric(table[column]).astype("Int64")
+    table.to_parquet(tmp_path / "raw.parquet")
+    from_parquet = score(prepare_raw_rows(spark.read.parquet(str(tmp_path / "raw.parquet")), str(out)),
+                         model_path).toPandas()
+    assert sorted(from_parquet[OUTPUT].tolist()) == sorted(scored[OUTPUT].tolist())
     spec = FeatureSpec.from_yaml(str(out))
     with SplitBinaryReader(spec, "test", len(lines)) as reader:
         batch = reader.read_batch(0)
@@ -129,3 +137,9 @@ def test_raw_rows_of_a_dataset_without_vocabulary_are_refused_on_the_driver(spar
     raw = spark.createDataFrame([("0" + "\t" * 39,)], "value string")
     with pytest.raises(DatasetError, match="vocabulary"):
         prepare_raw_rows(raw, dataset)
+
+
+def test_raw_rows_need_lines_or_the_forty_fields(spark, criteo_dataset):  # noqa: F811
+    _, out = criteo_dataset
+    with pytest.raises(ValueError, match="give TSV lines in column 'value'"):
+        prepare_raw_rows(spark.createDataFrame([("x", 1)], "label string, I1 int"), str(out))

@@ -5,8 +5,8 @@ Rows come in one of two forms, both flat columns that Arrow hands to pandas with
 - prepared rows: ``label`` (optional), ``num_0 .. num_{N-1}`` (the numerical features as
   preprocessing wrote them: log-transformed) and ``cat_0 .. cat_{F-1}`` (ids);
   ``read_dataset`` reads a split of a split-binary dataset in that form;
-- raw Criteo rows (TSV lines: label, 13 counts, 26 hashed categories): ``prepare_raw_rows``
-  turns them into prepared rows with preprocessing's own transform and the vocabulary the
+- raw Criteo rows (TSV lines, or the 40 fields as columns ``label, I1..I13, C1..C26``):
+  ``prepare_raw_rows`` turns them into prepared rows with preprocessing's own transform and the vocabulary the
   dataset was made with (``<dataset>/vocabulary``), so that a row scores as it trained.
 
 ``score`` runs the ONNX export (``python -m dlrm.scripts.export``) with ONNX Runtime in
@@ -68,29 +68,40 @@ def read_dataset(spark: Any, dataset_dir: str, split: str, rows_per_partition: i
         read, _prepared_schema(spec.num_numerical, spec.num_categorical))
 
 
-def prepare_raw_rows(lines: Any, dataset_dir: str, line_column: str = "value") -> Any:
-    """Raw Criteo TSV lines (the DataFrame ``spark.read.text`` gives: one string column
-    ``line_column``) as prepared rows, with the transform and vocabulary of preprocessing; a
-    malformed line fails the task with the line and the reason."""
-    from preproc.transform import transform_lines
+def prepare_raw_rows(raw: Any, dataset_dir: str, line_column: str = "value") -> Any:
+    """Raw Criteo rows as prepared rows, with the transform and vocabulary of preprocessing.
+
+    ``raw`` holds either TSV lines, one string column ``line_column`` (what ``spark.read.text``
+    gives), or the 40 fields as columns ``label, I1..I13, C1..C26`` (e.g. a Parquet table; any
+    column type, taken as text, null for a missing value). A malformed row fails its task with
+    the row and the reason."""
+    from preproc.transform import COLUMNS, transform_columns, transform_lines
     from preproc.vocab import load_dataset_vocabulary
 
     load_dataset_vocabulary(dataset_dir)  # a dataset without one fails here, on the driver
     numerical, categorical = prepared_columns(13, 26)
+    fields = all(c in raw.columns for c in COLUMNS)
+    if not fields and line_column not in raw.columns:
+        raise ValueError(f"the raw rows have columns {raw.columns}: give TSV lines in column {line_column!r} "
+                         f"(`line_column`) or the fields as columns {COLUMNS[0]}, I1..I13, C1..C26")
+    selected = raw.select(*[raw[c].cast("string") for c in COLUMNS]) if fields else raw.select(line_column)
 
     def transform(batches: Iterator[Any]) -> Iterator[Any]:
         import pandas as pd
 
         vocabulary = load_dataset_vocabulary(dataset_dir)
         for frame in batches:
-            text = "".join(line + "\n" for line in frame[line_column])
-            rows = transform_lines(text.encode(), vocabulary, source=f"{line_column} column")
+            if fields:
+                rows = transform_columns(frame, vocabulary)
+            else:
+                text = "".join(line + "\n" for line in frame[line_column])
+                rows = transform_lines(text.encode(), vocabulary, source=f"{line_column} column")
             columns = {LABEL: rows.label.astype(np.int32)}
             columns.update(zip(numerical, rows.numerical.astype(np.float32).T))
             columns.update(zip(categorical, rows.categorical.T))
             yield pd.DataFrame(columns)
 
-    return lines.select(line_column).mapInPandas(transform, _prepared_schema(13, 26))
+    return selected.mapInPandas(transform, _prepared_schema(13, 26))
 
 
 def _columns(names: Sequence[str], prefix: str) -> list[str]:
