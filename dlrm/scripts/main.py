@@ -34,8 +34,8 @@ from dlrm.data.synthetic import MLPERF_DLRMV2_CARDINALITIES, MLPERF_MULTI_HOT_SI
 from dlrm.distributed.collectives import GRADIENT_SYNC, Collectives, process_group_collectives
 from dlrm.distributed.parallelize import parallelize
 from dlrm.distributed.planner import PlanError, format_plan, load_placement, plan_tables
-from dlrm.distributed.sizing import format_sizing, size_processes
 from dlrm.distributed.process_group import DistEnv, device_memory_bytes, dist_env, init_process_group
+from dlrm.distributed.sizing import format_sizing, size_processes
 from dlrm.inference.benchmark import benchmark_inference, exported_forward, format_table
 from dlrm.model.dlrm import DLRM, EMBEDDING_DTYPES, DLRMConfig
 from dlrm.model.precision import Precision
