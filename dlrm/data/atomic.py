@@ -114,3 +114,29 @@ def write_text_atomically(path: str | os.PathLike, text: str) -> None:
             f.write(text)
 
     write_atomically(path, write)
+
+
+def check_writable_dir(path: str | os.PathLike, overwrite: bool) -> None:
+    """``path`` may become a dataset directory: absent, empty, or (with ``overwrite``) replaceable."""
+    path = os.fspath(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise FileExistsError(f"{path} exists and is not a directory")
+    if os.path.isdir(path) and os.listdir(path) and not overwrite:
+        raise FileExistsError(f"{path} is not empty; choose another directory or pass `overwrite=True`")
+
+
+def replace_dir(staging: str | os.PathLike, path: str | os.PathLike, overwrite: bool) -> None:
+    """Renames the finished directory ``staging`` to ``path``. An old ``path`` is moved aside
+    first (into a temporary directory that the next write removes if we die here), then
+    deleted: no moment leaves a half-written directory at ``path``."""
+    path = os.fspath(path)
+    check_writable_dir(path, overwrite)  # again: the directory may have been filled meanwhile
+    old = None
+    if os.path.isdir(path):
+        old = temporary_name(path)
+        os.mkdir(old)
+        os.replace(path, os.path.join(old, "dataset"))
+    os.replace(staging, path)
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

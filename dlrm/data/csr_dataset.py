@@ -26,7 +26,7 @@ from typing import BinaryIO, Iterator
 import numpy as np
 import torch
 
-from dlrm.data.atomic import fsync_dir, remove_stale_temporaries, temporary_name
+from dlrm.data.atomic import check_writable_dir, fsync_dir, remove_stale_temporaries, replace_dir, temporary_name
 from dlrm.data.errors import DatasetError
 
 FORMAT = "dlrm-csr"
@@ -79,7 +79,7 @@ class CsrWriter:
         if not 0 <= int(n_features) <= _MAX_FEATURES:
             raise ValueError(f"n_features must be in [0, {_MAX_FEATURES}] (indices are int32), got {n_features}")
         self.n_features, self.has_values, self.overwrite = int(n_features), bool(has_values), overwrite
-        _check_target(self.path, overwrite)
+        check_writable_dir(self.path, overwrite)
         self.n_samples = 0
         self.nnz = 0
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
@@ -170,7 +170,7 @@ class CsrWriter:
                 f.flush()
                 os.fsync(f.fileno())
             fsync_dir(self._staging)
-            _move_into_place(self._staging, self.path, self.overwrite)
+            replace_dir(self._staging, self.path, self.overwrite)
         except BaseException:
             self.abort()
             raise
@@ -188,28 +188,6 @@ class CsrWriter:
     def __del__(self) -> None:
         if getattr(self, "_staging", None) is not None:
             self.abort()
-
-
-def _check_target(path: str, overwrite: bool) -> None:
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise FileExistsError(f"{path} exists and is not a directory")
-    if os.path.isdir(path) and os.listdir(path) and not overwrite:
-        raise FileExistsError(f"{path} is not empty; choose another directory or pass `overwrite=True`")
-
-
-def _move_into_place(staging: str, path: str, overwrite: bool) -> None:
-    """Rename the finished directory to ``path``; an old one is moved aside first (into a
-    temporary directory that the next write removes if we die here), then deleted."""
-    _check_target(path, overwrite)  # again: the directory may have been filled meanwhile
-    old = None
-    if os.path.isdir(path):
-        old = temporary_name(path)
-        os.mkdir(old)
-        os.replace(path, os.path.join(old, "dataset"))
-    os.replace(staging, path)
-    fsync_dir(os.path.dirname(path))
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def write_csr(path: str | os.PathLike, rows: CsrRows, overwrite: bool = False) -> None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dlrm.data.atomic import remove_stale_temporaries, temporary_name
+from dlrm.data.atomic import check_writable_dir, remove_stale_temporaries, replace_dir, temporary_name
 from dlrm.data.batch import Bags, Batch
 
 # NVIDIA's preprocessed Criteo 1TB with frequency threshold 15.
@@ -508,7 +508,7 @@ def write_synthetic_dataset(
     if bag_layout not in ("fixed", "variable"):
         raise ValueError(f"`bag_layout` must be 'fixed' or 'variable', got {bag_layout!r}")
     output_dir = os.path.abspath(output_dir)
-    _check_writable(output_dir, overwrite)
+    check_writable_dir(output_dir, overwrite)
     os.makedirs(os.path.dirname(output_dir), exist_ok=True)
     remove_stale_temporaries(output_dir)  # staging left by a run that was killed
     staging = temporary_name(output_dir)
@@ -532,27 +532,7 @@ def write_synthetic_dataset(
                     if progress is not None:
                         progress(split, writer.num_rows, rows)
         spec.to_yaml(os.path.join(staging, "feature_spec.yaml"))
-        _move_into_place(staging, output_dir, overwrite)
+        replace_dir(staging, output_dir, overwrite)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-
-
-def _check_writable(output_dir: str, overwrite: bool) -> None:
-    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-        raise FileExistsError(f"{output_dir} exists and is not a directory")
-    if os.path.isdir(output_dir) and os.listdir(output_dir) and not overwrite:
-        raise FileExistsError(f"{output_dir} is not empty; choose another directory or pass `overwrite=True`")
-
-
-def _move_into_place(staging: str, output_dir: str, overwrite: bool) -> None:
-    """Rename the finished dataset to `output_dir`; an old one is moved aside first, then deleted."""
-    _check_writable(output_dir, overwrite)  # again: the directory may have been filled meanwhile
-    old = None
-    if os.path.isdir(output_dir):
-        old = temporary_name(output_dir)
-        os.mkdir(old)
-        os.replace(output_dir, os.path.join(old, "dataset"))
-    os.replace(staging, output_dir)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
