@@ -15,9 +15,8 @@ from dlrm.distributed.planner import (
     plan_tables,
 )
 
-# Criteo 1TB at frequency threshold 15 (the same list as test_planner.FL15, written out here).
-FL15 = [7912889, 33823, 17139, 7339, 20046, 4, 7105, 1382, 63, 5554114, 582469, 245828, 11, 2209,
-        10667, 104, 4, 968, 15, 8165896, 2675940, 7156453, 302516, 12022, 97, 35]
+from test_planner import FL15  # NVIDIA's Criteo 1TB cardinalities at frequency threshold 15
+
 DIM = 128
 CAPACITY = 8 * GIB
 
