@@ -83,7 +83,7 @@ def test_failed_save_leaves_previous_checkpoint(tmp_path, monkeypatch):
     import dlrm.training.checkpoint as ck
 
     calls = {"n": 0}
-    real = ck._save_tensor_file
+    real = ck.save_tensor_file
 
     def failing(obj, file):
         calls["n"] += 1
@@ -91,7 +91,7 @@ def test_failed_save_leaves_previous_checkpoint(tmp_path, monkeypatch):
             raise OSError("disk full")
         return real(obj, file)
 
-    monkeypatch.setattr(ck, "_save_tensor_file", failing)
+    monkeypatch.setattr(ck, "save_tensor_file", failing)
     with pytest.raises(OSError, match="disk full"):
         save_checkpoint(path, m, None, None, TrainState(step=2))
     assert read_meta(path)["train_state"]["step"] == 1

@@ -17,6 +17,7 @@ LAYERS = {
     "distributed": 3,  # parallelize() builds this process's part of the model
     "training": 4,
     "inference": 5,
+    "recommender": 5,  # the sparse autoencoder: its own model, loops and checkpoints on the layers below
     "scripts": 6,
     "spark": 6,  # Spark jobs: launch the training script, score raw rows through preproc's transform
 }

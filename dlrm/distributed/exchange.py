@@ -46,6 +46,13 @@ class _AllToAll(torch.autograd.Function):
         return out, None, None, None
 
 
+def all_to_all(flat: torch.Tensor, send: list[int], recv: list[int],
+               group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Differentiable flat all-to-all: ``send[j]`` elements of ``flat`` go to process j,
+    ``recv[j]`` come from it, in rank order; the gradient takes the reverse path."""
+    return _AllToAll.apply(flat, list(send), list(recv), group)
+
+
 class EmbeddingExchange(nn.Module):
     """``[B, T_rank, D]`` (this rank's tables, global batch) -> ``[B_rank, F, D]`` (own samples,
     every table in global order). Holds no parameters, so checkpoints do not see it."""
@@ -90,7 +97,7 @@ class EmbeddingExchange(nn.Module):
         mine = sizes[self.rank]
         send = [n * num_local * dim for n in sizes]
         recv = [mine * len(tables) * dim for tables in self.tables_per_rank]
-        flat = _AllToAll.apply(local.contiguous().view(-1), send, recv, self.group)
+        flat = all_to_all(local.contiguous().view(-1), send, recv, self.group)
         chunks = torch.cat([c.view(mine, len(t), dim) for c, t in zip(flat.split(recv), self.tables_per_rank)], dim=1)
         if self.partial_sums:  # its backward hands every block's rank the gradient of its feature
             return chunks.new_zeros(mine, self.num_features, dim).index_add(1, self.order, chunks)

@@ -169,7 +169,7 @@ class _Checksummed:
         self.f.flush()
 
 
-def _save_tensor_file(obj: Any, path: str) -> str:
+def save_tensor_file(obj: Any, path: str) -> str:
     """Writes ``obj`` with ``torch.save``, durably; returns the file's CRC-32 as 8 hex digits."""
     with open(path, "wb") as f:
         out = _Checksummed(f)
@@ -190,7 +190,7 @@ def file_crc32(path: str, chunk_bytes: int = 1 << 26) -> str:
     return f"{crc:08x}"
 
 
-def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
+def host_copy(tensor: torch.Tensor) -> torch.Tensor:
     """An owning CPU copy: saving a view would serialise the whole joint table's storage."""
     tensor = tensor.detach()
     return tensor.cpu() if tensor.device.type != "cpu" else tensor.clone()
@@ -202,7 +202,7 @@ def _expected_tables(model: torch.nn.Module) -> list[list[int]]:
     return [[rows, cfg.embedding_dim] for rows in cfg.table_sizes]
 
 
-def _check_checkpoint_path(path: str) -> None:
+def check_checkpoint_path(path: str) -> None:
     """A checkpoint is a directory: never move a file of the user's aside to make room for one."""
     if os.path.lexists(path) and not os.path.isdir(path):
         raise CheckpointError(f"{path} exists and is not a directory: choose another path for the checkpoint")
@@ -224,7 +224,7 @@ class CheckpointLock:
         self._fd: int | None = None
 
     def acquire(self) -> "CheckpointLock":
-        _check_checkpoint_path(self.path[: -len(".lock")])
+        check_checkpoint_path(self.path[: -len(".lock")])
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
         try:
@@ -269,7 +269,7 @@ def save_checkpoint(
     tmp = f"{path}.tmp"
     first = collectives.rank == 0
     if first:
-        _check_checkpoint_path(path)
+        check_checkpoint_path(path)
         os.makedirs(parent, exist_ok=True)
         if os.path.exists(tmp):
             shutil.rmtree(tmp)
@@ -279,12 +279,12 @@ def save_checkpoint(
         checksums = {}
         for embeddings, i in _local_tables(model):
             name = _table_file(embeddings.table_indices[i], embeddings.row_range(i) if embeddings.is_block(i) else None)
-            checksums[name] = _save_tensor_file(_host_copy(embeddings.table_weight(i)), os.path.join(tmp, name))
+            checksums[name] = save_tensor_file(host_copy(embeddings.table_weight(i)), os.path.join(tmp, name))
             table_state = _table_optimizer_state(optimizer, embeddings, i)
             if table_state:
                 name = _state_file(name)
-                state_copy = {k: _host_copy(v) for k, v in table_state.items()}
-                checksums[name] = _save_tensor_file(state_copy, os.path.join(tmp, name))
+                state_copy = {k: host_copy(v) for k, v in table_state.items()}
+                checksums[name] = save_tensor_file(state_copy, os.path.join(tmp, name))
         # Every process's table checksums, on every process (also the barrier after the tables).
         checksums = {name: crc for part in collectives.gather_objects(checksums) for name, crc in part.items()}
         if first:
@@ -294,15 +294,21 @@ def save_checkpoint(
             shutil.rmtree(tmp, ignore_errors=True)
         raise
     if first:
-        old = f"{path}.old"
-        if os.path.exists(path):
-            if os.path.exists(old):
-                shutil.rmtree(old)
-            os.rename(path, old)
-        os.rename(tmp, path)
-        fsync_dir(parent)
-        shutil.rmtree(old, ignore_errors=True)
+        commit_directory(tmp, path)
     collectives.barrier()
+
+
+def commit_directory(tmp: str, path: str) -> None:
+    """Puts the finished directory ``tmp`` at ``path`` by two renames (the previous one goes to
+    ``path.old`` in between), so a crash leaves a complete checkpoint at one of the two."""
+    old = f"{path}.old"
+    if os.path.exists(path):
+        if os.path.exists(old):
+            shutil.rmtree(old)
+        os.rename(path, old)
+    os.rename(tmp, path)
+    fsync_dir(os.path.dirname(path))
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _write_rest(
@@ -320,9 +326,9 @@ def _write_rest(
     missing = [i for i, (rows, _) in enumerate(tables) if not _covers(_table_pieces(checksums, i, rows), rows)]
     if missing:
         raise CheckpointError(f"{tmp}: tables {missing} were not written (whole, or all their rows) by the processes")
-    dense = {k: _host_copy(v) for k, v in _dense_state(model).items()}
-    checksums["dense.pt"] = _save_tensor_file(dense, os.path.join(tmp, "dense.pt"))
-    checksums["optimizer.pt"] = _save_tensor_file(
+    dense = {k: host_copy(v) for k, v in _dense_state(model).items()}
+    checksums["dense.pt"] = save_tensor_file(dense, os.path.join(tmp, "dense.pt"))
+    checksums["optimizer.pt"] = save_tensor_file(
         {
             "optimizer": optimizer.state_dict() if optimizer is not None else None,
             "scaler": scaler.state_dict() if scaler is not None and scaler.is_enabled() else None,
@@ -332,7 +338,7 @@ def _write_rest(
     rng = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         rng["cuda"] = torch.cuda.get_rng_state_all()
-    checksums["rng.pt"] = _save_tensor_file(rng, os.path.join(tmp, "rng.pt"))
+    checksums["rng.pt"] = save_tensor_file(rng, os.path.join(tmp, "rng.pt"))
     meta = {
         "format_version": FORMAT_VERSION,
         "model_config": dataclasses.asdict(model.config),
@@ -413,7 +419,7 @@ def verify_checksums(path: str, meta: dict[str, Any], names: list[str], threads:
             )
 
 
-def _load_file(path: str, name: str, mmap: bool = False) -> Any:
+def load_tensor_file(path: str, name: str, mmap: bool = False) -> Any:
     """``torch.load`` with ``weights_only=True``; every way a damaged file fails becomes a
     ``CheckpointError`` naming it."""
     file = os.path.join(path, name)
@@ -535,7 +541,7 @@ def _load_table_state(path: str, pieces: list[Piece], rows: tuple[int, int], sta
     """Copies the saved optimizer state of one table's rows ``[start, stop)`` into ``state``
     (views of the live state): per-row tensors from every piece, scalars from the first."""
     names = [_state_file(name) for _, _, name in pieces]
-    saved = [_load_file(path, name, mmap=True) for name in names]
+    saved = [load_tensor_file(path, name, mmap=True) for name in names]
     for name, part in zip(names, saved):
         if not isinstance(part, dict) or set(part) != set(state):
             raise CheckpointError(f"{os.path.join(path, name)}: holds {sorted(part) if isinstance(part, dict) else part!r}, "
@@ -603,11 +609,11 @@ def load_checkpoint(
         verify_checksums(path, meta, names)
     weights = []
     for (embeddings, i), pieces in zip(local, reads):
-        loaded = [_load_file(path, name, mmap=True) for _, _, name in pieces]
+        loaded = [load_tensor_file(path, name, mmap=True) for _, _, name in pieces]
         weights.append(_rows_of(path, pieces, loaded, embeddings.row_range(i), "the table"))
-    dense = _load_file(path, "dense.pt")
-    extra = _load_file(path, "optimizer.pt")
-    rng = _load_file(path, "rng.pt") if restore_rng else None
+    dense = load_tensor_file(path, "dense.pt")
+    extra = load_tensor_file(path, "optimizer.pt")
+    rng = load_tensor_file(path, "rng.pt") if restore_rng else None
     if not isinstance(dense, dict) or not isinstance(extra, dict) or not {"optimizer", "scaler"} <= extra.keys() \
             or (rng is not None and not (isinstance(rng, dict) and "cpu" in rng)):
         raise CheckpointError(f"{path}: dense.pt, optimizer.pt or rng.pt does not hold what this program writes: "

@@ -1,0 +1,9 @@
+"""The sparse autoencoder recommender (Amazon DSSTNE's job) on this engine's parts: a user's
+history goes in as a bag of item ids, a score for every item comes out, and the top K unseen
+items are the recommendations. Wide item layers split across processes by item range.
+
+Modules: ``network`` (DSSTNE's JSON network definition), ``model`` (the network as torch
+modules), ``item_parallel`` (item ranges per process and the collectives between them),
+``topk`` (top-K excluding seen items, merged across processes), ``metrics`` and ``baselines``
+(evaluation on a held-out split), ``train`` and ``predict`` (the loops), ``checkpoint``.
+"""

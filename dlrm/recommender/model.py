@@ -1,0 +1,191 @@
+"""The sparse autoencoder as torch modules: a bag lookup in, a fully connected hidden stack,
+every item scored out; this process's item slice of the two item layers only
+(``item_parallel`` explains the split).
+
+Weights follow the network definition: the first hidden layer's incoming weights are the input
+table ``[n_input, H1]`` (row i = item i's weights, so a user's pre-activation is the bag sum of
+their items' rows, weighted by their values), and the output layer's are ``[n_output, H_last]``
+(row i scores item i). Initial weights are drawn in blocks of rows from generators keyed by the
+seed, the layer and the block, so a process that owns rows ``[a, b)`` holds exactly the rows that
+one process would (``dlrm.nn.init`` does the same for embedding tables).
+
+Losses are DSSTNE's, summed over items and averaged over the batch's users, computed as a dense
+term for "every item is a zero target" plus a correction at the user's few target items: the
+sparse targets never become a dense ``[B, n_items]`` matrix.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dlrm.nn.init import INIT_BLOCK_ROWS, table_generator
+from dlrm.recommender.item_parallel import ItemParallel
+from dlrm.recommender.network import Layer, NetworkConfig
+
+LRELU_SLOPE = 0.01  # DSSTNE's leaky-ReLU slope
+_KEY_OUTPUT = 1_000  # generator keys: hidden layer i (incoming weights) is i, the output layer this
+
+
+def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """An element-wise activation by its canonical name (softmax is handled by the loss and the
+    scorer, since it spans the whole catalogue)."""
+    table: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+        "sigmoid": torch.sigmoid, "tanh": torch.tanh, "relu": F.relu,
+        "lrelu": lambda x: F.leaky_relu(x, LRELU_SLOPE), "elu": F.elu, "selu": F.selu,
+        "softplus": F.softplus, "linear": lambda x: x,
+    }
+    if name not in table:
+        raise ValueError(f"activation {name!r} cannot be applied element-wise here")
+    return table[name]
+
+
+def _draw_(block: torch.Tensor, init, fan_in: int, fan_out: int, generator: torch.Generator) -> None:
+    """One block of weights by DSSTNE's schemes (``WeightInit.Scheme``), scaled by ``Scale``."""
+    scheme, scale = init.scheme, init.scale
+    if scheme == "xavier":
+        bound = scale * math.sqrt(6.0 / (fan_in + fan_out))
+        block.uniform_(-bound, bound, generator=generator)
+    elif scheme == "caffexavier":
+        bound = scale * math.sqrt(3.0 / fan_out)
+        block.uniform_(-bound, bound, generator=generator)
+    elif scheme == "gaussian":
+        block.normal_(0.0, scale, generator=generator)
+    elif scheme == "uniform":
+        block.uniform_(-scale, scale, generator=generator)
+    elif scheme == "unitball":
+        block.uniform_(0.0, scale, generator=generator)
+    elif scheme == "constant":
+        block.fill_(scale)
+    else:
+        raise ValueError(f"weight init scheme {scheme!r} is not known")
+
+
+def init_rows_(weight: torch.Tensor, init, fan_in: int, fan_out: int, seed: int, key: int, first_row: int,
+               total_rows: int) -> None:
+    """Rows ``[first_row, first_row + len(weight))`` of a ``[total_rows, width]`` weight matrix
+    whose blocks of ``INIT_BLOCK_ROWS`` rows each come from their own generator: the same values
+    whichever range a process builds."""
+    rows, width = weight.shape
+    stop = first_row + rows
+    with torch.no_grad():
+        for block in range(first_row // INIT_BLOCK_ROWS, -(-stop // INIT_BLOCK_ROWS) if rows else 0):
+            lo, hi = block * INIT_BLOCK_ROWS, min((block + 1) * INIT_BLOCK_ROWS, total_rows)
+            start, end = max(lo, first_row), min(hi, stop)
+            drawn = torch.empty(hi - lo, width, dtype=weight.dtype, device=weight.device)
+            _draw_(drawn, init, fan_in, fan_out, table_generator(seed, key, weight.device, block))
+            weight[start - first_row:end - first_row].copy_(drawn[start - lo:end - lo])
+
+
+def local_bags(offsets: torch.Tensor, indices: torch.Tensor, values: torch.Tensor | None, start: int,
+               stop: int, n_items: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The part of a CSR batch whose ids fall in ``[start, stop)``, ids made local (``- start``)."""
+    if start == 0 and stop == n_items:
+        return offsets, indices, values
+    keep = (indices >= start) & (indices < stop)
+    rows = torch.repeat_interleave(torch.arange(offsets.numel() - 1, device=indices.device), offsets.diff())
+    counts = torch.bincount(rows[keep], minlength=offsets.numel() - 1)
+    local_offsets = torch.cat([offsets.new_zeros(1), counts.cumsum(0)])
+    return local_offsets, indices[keep] - start, None if values is None else values[keep]
+
+
+class SparseAutoencoder(nn.Module):
+    """This process's part of the network: input rows and output rows of its item ranges, the
+    whole (replicated) hidden stack. ``forward`` takes the global batch as CSR (every process
+    reads the same batch) and returns the logits of all the batch's users for this process's
+    output items, ``[B, n_output_local]``. Dropout masks come from a generator shared by all
+    processes and cover the whole batch, so the result equals one process's."""
+
+    def __init__(self, config: NetworkConfig, parallel: ItemParallel = ItemParallel(), seed: int = 0,
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
+        super().__init__()
+        if config.input.n is None or config.output.n is None:
+            raise ValueError("the network's `N` \"auto\" sizes must be resolved from the datasets first "
+                             "(NetworkConfig.resolve)")
+        if not config.hidden:
+            raise ValueError(f"{config.source or 'the network'}: needs at least one Hidden layer between Input and "
+                             "Output (the input table is the first hidden layer's weights)")
+        if config.output.p_dropout:
+            raise ValueError(f"{config.source or 'the network'}: `pDropout` on the Output layer is not supported; "
+                             "drop it (dropout applies to inputs and hidden layers)")
+        self.config, self.parallel, self.seed = config, parallel, seed
+        self.n_input, self.n_output = config.input.n, config.output.n
+        self.input_range = parallel.item_range(self.n_input)
+        self.output_range = parallel.item_range(self.n_output)
+        widths = [layer.n for layer in config.hidden]
+        first = config.hidden[0]
+        kw = {"device": device, "dtype": dtype}
+        self.input_weight = nn.Parameter(torch.empty(self.input_range[1] - self.input_range[0], widths[0], **kw))
+        init_rows_(self.input_weight, first.weight_init, self.n_input, widths[0], seed, 0, self.input_range[0],
+                   self.n_input)
+        self.input_bias = nn.Parameter(torch.full((widths[0],), first.weight_init.bias, **kw))
+        self.hidden = nn.ModuleList()
+        for i, (layer, fan_in) in enumerate(zip(config.hidden[1:], widths[:-1]), start=1):
+            linear = nn.Linear(fan_in, layer.n, **kw)
+            init_rows_(linear.weight, layer.weight_init, fan_in, layer.n, seed, i, 0, layer.n)
+            with torch.no_grad():
+                linear.bias.fill_(layer.weight_init.bias)
+            self.hidden.append(linear)
+        out = config.output
+        self.output_weight = nn.Parameter(torch.empty(self.output_range[1] - self.output_range[0], widths[-1], **kw))
+        init_rows_(self.output_weight, out.weight_init, widths[-1], self.n_output, seed, _KEY_OUTPUT,
+                   self.output_range[0], self.n_output)
+        self.output_bias = nn.Parameter(torch.full((self.output_weight.shape[0],), out.weight_init.bias, **kw))
+        self._activations = [activation(layer.activation) for layer in config.hidden]
+
+    def replicated_parameters(self) -> list[nn.Parameter]:
+        """Weights every process holds whole (their gradients are summed across processes)."""
+        return [self.input_bias, *self.hidden.parameters()]
+
+    def hidden_layers(self) -> list[Layer]:
+        return list(self.config.hidden)
+
+    def encode(self, offsets: torch.Tensor, indices: torch.Tensor, values: torch.Tensor | None,
+               dropout_seed: int | None = None, keep_hidden: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """Global batch CSR -> every user's last hidden activations ``[B, H_last]``. With
+        ``dropout_seed``, the layers' ``pDropout`` apply (training); ``keep_hidden`` collects each
+        hidden layer's activations of this process's users (for the sparseness penalty)."""
+        batch = offsets.numel() - 1
+        lo, hi = self.input_range
+        bag_offsets, bag_ids, bag_values = local_bags(offsets, indices, values, lo, hi, self.n_input)
+        weight = self.input_weight
+        if torch.is_autocast_enabled(weight.device.type):  # embedding_bag is not autocast: run it in the compute dtype
+            weight = weight.to(torch.get_autocast_dtype(weight.device.type))
+            bag_values = None if bag_values is None else bag_values.to(weight.dtype)
+        partial = F.embedding_bag(bag_ids, weight, bag_offsets, mode="sum", per_sample_weights=bag_values,
+                                  include_last_offset=True)
+        users = self.parallel.user_range(batch)
+        x = self.parallel.scatter_sum(partial) + self.input_bias
+        for i, layer in enumerate(self.config.hidden):
+            if i:
+                x = self.hidden[i - 1](x)
+            x = self._activations[i](x)
+            if keep_hidden is not None:
+                keep_hidden.append(x)
+            if dropout_seed is not None and layer.p_dropout > 0:
+                x = _dropout(x, layer.p_dropout, dropout_seed, i, batch, users)
+        return self.parallel.gather(x, batch)
+
+    def score(self, hidden: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (pre-activations) of this process's output items ``[B, n_local]``, or of the
+        local ``columns`` only (sampled training)."""
+        if columns is None:
+            return F.linear(hidden, self.output_weight, self.output_bias)
+        return F.linear(hidden, self.output_weight[columns], self.output_bias[columns])
+
+    def forward(self, offsets: torch.Tensor, indices: torch.Tensor, values: torch.Tensor | None = None,
+                dropout_seed: int | None = None) -> torch.Tensor:
+        return self.score(self.encode(offsets, indices, values, dropout_seed))
+
+
+def _dropout(x: torch.Tensor, p: float, seed: int, layer: int, batch: int, users: tuple[int, int]) -> torch.Tensor:
+    """Inverted dropout with a mask drawn for the whole batch from a generator every process
+    seeds alike, sliced to this process's users: the mask does not depend on the process count."""
+    generator = torch.Generator(device=x.device)
+    generator.manual_seed((seed * 1_000_003 + layer) % (2**63 - 1))
+    keep = torch.rand(batch, x.shape[1], generator=generator, device=x.device)[users[0]:users[1]] >= p
+    return x * keep.to(x.dtype) / (1.0 - p)

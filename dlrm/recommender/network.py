@@ -1,0 +1,619 @@
+"""DSSTNE's JSON network definition, parsed into frozen dataclasses.
+
+Why: people moving from Amazon DSSTNE bring the network files they already have (its "Layer
+Definition Language", LDL.txt rev 0.8). This module reads those files as they are, so a DSSTNE
+autoencoder config trains here unchanged, and turns everything this engine would silently get
+wrong into an error that names the file, the JSON path of the bad key and the fix.
+
+What is accepted (keys case-insensitive, as DSSTNE's files mix ``pDropout``, ``oneTarget``,
+``Sparse``; the same key twice, in any case, is an error; enum values case-insensitive too):
+
+- top level: ``Version`` (number or string, ignored), ``Name``, ``Kind`` (``AutoEncoder`` or
+  ``FeedForward``, DSSTNE's default), ``ShuffleIndices``, ``SparsenessPenalty {p, beta}``,
+  ``Denoising {p}``, ``ScaledMarginalCrossEntropy {oneTarget, zeroTarget, oneScale, zeroScale}``,
+  ``Layers``, ``ErrorFunction`` (``L1``, ``L2``, ``CrossEntropy``, ``ScaledMarginalCrossEntropy``
+  or its alias ``SMCE``).
+- ``Layers``: a chain of one ``Input`` (``Name, DataSet, N, Sparse, pDropout``), any number of
+  ``Hidden`` and one ``Output`` (``Name, Source, Type, N, Activation, WeightInit {Scheme, Scale,
+  Bias}, pDropout, Sparse, SparsenessPenalty``; an Output also takes ``DataSet``). ``N`` is a
+  positive integer, or ``"auto"`` on Input/Output (filled in by :meth:`NetworkConfig.resolve`).
+  Activations: Sigmoid, Tanh, Relu, LRelu, Elu, Selu, SoftPlus, Linear, SoftMax (Output only);
+  DSSTNE's long names RectifiedLinear, LeakyRectifiedLinear, ExponentialLinear and
+  ScaledExponentialLinear are read as the short ones.
+
+What differs from DSSTNE:
+
+- This project adds an ``Optimizer`` block (``Kind`` in SGD, Momentum, Nesterov, AdaGrad,
+  RMSProp, Adam; ``Alpha`` learning rate, ``Mu``, ``Lambda`` L2 weight decay, ``Beta1``,
+  ``Beta2``, ``Epsilon``). DSSTNE took these on its ``train`` command line, which a config file
+  cannot carry. ``Mu`` is the momentum of Momentum/Nesterov and, as in DSSTNE's RMSProp kernel,
+  the decay rate of RMSProp's mean square; SGD, AdaGrad and Adam ignore it.
+- Only fully connected chains. DSSTNE settings this engine does not implement (WeightData,
+  LocalResponseNormalization, DeltaBoost, convolution and pooling, Kernel, KernelStride, Target
+  layers, recurrent layers, SharedWeights, BatchNormalization, WeightNorm, DeltaNorm, L1Penalty,
+  Skip, Dimensions, multi-dimensional N, activations such as PRelu, SoftSign, LinearMax, MaxOut,
+  ReluMax, a random Bias) are errors of their own kind rather than being ignored, except where
+  the value given is the no-op default (``"Type": "FullyConnected"``, ``"BatchNormalization":
+  false``, ``"Recurrent": "None"``, ``"WeightNorm": 0``, ``"SharedWeights": []``, ``"DeltaBoost":
+  {"one": 1, "zero": 1}``...), which are accepted silently.
+- ``Source`` is accepted only when it names the previous layer; on an Input layer it is not
+  accepted (an Input reads its ``DataSet``).
+- Files are strict JSON (no comments, no trailing commas); syntax errors name line and column.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "ACTIVATIONS",
+    "ERROR_FUNCTIONS",
+    "OPTIMIZERS",
+    "WEIGHT_SCHEMES",
+    "Layer",
+    "NetworkConfig",
+    "NetworkConfigError",
+    "Optimizer",
+    "WeightInit",
+    "parse_network",
+]
+
+ACTIVATIONS = ("sigmoid", "tanh", "relu", "lrelu", "elu", "selu", "softplus", "linear", "softmax")
+ERROR_FUNCTIONS = ("l1", "l2", "crossentropy", "scaledmarginalcrossentropy")
+WEIGHT_SCHEMES = ("xavier", "caffexavier", "gaussian", "uniform", "unitball", "constant")
+OPTIMIZERS = ("sgd", "momentum", "nesterov", "adagrad", "rmsprop", "adam")
+
+# Spellings written back by to_json (DSSTNE's capitalisation), and accepted aliases.
+_ACTIVATION_NAMES = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu", "lrelu": "LRelu", "elu": "Elu",
+                     "selu": "Selu", "softplus": "SoftPlus", "linear": "Linear", "softmax": "SoftMax"}
+_ACTIVATION_ALIASES = {"rectifiedlinear": "relu", "leakyrectifiedlinear": "lrelu", "exponentiallinear": "elu",
+                       "scaledexponentiallinear": "selu"}
+_ACTIVATION_UNSUPPORTED = ("PRelu", "ParametricRectifiedLinear", "SoftSign", "LinearMax", "MaxOut", "ReluMax")
+_ERROR_NAMES = {"l1": "L1", "l2": "L2", "crossentropy": "CrossEntropy",
+                "scaledmarginalcrossentropy": "ScaledMarginalCrossEntropy"}
+_ERROR_ALIASES = {"smce": "scaledmarginalcrossentropy"}
+_ERROR_UNSUPPORTED = ("DataScaledMarginalCrossEntropy", "Hinge", "L2Hinge")
+_SCHEME_NAMES = {"xavier": "Xavier", "caffexavier": "CaffeXavier", "gaussian": "Gaussian", "uniform": "Uniform",
+                 "unitball": "UnitBall", "constant": "Constant"}
+_OPTIMIZER_NAMES = {"sgd": "SGD", "momentum": "Momentum", "nesterov": "Nesterov", "adagrad": "AdaGrad",
+                    "rmsprop": "RMSProp", "adam": "Adam"}
+_OPTIMIZER_UNSUPPORTED = ("AdaDelta",)
+_NETWORK_KINDS = {"autoencoder": "AutoEncoder", "feedforward": "FeedForward"}
+_LAYER_KINDS = {"input": "Input", "hidden": "Hidden", "output": "Output"}
+_LAYER_KINDS_UNSUPPORTED = ("Pooling", "Target")
+
+
+class NetworkConfigError(ValueError):
+    """A network definition this engine cannot train as written; the message says where and how to fix it."""
+
+
+@dataclass(frozen=True)
+class WeightInit:
+    """How a layer's incoming weights and bias start (DSSTNE's ``WeightInit`` block)."""
+
+    scheme: str = "xavier"
+    scale: float = 1.0
+    bias: float = 0.0
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer of the chain. ``n`` None means "auto": the dataset's feature count, set by resolve()."""
+
+    kind: str
+    name: str
+    n: int | None
+    sparse: bool = False
+    dataset: str | None = None
+    activation: str = "sigmoid"
+    p_dropout: float = 0.0
+    weight_init: WeightInit = WeightInit()
+    sparseness_penalty: bool = False
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    """This project's ``Optimizer`` block; DSSTNE set these on its train command line.
+
+    ``mu`` is the momentum of momentum/nesterov and the mean-square decay of rmsprop (as in
+    DSSTNE); sgd, adagrad and adam ignore it.
+    """
+
+    kind: str = "sgd"
+    alpha: float = 0.025
+    mu: float = 0.5
+    lambda_: float = 0.0001
+    beta1: float = 0.9
+    beta2: float = 0.999
+    epsilon: float = 1e-8
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """A whole network definition, validated; ``source`` only feeds messages and is left out of ==."""
+
+    name: str
+    kind: str
+    layers: tuple[Layer, ...]
+    error_function: str = "crossentropy"
+    one_target: float = 0.9
+    zero_target: float = 0.1
+    one_scale: float = 1.0
+    zero_scale: float = 1.0
+    denoising_p: float = 0.0
+    sparseness_p: float = 0.0
+    sparseness_beta: float = 0.0
+    shuffle_indices: bool = True
+    optimizer: Optimizer = Optimizer()
+    source: str | None = field(default=None, compare=False)
+
+    @property
+    def input(self) -> Layer:
+        return self.layers[0]
+
+    @property
+    def output(self) -> Layer:
+        return self.layers[-1]
+
+    @property
+    def hidden(self) -> tuple[Layer, ...]:
+        return self.layers[1:-1]
+
+    def resolve(self, n_input: int, n_output: int) -> NetworkConfig:
+        """Fills N "auto" from the datasets' feature counts, so the model never guesses a width.
+
+        An explicit N that disagrees with its dataset is an error naming the layer and both
+        numbers; an autoencoder reconstructs its input, so it needs ``n_input == n_output``.
+        """
+        last = len(self.layers) - 1
+        for what, value in (("n_input", n_input), ("n_output", n_output)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise NetworkConfigError(f"{_where(self.source)}resolve(): {what} must be a positive integer "
+                                         f"(the dataset's feature count), got {value!r}")
+        resolved = []
+        for index, layer, n in ((0, self.input, n_input), (last, self.output, n_output)):
+            if layer.n is not None and layer.n != n:
+                raise NetworkConfigError(
+                    f"{_where(self.source)}`Layers[{index}].N`: layer {layer.name!r} says N = {layer.n} but its "
+                    f"dataset {layer.dataset or '(unnamed)'!r} has {n} features; set \"N\": \"auto\" or {n}")
+            resolved.append(dataclasses.replace(layer, n=n))
+        if self.kind == "autoencoder" and n_input != n_output:
+            raise NetworkConfigError(
+                f"{_where(self.source)}`Kind`: an AutoEncoder reconstructs its input, but the input has {n_input} "
+                f"features and the output {n_output}; give both layers the same dataset, or use \"Kind\": "
+                f"\"FeedForward\"")
+        return dataclasses.replace(self, layers=(resolved[0], *self.hidden, resolved[1]))
+
+    def to_json(self) -> dict:
+        """DSSTNE-keyed dict (DSSTNE's capitalisation); ``parse_network`` turns it back into an equal config."""
+        layers = []
+        for index, layer in enumerate(self.layers):
+            entry: dict[str, Any] = {"Name": layer.name, "Kind": _LAYER_KINDS[layer.kind]}
+            if layer.kind != "input" and index > 0:
+                entry["Source"] = self.layers[index - 1].name
+            if layer.dataset is not None:
+                entry["DataSet"] = layer.dataset
+            entry["N"] = "auto" if layer.n is None else layer.n
+            if layer.kind != "input":
+                entry["Activation"] = _ACTIVATION_NAMES[layer.activation]
+                entry["WeightInit"] = {"Scheme": _SCHEME_NAMES[layer.weight_init.scheme],
+                                       "Scale": layer.weight_init.scale, "Bias": layer.weight_init.bias}
+                entry["SparsenessPenalty"] = layer.sparseness_penalty
+            entry["Sparse"] = layer.sparse
+            entry["pDropout"] = layer.p_dropout
+            layers.append(entry)
+        opt = self.optimizer
+        return {
+            "Name": self.name,
+            "Kind": _NETWORK_KINDS[self.kind],
+            "ShuffleIndices": self.shuffle_indices,
+            "SparsenessPenalty": {"p": self.sparseness_p, "beta": self.sparseness_beta},
+            "Denoising": {"p": self.denoising_p},
+            "ScaledMarginalCrossEntropy": {"oneTarget": self.one_target, "zeroTarget": self.zero_target,
+                                           "oneScale": self.one_scale, "zeroScale": self.zero_scale},
+            "Layers": layers,
+            "ErrorFunction": _ERROR_NAMES[self.error_function],
+            "Optimizer": {"Kind": _OPTIMIZER_NAMES[opt.kind], "Alpha": opt.alpha, "Mu": opt.mu,
+                          "Lambda": opt.lambda_, "Beta1": opt.beta1, "Beta2": opt.beta2, "Epsilon": opt.epsilon},
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# Parsing. Everything below is pure functions over a _Ctx that only carries the file name.
+
+def _where(source: str | None) -> str:
+    return f"{source}: " if source else ""
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    source: str | None
+
+    def fail(self, path: str, problem: str) -> NetworkConfigError:
+        return NetworkConfigError(f"{_where(self.source)}`{path}`: {problem}")
+
+    def unsupported(self, path: str, value: Any, fix: str) -> NetworkConfigError:
+        text = json.dumps(value)
+        shown = f" = {text}" if len(text) <= 60 else ""
+        return NetworkConfigError(f"{_where(self.source)}`{path}`{shown} is a DSSTNE setting this engine does not "
+                                  f"implement; {fix}")
+
+
+class _JsonObject(dict):
+    """A JSON object that remembers keys written twice verbatim (json.load would keep only the last)."""
+
+    duplicates: tuple[str, ...] = ()
+
+
+def _pairs_hook(pairs: list[tuple[str, Any]]) -> _JsonObject:
+    obj = _JsonObject()
+    dups = []
+    for key, value in pairs:
+        if key in obj:
+            dups.append(key)
+        obj[key] = value
+    obj.duplicates = tuple(dups)
+    return obj
+
+
+# A DSSTNE setting this engine does not implement: canonical spelling, and a test for the
+# no-op value that is accepted silently (None: no value is a no-op).
+_Unsupported = Mapping[str, tuple[str, Callable[[Any], bool] | None, str]]
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _zero(v: Any) -> bool:
+    return _is_number(v) and v == 0
+
+
+def _empty(v: Any) -> bool:
+    return v == [] or v == {}
+
+
+def _noop_delta_boost(v: Any) -> bool:
+    return isinstance(v, dict) and all(
+        isinstance(k, str) and k.lower() in ("one", "zero") and _is_number(x) and x == 1 for k, x in v.items())
+
+
+_TOP_UNSUPPORTED: _Unsupported = {
+    "weightdata": ("WeightData", None, ""),
+    "localresponsenormalization": ("LocalResponseNormalization", None, ""),
+    "deltaboost": ("DeltaBoost", _noop_delta_boost, '{"one": 1.0, "zero": 1.0}'),
+}
+_LAYER_UNSUPPORTED: _Unsupported = {
+    "type": ("Type", lambda v: isinstance(v, str) and v.lower() == "fullyconnected", '"FullyConnected"'),
+    "batchnormalization": ("BatchNormalization", lambda v: v is False, "false"),
+    "recurrent": ("Recurrent", lambda v: isinstance(v, str) and v.lower() == "none", '"None"'),
+    "weightnorm": ("WeightNorm", _zero, "0"),
+    "deltanorm": ("DeltaNorm", _zero, "0"),
+    "l1penalty": ("L1Penalty", _zero, "0"),
+    "sharedweights": ("SharedWeights", _empty, "[]"),
+    "kernel": ("Kernel", None, ""),
+    "kernelstride": ("KernelStride", None, ""),
+    "skip": ("Skip", None, ""),
+    "dimensions": ("Dimensions", None, ""),
+    "function": ("Function", None, ""),
+    "target": ("Target", None, ""),
+}
+_NO_UNSUPPORTED: _Unsupported = {}
+
+_TOP_KEYS = ("Version", "Name", "Kind", "ShuffleIndices", "SparsenessPenalty", "Denoising",
+             "ScaledMarginalCrossEntropy", "Layers", "ErrorFunction", "Optimizer")
+_INPUT_KEYS = ("Kind", "Name", "DataSet", "N", "Sparse", "pDropout")
+_HIDDEN_KEYS = ("Kind", "Name", "Source", "N", "Activation", "WeightInit", "pDropout", "Sparse", "SparsenessPenalty")
+_OUTPUT_KEYS = _HIDDEN_KEYS + ("DataSet",)
+_ALL_LAYER_KEYS = {k.lower(): k for k in _OUTPUT_KEYS + _INPUT_KEYS}
+
+
+def _join(keys: tuple[str, ...]) -> str:
+    return ", ".join(keys)
+
+
+def _take(ctx: _Ctx, obj: Any, path: str, accepted: tuple[str, ...], where: str,
+          unsupported: _Unsupported = _NO_UNSUPPORTED, other_keys: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Checks an object's keys and returns {canonical key: value} for the accepted ones.
+
+    Case-insensitive; a key given twice (any case) is an error; a DSSTNE setting this engine
+    lacks is an error unless its value is the no-op default; a key that belongs to another layer
+    kind says so; anything else is an unknown key, with the nearest accepted key suggested.
+    """
+    if not isinstance(obj, dict):
+        raise ctx.fail(path or "(top level)", f"expected a JSON object, got {_type_name(obj)}")
+    prefix = f"{path}." if path else ""
+    for dup in getattr(obj, "duplicates", ()):
+        raise ctx.fail(prefix + dup, "this key is given twice; keep one")
+    canonical = {k.lower(): k for k in accepted}
+    listing = f"(keys accepted in {where}: {_join(accepted)})"
+    seen: dict[str, str] = {}
+    out: dict[str, Any] = {}
+    for key, value in obj.items():
+        if not isinstance(key, str):
+            raise ctx.fail(f"{prefix}{key!r}", "keys must be strings")
+        low = key.lower()
+        if low in seen:
+            raise ctx.fail(prefix + key, f"the same key as {seen[low]!r} (keys are case-insensitive); keep one")
+        seen[low] = key
+        if low in canonical:
+            out[canonical[low]] = value
+            continue
+        if low in unsupported:
+            _, is_noop, noop_text = unsupported[low]
+            if is_noop is not None and is_noop(value):
+                continue
+            fix = f"remove it or set it to {noop_text}" if is_noop is not None else "remove it"
+            raise ctx.unsupported(prefix + key, value, f"{fix} {listing}")
+        if other_keys is not None and low in other_keys:
+            raise ctx.fail(prefix + key, f"{other_keys[low]} does not apply to {where}; remove it {listing}")
+        near = difflib.get_close_matches(low, list(canonical) + list(unsupported), n=1, cutoff=0.6)
+        hint = ""
+        if near:
+            hint = f"did you mean {canonical.get(near[0]) or unsupported[near[0]][0]!r}? "
+        raise ctx.fail(prefix + key, f"unknown key; {hint}{listing}")
+    return out
+
+
+def _type_name(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return f"boolean {json.dumps(v)}"
+    if isinstance(v, str):
+        return f"string {json.dumps(v)}"
+    if isinstance(v, (int, float)):
+        return f"number {v!r}"
+    if isinstance(v, list):
+        return "an array"
+    if isinstance(v, dict):
+        return "an object"
+    return type(v).__name__
+
+
+def _bool(ctx: _Ctx, v: Any, path: str) -> bool:
+    if not isinstance(v, bool):
+        raise ctx.fail(path, f"expected a boolean (true or false), got {_type_name(v)}")
+    return v
+
+
+def _str(ctx: _Ctx, v: Any, path: str) -> str:
+    if not isinstance(v, str) or not v:
+        raise ctx.fail(path, f"expected a non-empty string, got {_type_name(v)}")
+    return v
+
+
+def _float(ctx: _Ctx, v: Any, path: str, rng: str = "") -> float:
+    """A finite JSON number, checked against ``rng``: "" (any), ">=0", ">0", "[0,1)" or "[0,1]"."""
+    if not _is_number(v) or not math.isfinite(v):
+        raise ctx.fail(path, f"expected a number, got {_type_name(v)}")
+    v = float(v)
+    ok = {"": True, ">=0": v >= 0, ">0": v > 0, "[0,1)": 0 <= v < 1, "[0,1]": 0 <= v <= 1}[rng]
+    if not ok:
+        text = {">=0": "a number >= 0", ">0": "a number > 0", "[0,1)": "a number in [0, 1)",
+                "[0,1]": "a number in [0, 1]"}[rng]
+        raise ctx.fail(path, f"{v:g} is out of range; use {text}")
+    return v
+
+
+def _enum(ctx: _Ctx, v: Any, path: str, names: Mapping[str, str], aliases: Mapping[str, str] | None = None,
+          unsupported: tuple[str, ...] = ()) -> str:
+    """A case-insensitive enum value, returned canonical lower-case."""
+    aliases = aliases or {}
+    choices = _join(tuple(names.values()))
+    if not isinstance(v, str):
+        raise ctx.fail(path, f"expected a string, one of {choices}; got {_type_name(v)}")
+    low = v.lower()
+    if low in names:
+        return low
+    if low in aliases:
+        return aliases[low]
+    if low in (u.lower() for u in unsupported):
+        raise ctx.unsupported(path, v, f"use one of {choices}")
+    near = difflib.get_close_matches(low, list(names), n=1, cutoff=0.6)
+    hint = f" (did you mean {names[near[0]]!r}?)" if near else ""
+    raise ctx.fail(path, f"unknown value {json.dumps(v)}{hint}; use one of {choices}")
+
+
+def _n(ctx: _Ctx, v: Any, path: str, allow_auto: bool) -> int | None:
+    if allow_auto and isinstance(v, str) and v.lower() == "auto":
+        return None
+    if isinstance(v, list):
+        raise ctx.unsupported(path, v, "give one positive integer"
+                              + (' or "auto"' if allow_auto else ""))
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        expected = 'a positive integer or "auto"' if allow_auto else "a positive integer"
+        raise ctx.fail(path, f"expected {expected}, got {_type_name(v)}")
+    return v
+
+
+def _parse_weight_init(ctx: _Ctx, v: Any, path: str) -> WeightInit:
+    keys = _take(ctx, v, path, ("Scheme", "Scale", "Bias"), "WeightInit")
+    scheme = _enum(ctx, keys["Scheme"], f"{path}.Scheme", _SCHEME_NAMES) if "Scheme" in keys else "xavier"
+    scale = _float(ctx, keys["Scale"], f"{path}.Scale") if "Scale" in keys else 1.0
+    bias = 0.0
+    if "Bias" in keys:
+        if isinstance(keys["Bias"], str):
+            raise ctx.unsupported(f"{path}.Bias", keys["Bias"], "give the bias as a number")
+        bias = _float(ctx, keys["Bias"], f"{path}.Bias")
+    return WeightInit(scheme=scheme, scale=scale, bias=bias)
+
+
+def _parse_layer(ctx: _Ctx, raw: Any, index: int, count: int, previous: Layer | None, hidden_index: int) -> Layer:
+    path = f"Layers[{index}]"
+    if not isinstance(raw, dict):
+        raise ctx.fail(path, f"expected a layer object, got {_type_name(raw)}")
+    kind_keys = [k for k in raw if isinstance(k, str) and k.lower() == "kind"]
+    if not kind_keys:
+        raise ctx.fail(f"{path}.Kind", 'missing; every layer needs "Kind": "Input", "Hidden" or "Output"')
+    kind_path = f"{path}.{kind_keys[0]}"
+    kind = _enum(ctx, raw[kind_keys[0]], kind_path, _LAYER_KINDS, unsupported=_LAYER_KINDS_UNSUPPORTED)
+    expected = "input" if index == 0 else "output" if index == count - 1 else "hidden"
+    if kind != expected:
+        position = {"input": "the first layer", "output": "the last layer", "hidden": "between them"}
+        raise ctx.fail(kind_path, f"a {_LAYER_KINDS[kind]} layer at position {index}; layers form a chain: exactly one "
+                                  f"Input first, Hidden layers in between, exactly one Output last "
+                                  f"(here {position[expected]}: {_LAYER_KINDS[expected]})")
+    accepted = {"input": _INPUT_KEYS, "hidden": _HIDDEN_KEYS, "output": _OUTPUT_KEYS}[kind]
+    where = {"input": "an Input layer", "hidden": "a Hidden layer", "output": "an Output layer"}[kind]
+    keys = _take(ctx, raw, path, accepted, where, _LAYER_UNSUPPORTED, other_keys=_ALL_LAYER_KEYS)
+
+    default_name = {"input": "Input", "hidden": f"Hidden{hidden_index}", "output": "Output"}[kind]
+    name = _str(ctx, keys["Name"], f"{path}.Name") if "Name" in keys else default_name
+    if "Source" in keys:
+        src = keys["Source"]
+        if isinstance(src, list) and len(src) == 1:
+            src = src[0]
+        assert previous is not None  # the Input layer does not accept Source
+        if src != previous.name:
+            raise ctx.fail(f"{path}.Source", f"{json.dumps(keys['Source'])}: this engine builds a chain, so Source "
+                                             f"must name the previous layer {previous.name!r}; use "
+                                             f"\"Source\": {json.dumps(previous.name)} or leave it out")
+    n_raw = keys.get("N")
+    if n_raw is None:
+        hint = 'a positive integer or "auto"' if kind != "hidden" else "a positive integer"
+        raise ctx.fail(f"{path}.N", f"missing; give the layer's width as {hint}")
+    n = _n(ctx, n_raw, f"{path}.N", allow_auto=kind != "hidden")
+    dataset = _str(ctx, keys["DataSet"], f"{path}.DataSet") if "DataSet" in keys else None
+    if kind == "input" and dataset is None:
+        raise ctx.fail(f"{path}.DataSet", 'missing; an Input layer reads a dataset: add "DataSet": "<name>"')
+    activation = "sigmoid"
+    if "Activation" in keys:
+        activation = _enum(ctx, keys["Activation"], f"{path}.Activation", _ACTIVATION_NAMES, _ACTIVATION_ALIASES,
+                           _ACTIVATION_UNSUPPORTED)
+        if activation == "softmax" and kind != "output":
+            raise ctx.fail(f"{path}.Activation", "SoftMax is only allowed on the Output layer; use Sigmoid, Tanh, "
+                                                 "Relu, LRelu, Elu, Selu, SoftPlus or Linear here")
+    p_dropout = (_float(ctx, keys["pDropout"], f"{path}.pDropout", "[0,1)")
+                 if "pDropout" in keys else 0.0)
+    return Layer(
+        kind=kind, name=name, n=n,
+        sparse=_bool(ctx, keys["Sparse"], f"{path}.Sparse") if "Sparse" in keys else False,
+        dataset=dataset, activation=activation, p_dropout=p_dropout,
+        weight_init=(_parse_weight_init(ctx, keys["WeightInit"], f"{path}.WeightInit")
+                     if "WeightInit" in keys else WeightInit()),
+        sparseness_penalty=(_bool(ctx, keys["SparsenessPenalty"], f"{path}.SparsenessPenalty")
+                            if "SparsenessPenalty" in keys else False),
+    )
+
+
+def _parse_optimizer(ctx: _Ctx, v: Any) -> Optimizer:
+    keys = _take(ctx, v, "Optimizer", ("Kind", "Alpha", "Mu", "Lambda", "Beta1", "Beta2", "Epsilon"),
+                 "Optimizer (this project's block)")
+    d = Optimizer()
+    return Optimizer(
+        kind=(_enum(ctx, keys["Kind"], "Optimizer.Kind", _OPTIMIZER_NAMES, unsupported=_OPTIMIZER_UNSUPPORTED)
+              if "Kind" in keys else d.kind),
+        alpha=_float(ctx, keys["Alpha"], "Optimizer.Alpha", ">0") if "Alpha" in keys else d.alpha,
+        mu=_float(ctx, keys["Mu"], "Optimizer.Mu", "[0,1)") if "Mu" in keys else d.mu,
+        lambda_=_float(ctx, keys["Lambda"], "Optimizer.Lambda", ">=0") if "Lambda" in keys else d.lambda_,
+        beta1=_float(ctx, keys["Beta1"], "Optimizer.Beta1", "[0,1)") if "Beta1" in keys else d.beta1,
+        beta2=_float(ctx, keys["Beta2"], "Optimizer.Beta2", "[0,1)") if "Beta2" in keys else d.beta2,
+        epsilon=(_float(ctx, keys["Epsilon"], "Optimizer.Epsilon", ">0")
+                 if "Epsilon" in keys else d.epsilon),
+    )
+
+
+def _load(source: str | os.PathLike) -> tuple[Any, str]:
+    path = os.fspath(source)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise NetworkConfigError(f"{path}: no such network definition file; check the path") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
+        raise NetworkConfigError(f"{path}: cannot read the network definition ({e}); give a readable UTF-8 "
+                                 f"JSON file") from None
+    try:
+        return json.loads(text, object_pairs_hook=_pairs_hook), path
+    except json.JSONDecodeError as e:
+        raise NetworkConfigError(f"{path}:{e.lineno}:{e.colno}: invalid JSON at line {e.lineno}, column {e.colno}: "
+                                 f"{e.msg}; fix the syntax there (plain JSON: no comments, no trailing "
+                                 f"commas)") from None
+
+
+def parse_network(source: str | os.PathLike | dict) -> NetworkConfig:
+    """Reads a DSSTNE network definition (a JSON file's path, or an already-loaded dict) and validates it."""
+    if isinstance(source, dict):
+        raw, ctx = source, _Ctx(None)
+    else:
+        raw, path = _load(source)
+        ctx = _Ctx(path)
+    top = _take(ctx, raw, "", _TOP_KEYS, "the top level", _TOP_UNSUPPORTED)
+
+    if "Version" in top and not (_is_number(top["Version"]) or isinstance(top["Version"], str)):
+        raise ctx.fail("Version", f"expected a number or a string, got {_type_name(top['Version'])}")
+    if "Name" in top:
+        name = _str(ctx, top["Name"], "Name")
+    elif ctx.source:
+        name = os.path.splitext(os.path.basename(ctx.source))[0]
+    else:
+        name = "network"
+    kind = _enum(ctx, top["Kind"], "Kind", _NETWORK_KINDS) if "Kind" in top else "feedforward"
+    shuffle = _bool(ctx, top["ShuffleIndices"], "ShuffleIndices") if "ShuffleIndices" in top else True
+
+    sparseness_p = sparseness_beta = 0.0
+    if "SparsenessPenalty" in top:
+        sp = _take(ctx, top["SparsenessPenalty"], "SparsenessPenalty", ("p", "beta"), "SparsenessPenalty")
+        if "p" in sp:
+            sparseness_p = _float(ctx, sp["p"], "SparsenessPenalty.p", "[0,1)")
+        if "beta" in sp:
+            sparseness_beta = _float(ctx, sp["beta"], "SparsenessPenalty.beta", ">=0")
+    denoising_p = 0.0
+    if "Denoising" in top:
+        dn = _take(ctx, top["Denoising"], "Denoising", ("p",), "Denoising")
+        if "p" in dn:
+            denoising_p = _float(ctx, dn["p"], "Denoising.p", "[0,1)")
+
+    smce = {"oneTarget": 0.9, "zeroTarget": 0.1, "oneScale": 1.0, "zeroScale": 1.0}
+    if "ScaledMarginalCrossEntropy" in top:
+        block = _take(ctx, top["ScaledMarginalCrossEntropy"], "ScaledMarginalCrossEntropy", tuple(smce),
+                      "ScaledMarginalCrossEntropy")
+        for key, value in block.items():
+            p = f"ScaledMarginalCrossEntropy.{key}"
+            smce[key] = _float(ctx, value, p, "[0,1]" if key.endswith("Target") else ">=0")
+        if not smce["zeroTarget"] < smce["oneTarget"]:
+            raise ctx.fail("ScaledMarginalCrossEntropy.zeroTarget",
+                           f"zeroTarget {smce['zeroTarget']:g} must be below oneTarget {smce['oneTarget']:g}; "
+                           f"use 0 <= zeroTarget < oneTarget <= 1")
+    error = (_enum(ctx, top["ErrorFunction"], "ErrorFunction", _ERROR_NAMES, _ERROR_ALIASES, _ERROR_UNSUPPORTED)
+             if "ErrorFunction" in top else "crossentropy")
+
+    raw_layers = top.get("Layers")
+    if raw_layers is None:
+        raise ctx.fail("Layers", "missing; give an array of layers: one Input, any Hidden, one Output")
+    if not isinstance(raw_layers, list):
+        raise ctx.fail("Layers", f"expected an array of layer objects, got {_type_name(raw_layers)}")
+    if len(raw_layers) < 2:
+        raise ctx.fail("Layers", f"{len(raw_layers)} layer(s); a network needs at least an Input and an Output layer")
+    layers: list[Layer] = []
+    for index, raw_layer in enumerate(raw_layers):
+        layers.append(_parse_layer(ctx, raw_layer, index, len(raw_layers), layers[-1] if layers else None,
+                                   hidden_index=index))
+    seen: dict[str, int] = {}
+    for index, layer in enumerate(layers):
+        if layer.name in seen:
+            raise ctx.fail(f"Layers[{index}].Name", f"{layer.name!r} is also the name of Layers[{seen[layer.name]}]; "
+                                                    f"layer names must be unique")
+        seen[layer.name] = index
+    if kind == "autoencoder" and None not in (layers[0].n, layers[-1].n) and layers[0].n != layers[-1].n:
+        raise ctx.fail(f"Layers[{len(layers) - 1}].N",
+                       f"an AutoEncoder reconstructs its input, but the input has N = {layers[0].n} and the output "
+                       f"N = {layers[-1].n}; make them equal (or \"auto\")")
+
+    return NetworkConfig(
+        name=name, kind=kind, layers=tuple(layers), error_function=error,
+        one_target=smce["oneTarget"], zero_target=smce["zeroTarget"],
+        one_scale=smce["oneScale"], zero_scale=smce["zeroScale"],
+        denoising_p=denoising_p, sparseness_p=sparseness_p, sparseness_beta=sparseness_beta,
+        shuffle_indices=shuffle,
+        optimizer=_parse_optimizer(ctx, top["Optimizer"]) if "Optimizer" in top else Optimizer(),
+        source=ctx.source,
+    )

@@ -1,0 +1,246 @@
+"""The sparse autoencoder: losses against dense float64 references written from DSSTNE's
+definitions, initial weights independent of the item split, item-parallel training on real gloo
+process groups equal to one process step by step, checkpoints across process counts, exact
+resume, and the sampled-negatives estimate."""
+
+import copy
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from dlrm.data.csr_dataset import CsrDataset, write_csr
+from dlrm.data.user_histories import HistoryConfig, generate_user_histories
+from dlrm.recommender import checkpoint
+from dlrm.recommender.item_parallel import ItemParallel, item_bounds
+from dlrm.recommender.loss import batch_loss
+from dlrm.recommender.model import SparseAutoencoder
+from dlrm.recommender.network import parse_network
+from dlrm.recommender.train import TrainConfig, make_optimizer, take_rows, train
+from dlrm.training.logger import RunLogger
+from test_distributed import free_port
+
+N_ITEMS = 37
+
+
+def network(error="ScaledMarginalCrossEntropy", output="Sigmoid", hidden=(6, 5), optimizer="Adam", extra=None):
+    layers = [{"Kind": "Input", "N": "auto", "DataSet": "input", "Sparse": True}]
+    for i, n in enumerate(hidden):
+        layers.append({"Kind": "Hidden", "N": n, "Activation": ["Sigmoid", "Tanh", "Relu"][i % 3], "Sparse": i == 0,
+                       "pDropout": 0.2 if i == 1 else 0.0})
+    layers.append({"Kind": "Output", "N": "auto", "DataSet": "output", "Activation": output,
+                   "WeightInit": {"Scheme": "Gaussian", "Scale": 0.3}})
+    spec = {"Kind": "AutoEncoder", "Layers": layers, "ErrorFunction": error, "Denoising": {"p": 0.2},
+            "SparsenessPenalty": {"p": 0.3, "beta": 0.5},
+            "ScaledMarginalCrossEntropy": {"oneTarget": 0.8, "zeroTarget": 0.05, "oneScale": 2.0, "zeroScale": 0.5},
+            "Optimizer": {"Kind": optimizer, "Alpha": 0.05, "Mu": 0.9, "Lambda": 0.001}}
+    spec.update(extra or {})
+    return parse_network(spec).resolve(N_ITEMS, N_ITEMS)
+
+
+def random_batch(batch=9, seed=0, values=True):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, 7, (batch,), generator=g)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    rows = [torch.randperm(N_ITEMS, generator=g)[:n] for n in lengths.tolist()]
+    indices = torch.cat(rows)
+    vals = torch.rand(indices.numel(), generator=g, dtype=torch.float64) + 0.5 if values else None
+    return offsets, indices, vals
+
+
+def dense_reference_loss(model, inputs, targets):
+    """DSSTNE's definitions over a dense float64 target matrix, from a forward written plainly."""
+    cfg = model.config
+    offsets, indices, values = inputs
+    batch = offsets.numel() - 1
+    x = torch.zeros(batch, N_ITEMS, dtype=torch.float64)
+    for b in range(batch):
+        for j in range(offsets[b], offsets[b + 1]):
+            x[b, indices[j]] += 1.0 if values is None else values[j]
+    h = x @ model.input_weight + model.input_bias
+    acts = {"sigmoid": torch.sigmoid, "tanh": torch.tanh, "relu": torch.relu}
+    kept = []
+    for i, layer in enumerate(cfg.hidden):
+        if i:
+            h = h @ model.hidden[i - 1].weight.T + model.hidden[i - 1].bias
+        h = acts[layer.activation](h)
+        kept.append(h)
+    z = h @ model.output_weight.T + model.output_bias
+    t = torch.zeros(batch, N_ITEMS, dtype=torch.float64)
+    o, ind, val = targets
+    for b in range(batch):
+        for j in range(o[b], o[b + 1]):
+            t[b, ind[j]] = 1.0 if val is None else val[j]
+    y = torch.softmax(z, 1) if cfg.output.activation == "softmax" else {"sigmoid": torch.sigmoid, "linear": lambda v: v}[
+        cfg.output.activation](z)
+    if cfg.error_function == "crossentropy":
+        per = -t * torch.log(y) if cfg.output.activation == "softmax" else -t * torch.log(y) - (1 - t) * torch.log(1 - y)
+    elif cfg.error_function == "scaledmarginalcrossentropy":
+        pos = t > 0
+        per = torch.where(pos, -cfg.one_scale * torch.log(y) * (y < cfg.one_target),
+                          -cfg.zero_scale * torch.log(1 - y) * (y > cfg.zero_target))
+    elif cfg.error_function == "l2":
+        per = 0.5 * (y - t) ** 2
+    else:
+        per = (y - t).abs()
+    loss = per.sum() / batch
+    p = cfg.sparseness_p
+    for layer, a in zip(cfg.hidden, kept):
+        if layer.sparse or layer.sparseness_penalty:
+            rho = a.mean(0)
+            loss = loss + cfg.sparseness_beta * (p * torch.log(p / rho) + (1 - p) * torch.log((1 - p) / (1 - rho))).sum()
+    return loss
+
+
+@pytest.mark.parametrize("error,output", [("ScaledMarginalCrossEntropy", "Sigmoid"), ("CrossEntropy", "Sigmoid"),
+                                          ("CrossEntropy", "SoftMax"), ("SMCE", "SoftMax"), ("L2", "Sigmoid"),
+                                          ("L1", "Sigmoid"), ("L2", "Linear")])
+def test_sparse_loss_equals_dense_reference(error, output):
+    model = SparseAutoencoder(network(error, output), seed=3, dtype=torch.float64)
+    inputs, targets = random_batch(seed=1), random_batch(seed=2, values=error in ("L2", "L1"))
+    got = batch_loss(model, inputs, targets)
+    want = dense_reference_loss(model, inputs, targets)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    got.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    want.backward()
+    for g, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(g, p.grad, rtol=1e-9, atol=1e-12)
+
+
+def test_initial_rows_do_not_depend_on_the_item_split():
+    cfg = network()
+    whole = SparseAutoencoder(cfg, seed=5)
+    for world in (2, 3, 5):
+        bounds = item_bounds(N_ITEMS, world)
+        for rank in range(world):
+            part = SparseAutoencoder(cfg, ItemParallel(rank, world), seed=5)
+            assert torch.equal(part.input_weight, whole.input_weight[bounds[rank]:bounds[rank + 1]])
+            assert torch.equal(part.output_weight, whole.output_weight[bounds[rank]:bounds[rank + 1]])
+            assert all(torch.equal(a, b) for a, b in zip(part.hidden.parameters(), whole.hidden.parameters()))
+    assert not torch.equal(whole.input_weight, SparseAutoencoder(cfg, seed=6).input_weight)
+
+
+@pytest.fixture(scope="module")
+def histories(tmp_path_factory):
+    root = tmp_path_factory.mktemp("histories")
+    h = generate_user_histories(HistoryConfig(n_users=103, n_items=N_ITEMS, n_interactions=900, min_length=3,
+                                              n_clusters=4), seed=1)
+    write_csr(root / "all", h.rows)
+    return str(root / "all")
+
+
+STEPS, BATCH = 5, 25  # 25 users: uneven shares on 2 and 3 processes; 103 users: a short last batch
+
+
+def run_training(model, data, steps=STEPS, checkpoint_path=None, optimizer=None, state=None):
+    optimizer = optimizer or make_optimizer(model, model.config.optimizer)
+    dataset = CsrDataset(data)
+    cfg = TrainConfig(batch_size=BATCH, epochs=2, seed=7, shuffle=True, max_steps=steps, log_every_steps=1,
+                      checkpoint_path=checkpoint_path)
+    losses = []
+
+    class Capture(RunLogger):
+        def record(self, kind, **values):
+            if kind == "train":
+                losses.append(values["loss"])
+
+    train(model, optimizer, dataset, dataset, cfg, Capture(enabled=False), torch.device("cpu"), state)
+    return losses, optimizer
+
+
+def _worker(rank, world, port, data, out, ckpt):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    try:
+        model = SparseAutoencoder(network(), ItemParallel.from_process_group(), seed=3, dtype=torch.float64)
+        losses, _ = run_training(model, data, checkpoint_path=ckpt)
+        torch.save({"losses": losses, "input": model.input_weight.detach(), "output": model.output_weight.detach(),
+                    "bias": model.output_bias.detach(), "hidden": [p.detach() for p in model.hidden.parameters()],
+                    "input_bias": model.input_bias.detach()}, os.path.join(out, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [3])  # uneven user and item shares
+def test_item_parallel_training_equals_one_process(tmp_path, histories, world):
+    torch.manual_seed(0)
+    reference = SparseAutoencoder(network(), seed=3, dtype=torch.float64)
+    ref_losses, ref_optimizer = run_training(reference, histories, checkpoint_path=str(tmp_path / "one"))
+    ckpt = str(tmp_path / "many")
+    mp.spawn(_worker, args=(world, free_port(), histories, str(tmp_path), ckpt), nprocs=world)
+    bounds = item_bounds(N_ITEMS, world)
+    for rank in range(world):
+        got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+        np.testing.assert_allclose(got["losses"], ref_losses, rtol=1e-10)
+        sl = slice(bounds[rank], bounds[rank + 1])
+        torch.testing.assert_close(got["input"], reference.input_weight.detach()[sl], rtol=1e-9, atol=1e-11)
+        torch.testing.assert_close(got["output"], reference.output_weight.detach()[sl], rtol=1e-9, atol=1e-11)
+        torch.testing.assert_close(got["bias"], reference.output_bias.detach()[sl], rtol=1e-9, atol=1e-11)
+        for a, b in zip(got["hidden"], reference.hidden.parameters()):
+            torch.testing.assert_close(a, b.detach(), rtol=1e-9, atol=1e-11)
+    # The checkpoint written by `world` processes loads on one, weights and optimizer state alike,
+    # and training on from it equals training on from the one-process checkpoint.
+    meta = json.load(open(os.path.join(ckpt, "meta.json")))
+    assert meta["world_size"] == world and sum(n.startswith("output_rows_") for n in meta["files"]) == world
+    continued = []
+    for path in (ckpt, str(tmp_path / "one")):
+        model = SparseAutoencoder(network(), seed=3, dtype=torch.float64)
+        optimizer = make_optimizer(model, model.config.optimizer)
+        state = checkpoint.load(path, model, optimizer)
+        assert (state.step, state.epoch, state.samples) == (STEPS, 1, 103)  # one epoch: 4 x 25 + 3
+        losses, _ = run_training(model, histories, steps=3, optimizer=optimizer, state=state)
+        continued.append((losses, model.output_weight.detach().clone()))
+    np.testing.assert_allclose(continued[0][0], continued[1][0], rtol=1e-10)
+    torch.testing.assert_close(continued[0][1], continued[1][1], rtol=1e-9, atol=1e-11)
+
+
+def test_resume_equals_an_uninterrupted_run(tmp_path, histories):
+    whole = SparseAutoencoder(network(), seed=3, dtype=torch.float64)
+    whole_losses, _ = run_training(whole, histories, steps=7)
+    first = SparseAutoencoder(network(), seed=3, dtype=torch.float64)
+    losses, _ = run_training(first, histories, steps=3, checkpoint_path=str(tmp_path / "ck"))
+    second = SparseAutoencoder(network(), seed=9, dtype=torch.float64)  # other weights: all must come from the file
+    optimizer = make_optimizer(second, second.config.optimizer)
+    state = checkpoint.load(str(tmp_path / "ck"), second, optimizer)
+    more, _ = run_training(second, histories, steps=4, optimizer=optimizer, state=state)
+    assert losses + more == whole_losses  # float64, same order of operations: bit for bit
+    for a, b in zip(second.parameters(), whole.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_checkpoint_of_another_network_is_refused(tmp_path, histories):
+    model = SparseAutoencoder(network(), seed=3)
+    run_training(model, histories, steps=1, checkpoint_path=str(tmp_path / "ck"))
+    other = SparseAutoencoder(network(hidden=(8,)), seed=3)
+    with pytest.raises(ValueError, match=r"hidden layers \[6, 5\].*this model has .*\[8\]"):
+        checkpoint.load(str(tmp_path / "ck"), other)
+    with open(tmp_path / "ck" / "output_rows_0_37.pt", "r+b") as f:
+        f.seek(100)
+        f.write(b"\x00\x01\x02")
+    with pytest.raises(ValueError, match="output_rows_0_37.pt: checksum"):
+        checkpoint.load(str(tmp_path / "ck"), SparseAutoencoder(network(), seed=3))
+
+
+def test_sampled_negatives_estimate_the_full_loss_without_bias():
+    cfg = network("CrossEntropy", extra={"SparsenessPenalty": {"p": 0.0, "beta": 0.0}})
+    model = SparseAutoencoder(cfg, seed=3, dtype=torch.float64)
+    inputs, targets = random_batch(seed=1), random_batch(seed=2, values=False)
+    with torch.no_grad():
+        full = float(batch_loss(model, inputs, targets))
+        draws = np.array([float(batch_loss(model, inputs, targets, negatives=8, sample_seed=s)) for s in range(200)])
+    assert abs(draws.mean() - full) < 4 * draws.std() / np.sqrt(len(draws))
+    assert draws.std() > 0  # a real sample, not the full sum
+
+
+def test_rows_taken_in_any_order_match_the_dataset(histories):
+    dataset = CsrDataset(histories)
+    ids = np.array([5, 0, 102, 5, 17])
+    offsets, indices, _ = take_rows(dataset, ids)
+    for j, s in enumerate(ids):
+        assert indices[offsets[j]:offsets[j + 1]].tolist() == dataset.rows(int(s), int(s) + 1).indices.tolist()
