@@ -45,6 +45,10 @@ CLIS = {
     "main": ["-m", "dlrm.scripts.main"],
     "spark_train": ["-m", "dlrm.scripts.spark_train"],
     "spark_score": ["-m", "dlrm.scripts.spark_score"],
+    "recommender_generate": ["-m", "dlrm.scripts.recommender_generate"],
+    "recommender_train": ["-m", "dlrm.scripts.recommender_train"],
+    "recommender_predict": ["-m", "dlrm.scripts.recommender_predict"],
+    "recommender_evaluate": ["-m", "dlrm.scripts.recommender_evaluate"],
 }
 
 
@@ -73,6 +77,10 @@ HELP = [
     Case("main", "--help", "--inference_benchmark_batch_sizes", 0),
     Case("spark_train", "--help", "--spark_conf", 0),
     Case("spark_score", "--help", "--raw", 0),
+    Case("recommender_generate", "--help", "--heldout_fraction", 0),
+    Case("recommender_train", "--help", "--checkpoint_every_steps", 0),
+    Case("recommender_predict", "--help", "--scores_path", 0),
+    Case("recommender_evaluate", "--help", "--knn_neighbours", 0),
 ]
 
 # Fixture paths: missing (absent), file (random bytes), dir (empty directory), ckpt_damaged
@@ -150,6 +158,25 @@ CASES = [
          "{file} exists and is not a directory"),
     Case("main", "--dataset={dataset} --mode=inference_benchmark --inference_benchmark_batch_sizes=0 "
          "--log_path={out}.log.json", "--inference_benchmark_batch_sizes: 0"),
+    Case("recommender_generate", "--synthetic", "--output is required"),
+    Case("recommender_generate", "--output={out}", "give exactly one source"),
+    Case("recommender_generate", "--text={missing} --output={out}", "--text {missing}: no such file"),
+    Case("recommender_generate", "--synthetic --output={file}", "--output {file} is a file"),
+    Case("recommender_generate", "--synthetic --heldout_fraction=0.2 --heldout_last=3 --output={out}", "not both"),
+    Case("recommender_train", "--network=configs/recommender/movielens_autoencoder.json --checkpoint_path={out}",
+         "--input is required"),
+    Case("recommender_train", "--network={missing} --input={dir} --checkpoint_path={out}",
+         "{missing}: no such network definition file"),
+    Case("recommender_train", "--network=notebooks/dlrm_walkthrough.ipynb --input={dir} --checkpoint_path={out}",
+         "'cells': unknown key"),  # a JSON file that is not a network definition
+    Case("recommender_train", "--network=configs/recommender/movielens_autoencoder.json --input={missing} "
+         "--checkpoint_path={out}", "--input {missing} does not exist"),
+    Case("recommender_predict", "--checkpoint={missing} --input={dir} --output={out} --k=0", "--k=0"),
+    Case("recommender_predict", "--checkpoint={ckpt_damaged} --input={dir} --output={out}",
+         "meta.json: not readable as JSON"),
+    Case("recommender_evaluate", "--heldout={dir}", "--input is required"),
+    Case("recommender_evaluate", "--input={dir} --heldout={dir} --k=5,0 --output={out}", "every K must be >= 1"),
+    Case("recommender_evaluate", "--input={dir} --heldout={dir} --baselines= --output={out}", "nothing to evaluate"),
 ]
 
 

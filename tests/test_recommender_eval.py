@@ -64,6 +64,8 @@ def test_exclude_top_k_against_reference(monkeypatch, chunk):
         scores = torch.tensor(rng.integers(0, 4, (batch, n_local)), dtype=torch.float32)
         if trial % 4 == 1:
             scores = torch.tensor(rng.standard_normal((batch, n_local)), dtype=torch.float32)
+        if trial % 4 == 3:  # rows with and without ties at the k-th place in one batch
+            scores[::2] = torch.tensor(rng.standard_normal((len(scores[::2]), n_local)), dtype=torch.float32)
         for k in (1, 3, n_local, n_local + 5):
             excluded = exclude_(scores.clone(), offsets, indices, item_start)
             values, ids = top_k(excluded, k, item_start)

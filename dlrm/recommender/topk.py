@@ -65,7 +65,29 @@ def _sorted_by_value_then_id(values: torch.Tensor, ids: torch.Tensor) -> tuple[t
 
 
 def _top_k_rows(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact top-k of a chunk of rows (k <= n) with ids ascending among ties, local ids."""
+    """Exact top-k of a chunk of rows (k <= n) with ids ascending among ties, local ids.
+
+    Fast path: ``torch.topk`` of k + 1 shows where no tie straddles the k-th place (the usual
+    case for float scores; ties at -inf are excluded items and do not matter); those rows only
+    need their k candidates ordered. The other rows take the exact path below."""
+    rows, n = scores.shape
+    if k < n:
+        values, ids = torch.topk(scores, k + 1, dim=1, sorted=True)
+        clear = (values[:, k - 1] > values[:, k]) | (values[:, k - 1] == float("-inf"))
+        if bool(clear.all()):
+            return _sorted_by_value_then_id(values[:, :k], ids[:, :k])
+        if bool(clear.any()):
+            fast_v, fast_i = _sorted_by_value_then_id(values[clear, :k], ids[clear, :k])
+            slow_v, slow_i = _exact_top_k_rows(scores[~clear], k)
+            out_v, out_i = values[:, :k].clone(), ids[:, :k].clone()
+            out_v[clear], out_i[clear] = fast_v, fast_i
+            out_v[~clear], out_i[~clear] = slow_v, slow_i
+            return out_v, out_i
+    return _exact_top_k_rows(scores, k)
+
+
+def _exact_top_k_rows(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k-th value's ties resolved explicitly: the lowest ids equal to it fill the places."""
     rows, n = scores.shape
     kth = torch.topk(scores, k, dim=1, sorted=True).values[:, -1:]  # the k-th best value per row
     above = scores > kth  # all of these are in

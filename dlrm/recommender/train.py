@@ -118,6 +118,9 @@ def train(model: SparseAutoencoder, optimizer: torch.optim.Optimizer, inputs: Cs
           run_config: dict | None = None) -> dict:
     """Trains from ``state`` (a fresh run or a loaded checkpoint) and returns the summary."""
     check_datasets(inputs, targets, model)
+    if cfg.amp_dtype == torch.float16:
+        raise ValueError("`amp_dtype` float16 needs loss scaling, which the recommender's training loop does not do "
+                         "(fp16 gradients underflow): use bfloat16")
     if cfg.batch_size < 1:
         raise ValueError(f"`batch_size` must be >= 1, got {cfg.batch_size}")
     state = state or AutoencoderState()

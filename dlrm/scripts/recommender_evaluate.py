@@ -1,0 +1,189 @@
+r"""Ranking metrics of the sparse autoencoder and of standard baselines on a held-out split.
+
+    python -m dlrm.scripts.recommender_evaluate --input /data/ml20m/input --heldout /data/ml20m/heldout \
+        --checkpoint ckpt/ --k 1,5,10,20 --output metrics.json
+
+Every user's --input items are the history a recommender sees; their --heldout items (the same
+users in the same order, from recommender_generate's held-out split) are what it should find.
+The model (--checkpoint) and each of --baselines rank every item the user has not seen, through
+the same exclusion and top-K path, and are scored with precision, recall and NDCG at each K and
+catalogue coverage (dlrm.recommender.metrics defines them). Baselines, fitted on the --input rows:
+popularity (item counts), itemknn (item-item cosine kNN, --knn_neighbours) and mf (implicit ALS
+matrix factorisation, --mf_factors, --mf_iterations).
+
+Under torchrun the model is evaluated with its item layers split across the processes; the
+baselines then run on the first process alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from absl import app, flags
+
+from dlrm.scripts import cli
+from dlrm.scripts import recommender_common as common
+
+BASELINES = ("popularity", "itemknn", "mf")
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("input", None, "CSR dataset of the users' histories (e.g. DIR/input of recommender_generate).")
+flags.DEFINE_string("heldout", None, "CSR dataset of their held-out items (e.g. DIR/heldout), the same users in "
+                    "the same order.")
+flags.DEFINE_string("checkpoint", None, "Checkpoint of recommender_train to evaluate; default: the baselines only.")
+flags.DEFINE_list("baselines", list(BASELINES), f"Baselines to evaluate, comma-separated, from "
+                  f"{','.join(BASELINES)}; empty (--baselines=) for none.")
+flags.DEFINE_list("k", ["1", "5", "10", "20"], "Cut-offs K of the metrics, comma-separated.")
+flags.DEFINE_integer("batch_size", 1024, "Users ranked at once.", lower_bound=1)
+flags.DEFINE_string("output", None, "JSON file of the metrics, written atomically; default: printed only.")
+flags.DEFINE_integer("mf_factors", 64, "mf: latent factors.", lower_bound=1)
+flags.DEFINE_integer("mf_iterations", 10, "mf: ALS iterations.", lower_bound=0)
+flags.DEFINE_integer("knn_neighbours", 100, "itemknn: neighbours kept per item.", lower_bound=1)
+flags.DEFINE_integer("seed", 0, "mf: seed of the initial item factors.")
+flags.DEFINE_enum("device", None, ["cpu", "cuda"], "Device of the model; default: cuda if available, else cpu. "
+                  "Under torchrun each process takes cuda:LOCAL_RANK.")
+flags.DEFINE_boolean("amp", False, "Model: automatic mixed precision (torch.autocast, see --amp_dtype).")
+flags.DEFINE_enum("amp_dtype", "bf16", ["bf16", "fp16"], "Autocast dtype with --amp (fp16 on cuda only).")
+flags.DEFINE_float("dist_timeout", 300, "Under torchrun: seconds a collective may wait for a peer.", lower_bound=1)
+flags.mark_flags_as_required(["input", "heldout"])
+
+
+
+def _ks() -> list[int]:
+    ks = []
+    for text in FLAGS.k:
+        try:
+            k = int(text)
+        except ValueError:
+            raise app.UsageError(f"--k {','.join(FLAGS.k)}: {text!r} is not an integer") from None
+        if k < 1:
+            raise app.UsageError(f"--k {','.join(FLAGS.k)}: every K must be >= 1, got {k}")
+        ks.append(k)
+    if not ks:
+        raise app.UsageError("--k is empty; give at least one cut-off, e.g. --k 10")
+    return sorted(set(ks))
+
+
+def _check_flags() -> tuple[list[int], list[str]]:
+    ks = _ks()
+    unknown = [b for b in FLAGS.baselines if b not in BASELINES]
+    if unknown:
+        raise app.UsageError(f"--baselines: unknown {', '.join(map(repr, unknown))}; choose from "
+                             f"{','.join(BASELINES)}")
+    baselines = list(dict.fromkeys(FLAGS.baselines))
+    if not baselines and not FLAGS.checkpoint:
+        raise app.UsageError("nothing to evaluate: give --checkpoint, or baselines with --baselines")
+    if FLAGS.output and os.path.isdir(FLAGS.output):
+        raise app.UsageError(f"--output {FLAGS.output} is a directory; give a file name")
+    return ks, baselines
+
+
+def _row(metrics) -> dict:
+    out = {}
+    for m in metrics:
+        out.update({f"precision@{m.k}": m.precision, f"recall@{m.k}": m.recall, f"ndcg@{m.k}": m.ndcg,
+                    f"coverage@{m.k}": m.coverage})
+    out["users"] = metrics[0].users
+    return out
+
+
+def _table(results: dict[str, dict], ks: list[int]) -> str:
+    columns = [(f"{name}@{k}", f"{key}@{k}") for k in ks for name, key in
+               (("P", "precision"), ("R", "recall"), ("NDCG", "ndcg"))]
+    columns.append((f"cov@{ks[-1]}", f"coverage@{ks[-1]}"))
+    width = max(10, *(len(name) for name in results)) + 2
+    lines = ["".ljust(width) + "".join(title.rjust(9) for title, _ in columns)]
+    for name, row in results.items():
+        lines.append(name.ljust(width) + "".join(f"{row[key]:9.4f}" for _, key in columns))
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    return common.run_main(_main, argv)
+
+
+def _evaluate_model(inputs, heldout, ks: list[int], env) -> tuple[dict | None, bool]:
+    """(the model's metrics row, whether this process goes on to the baselines)."""
+    import torch
+
+    from dlrm.distributed.process_group import init_process_group
+    from dlrm.recommender import checkpoint
+    from dlrm.recommender.item_parallel import ItemParallel
+    from dlrm.recommender.model import SparseAutoencoder
+    from dlrm.recommender.predict import evaluate, model_scorer, recommend
+    from dlrm.training.checkpoint import latest_checkpoint
+
+    device = common.device(FLAGS.device, env)
+    amp_dtype = common.amp_dtype(FLAGS.amp, FLAGS.amp_dtype, device)
+    path = latest_checkpoint(FLAGS.checkpoint) or FLAGS.checkpoint
+    network = checkpoint.network_of(path)
+    if (network.input.n, network.output.n) != (inputs.n_features, heldout.n_features):
+        raise app.UsageError(f"--checkpoint {FLAGS.checkpoint} has {network.input.n:,} inputs and "
+                             f"{network.output.n:,} outputs, --input and --heldout {inputs.n_features:,} and "
+                             f"{heldout.n_features:,} items; evaluate on the datasets it was trained for")
+    if env is not None:
+        init_process_group(env, device, FLAGS.dist_timeout)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    parallel = ItemParallel.from_process_group()
+    meta = checkpoint.read_meta(path)
+    model = SparseAutoencoder(network, parallel, seed=int(meta.get("seed", 0)), device=device)
+    checkpoint.load(path, model)
+    started = time.perf_counter()
+    batches = recommend(model_scorer(model, amp_dtype), inputs, max(ks), FLAGS.batch_size,
+                        item_start=model.output_range[0], parallel=parallel)
+    row = {**_row(evaluate(batches, heldout, ks)), "seconds": time.perf_counter() - started}
+    if env is not None:  # the baselines run on one process: the others are done
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+    return row, parallel.rank == 0
+
+
+def _main(argv: list[str], env) -> int:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    ks, baselines = _check_flags()
+    for flag in ("input", "heldout"):
+        common.check_dataset_dir(flag, FLAGS[flag].value)  # before torch loads: a mistyped path fails at once
+    inputs, heldout = common.dataset("input", FLAGS.input), common.dataset("heldout", FLAGS.heldout)
+    if len(inputs) != len(heldout) or inputs.n_features != heldout.n_features:
+        raise app.UsageError(f"--input has {len(inputs):,} users and {inputs.n_features:,} items, --heldout "
+                             f"{len(heldout):,} and {heldout.n_features:,}: give the two halves of one held-out "
+                             f"split (DIR/input and DIR/heldout of recommender_generate)")
+    results: dict[str, dict] = {}
+    if FLAGS.checkpoint:
+        results["model"], first = _evaluate_model(inputs, heldout, ks, env)
+        if not first:
+            return 0
+    if baselines:
+        from dlrm.recommender.baselines import fit_baseline
+        from dlrm.recommender.predict import evaluate, recommend
+
+        rows = inputs.rows()
+        settings = {"popularity": {}, "itemknn": {"neighbours": FLAGS.knn_neighbours},
+                    "mf": {"factors": FLAGS.mf_factors, "iterations": FLAGS.mf_iterations, "seed": FLAGS.seed}}
+        for name in baselines:
+            started = time.perf_counter()
+            baseline = fit_baseline(name, rows, **settings[name])
+            fitted = time.perf_counter()
+            batches = recommend(lambda csr, b=baseline: b.scores(csr[0], csr[1]), inputs, max(ks), FLAGS.batch_size)
+            results[name] = {**_row(evaluate(batches, heldout, ks)), "fit_seconds": fitted - started,
+                             "seconds": time.perf_counter() - fitted}
+    users = next(iter(results.values()))["users"]
+    print(f"{len(inputs):,} users ({users:,} with held-out items), {inputs.n_features:,} items")
+    print(_table(results, ks))
+    if FLAGS.output:
+        from dlrm.data.atomic import write_text_atomically
+
+        report = {"input": os.path.abspath(FLAGS.input), "heldout": os.path.abspath(FLAGS.heldout),
+                  "checkpoint": os.path.abspath(FLAGS.checkpoint) if FLAGS.checkpoint else None, "k": ks,
+                  "users": users, "results": results}
+        write_text_atomically(FLAGS.output, json.dumps(report, indent=1) + "\n")
+        print(f"wrote {FLAGS.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    cli.run(main, prefix=common.rank_prefix)

@@ -1,0 +1,192 @@
+r"""Build the CSR datasets of the sparse autoencoder recommender (DSSTNE's generateNetCDF).
+
+    # DSSTNE text files (sample<TAB>item[,value]:item[,value]:...), comma-separated
+    python -m dlrm.scripts.recommender_generate --text ml20m-all.txt --output /data/ml20m \
+        --heldout_fraction 0.2
+    # MovieLens ratings.csv (userId,movieId,rating,timestamp), items in time order
+    python -m dlrm.scripts.recommender_generate --movielens_ratings ml-20m/ratings.csv \
+        --min_rating 4 --output /data/ml20m --heldout_last 5
+    # synthetic histories (defaults: MovieLens-20M's size)
+    python -m dlrm.scripts.recommender_generate --synthetic --users 300 --items 60 \
+        --interactions 9000 --output /tmp/tiny --heldout_fraction 0.2
+
+Writes into --output DIR:
+
+    DIR/all/                every user's whole history (CSR dataset, rows in samples-index order)
+    DIR/features_index.txt  item name <TAB> column (created, or merged into: names keep their ids)
+    DIR/samples_index.txt   user name <TAB> row
+    DIR/input/, DIR/heldout/  with --heldout_fraction or --heldout_last: each user's history
+                            split in two (same rows, same columns), for recommender_train
+                            (--input DIR/input) and recommender_evaluate (--heldout DIR/heldout)
+
+The features index is DSSTNE's "create or merge": an existing one (--features_index, default
+DIR/features_index.txt) is loaded, its items keep their columns and new items are appended,
+so datasets built at different times line up. The samples index is created afresh.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+from absl import app, flags
+
+from dlrm.scripts import cli
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("text", None, "DSSTNE text file(s) to convert, comma-separated (one source of --text, "
+                  "--movielens_ratings, --synthetic).")
+flags.DEFINE_string("movielens_ratings", None, "MovieLens ratings.csv (userId,movieId,rating,timestamp) to convert; "
+                    "each user's items in time order.")
+flags.DEFINE_float("min_rating", None, "With --movielens_ratings: keep ratings >= this only (e.g. 4: 'liked').")
+flags.DEFINE_boolean("synthetic", False, "Generate synthetic user histories (--users, --items, --interactions, "
+                     "--seed) instead of reading files.")
+flags.DEFINE_integer("users", 138_493, "With --synthetic: users (rows).", lower_bound=1)
+flags.DEFINE_integer("items", 27_278, "With --synthetic: items (columns).", lower_bound=1)
+flags.DEFINE_integer("interactions", 20_000_263, "With --synthetic: total interactions aimed at (every user gets "
+                     "at least 20 distinct items, MovieLens's minimum, so --items must be >= 20).", lower_bound=1)
+flags.DEFINE_integer("seed", 0, "With --synthetic: random seed.")
+flags.DEFINE_string("output", None, "Directory to write (all/, the index files, and input/ + heldout/ with a "
+                    "held-out split).")
+flags.DEFINE_string("features_index", None, "Features (items) index to load and merge into, and to write back; "
+                    "default: DIR/features_index.txt (created if missing).")
+flags.DEFINE_float("heldout_fraction", None, "Hold out this fraction of each user's items (at random) into "
+                   "DIR/heldout/, the rest into DIR/input/.", lower_bound=0.0, upper_bound=1.0)
+flags.DEFINE_integer("heldout_last", None, "Hold out each user's last K items (the latest, for time-ordered "
+                     "histories) into DIR/heldout/.", lower_bound=1)
+flags.DEFINE_integer("heldout_seed", 0, "Seed of the random --heldout_fraction split.")
+flags.DEFINE_integer("min_input", 1, "With a held-out split: items each user keeps in DIR/input/ at least.",
+                     lower_bound=0)
+flags.DEFINE_boolean("overwrite", False, "Replace what an earlier run wrote in --output.")
+flags.mark_flag_as_required("output")
+
+ALL, INPUT, HELDOUT = "all", "input", "heldout"
+FEATURES_INDEX, SAMPLES_INDEX = "features_index.txt", "samples_index.txt"
+
+
+def _check_flags() -> None:
+    sources = [name for name in ("text", "movielens_ratings") if getattr(FLAGS, name)]
+    if FLAGS.synthetic:
+        sources.append("synthetic")
+    if len(sources) != 1:
+        given = ", ".join(f"--{s}" for s in sources) if sources else "none"
+        raise app.UsageError(f"give exactly one source: --text, --movielens_ratings or --synthetic (given: {given})")
+    for name in ("users", "items", "interactions", "seed"):
+        if FLAGS[name].present and not FLAGS.synthetic:
+            raise app.UsageError(f"--{name} applies to --synthetic only; drop it")
+    if FLAGS.min_rating is not None and not FLAGS.movielens_ratings:
+        raise app.UsageError("--min_rating applies to --movielens_ratings only; drop it")
+    if FLAGS.heldout_fraction is not None and FLAGS.heldout_last is not None:
+        raise app.UsageError("give one of --heldout_fraction and --heldout_last, not both")
+    if FLAGS.heldout_fraction is None and FLAGS.heldout_last is None:
+        for name in ("heldout_seed", "min_input"):
+            if FLAGS[name].present:
+                raise app.UsageError(f"--{name} applies to a held-out split only; add --heldout_fraction or "
+                                     f"--heldout_last, or drop it")
+    files = list(FLAGS.text or []) + ([FLAGS.movielens_ratings] if FLAGS.movielens_ratings else [])
+    flag = "--text" if FLAGS.text else "--movielens_ratings"
+    for path in files:
+        if not os.path.exists(path):
+            raise app.UsageError(f"{flag} {path}: no such file")
+        if os.path.isdir(path):
+            raise app.UsageError(f"{flag} {path}: is a directory; give a file")
+    output = FLAGS.output
+    if os.path.exists(output) and not os.path.isdir(output):
+        raise app.UsageError(f"--output {output} is a file; give a directory (created if missing)")
+    if os.path.isdir(output) and os.listdir(output) and not FLAGS.overwrite:
+        raise app.UsageError(f"--output {output} is not empty; pass --overwrite to replace what is there, or "
+                             f"choose another directory")
+    index = FLAGS.features_index
+    if index and os.path.exists(index) and os.path.isdir(index):
+        raise app.UsageError(f"--features_index {index} is a directory; give the index file")
+
+
+def _parse_text(paths: list[str], features):
+    """DSSTNE text -> (rows in file order: the samples index is fresh; the features index merged into)."""
+    from dlrm.data.dsstne_text import NameIndex, parse_text
+
+    try:
+        parsed = parse_text(paths, features, NameIndex())
+    except UnicodeDecodeError as e:
+        raise app.UsageError(f"{', '.join(paths)}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    return parsed.rows, parsed.samples
+
+
+def _synthetic(features):
+    """Synthetic histories, their item ids mapped through the (possibly merged) features index."""
+    import numpy as np
+
+    from dlrm.data.csr_dataset import CsrRows
+    from dlrm.data.dsstne_text import NameIndex
+    from dlrm.data.user_histories import HistoryConfig, generate_user_histories
+
+    config = HistoryConfig(n_users=FLAGS.users, n_items=FLAGS.items, n_interactions=FLAGS.interactions)
+    try:
+        histories = generate_user_histories(config, seed=FLAGS.seed)
+    except ValueError as e:
+        raise app.UsageError(f"--synthetic: {e}") from None
+    column = np.array([features.add(name) for name in histories.item_names], np.int64)
+    rows = histories.rows
+    rows = CsrRows(rows.offsets, column[rows.indices].astype(np.int32), rows.values, features.size)
+    return rows, NameIndex(histories.user_names)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    _check_flags()
+    from dlrm.data.csr_dataset import split_holdout, write_csr
+    from dlrm.data.dsstne_text import NameIndex
+
+    output = FLAGS.output
+    index_path = FLAGS.features_index or os.path.join(output, FEATURES_INDEX)
+    features = NameIndex.load(index_path) if os.path.exists(index_path) else NameIndex()
+    known = len(features)
+    if FLAGS.synthetic:
+        rows, samples = _synthetic(features)
+        source = f"synthetic (seed {FLAGS.seed})"
+    elif FLAGS.text:
+        rows, samples = _parse_text(list(FLAGS.text), features)
+        source = ", ".join(FLAGS.text)
+    else:
+        from dlrm.data.user_histories import movielens_to_text
+
+        parent = os.path.dirname(os.path.abspath(output))
+        os.makedirs(parent, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=parent, prefix=f".{os.path.basename(output)}.movielens-") as tmp:
+            text = os.path.join(tmp, "ratings.txt")
+            movielens_to_text(FLAGS.movielens_ratings, text, min_rating=FLAGS.min_rating)
+            rows, samples = _parse_text([text], features)
+        source = FLAGS.movielens_ratings
+
+    # Datasets first, indexes last: an index never names rows or columns a dataset lacks.
+    write_csr(os.path.join(output, ALL), rows, overwrite=FLAGS.overwrite)
+    split = FLAGS.heldout_fraction is not None or FLAGS.heldout_last is not None
+    if split:
+        kept, held = split_holdout(os.path.join(output, ALL), os.path.join(output, INPUT),
+                                   os.path.join(output, HELDOUT), fraction=FLAGS.heldout_fraction,
+                                   last_k=FLAGS.heldout_last, seed=FLAGS.heldout_seed, min_input=FLAGS.min_input,
+                                   overwrite=FLAGS.overwrite)
+    else:
+        for stale in (INPUT, HELDOUT):  # an earlier run's split no longer matches all/
+            shutil.rmtree(os.path.join(output, stale), ignore_errors=True)
+    features.save(index_path)
+    samples.save(os.path.join(output, SAMPLES_INDEX))
+
+    merged = f" ({len(features) - known:,} new, merged into {known:,} of {index_path})" if known else ""
+    print(f"source {source}")
+    print(f"wrote {os.path.join(output, ALL)}: {rows.n_samples:,} users, {rows.n_features:,} items{merged}, "
+          f"{rows.nnz:,} interactions")
+    if split:
+        how = (f"--heldout_fraction {FLAGS.heldout_fraction:g}" if FLAGS.heldout_fraction is not None
+               else f"--heldout_last {FLAGS.heldout_last}")
+        print(f"wrote {os.path.join(output, INPUT)}: {kept:,} interactions; {os.path.join(output, HELDOUT)}: "
+              f"{held:,} interactions ({how})")
+    print(f"wrote {index_path} ({len(features):,} items), {os.path.join(output, SAMPLES_INDEX)} "
+          f"({len(samples):,} users)")
+    return 0
+
+
+if __name__ == "__main__":
+    cli.run(main)

@@ -1,0 +1,169 @@
+r"""Top-K recommendations of a trained sparse autoencoder (DSSTNE's predict).
+
+    python -m dlrm.scripts.recommender_predict --checkpoint ckpt/ --input /data/ml20m/input \
+        --features_index /data/ml20m/features_index.txt --samples_index /data/ml20m/samples_index.txt \
+        --k 10 --output recs.txt
+    torchrun --nproc_per_node 4 -m dlrm.scripts.recommender_predict --checkpoint ckpt/ ...
+
+Writes DSSTNE's output, one line per user of --input, best first:
+
+    <user>\t<item>,<score>:<item>,<score>:...
+
+Scores are the Output layer's activations. Items of the user's own history (--input) are never
+recommended (--noexclude_inputs keeps them), nor those of the --filter datasets (the same users in
+the same order, e.g. items already bought). Names come from the index files of
+recommender_generate; without them users and items are shown as their row and column numbers.
+Under torchrun each process scores its own item range and the lists are merged exactly; the
+first process writes the file. --scores_path also writes every score before exclusion, a float32
+.npy of [users, items] (one process only: it is as large as users x items x 4 bytes).
+"""
+
+from __future__ import annotations
+
+import os
+
+from absl import app, flags
+
+from dlrm.scripts import cli
+from dlrm.scripts import recommender_common as common
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("checkpoint", None, "Checkpoint directory of recommender_train.")
+flags.DEFINE_string("input", None, "CSR dataset of the users' histories to recommend for (e.g. DIR/input).")
+flags.DEFINE_integer("k", 10, "Recommendations per user.", lower_bound=1)
+flags.DEFINE_string("output", None, "Text file of the recommendations (DSSTNE's format), written atomically.")
+flags.DEFINE_string("features_index", None, "Features (items) index for item names; default: column numbers.")
+flags.DEFINE_string("samples_index", None, "Samples (users) index for user names; default: row numbers.")
+flags.DEFINE_list("filter", [], "CSR datasets (comma-separated) of further items not to recommend, row r for "
+                  "user r of --input.")
+flags.DEFINE_boolean("exclude_inputs", True, "Never recommend the items of a user's own history "
+                     "(--noexclude_inputs: allow them).")
+flags.DEFINE_integer("precision", 3, "Decimals of the scores.", lower_bound=0)
+flags.DEFINE_integer("batch_size", 1024, "Users scored at once.", lower_bound=1)
+flags.DEFINE_string("scores_path", None, "Also write every raw score, before exclusion, as a float32 .npy "
+                    "[users, items] (one process only).")
+flags.DEFINE_enum("device", None, ["cpu", "cuda"], "Device; default: cuda if available, else cpu. Under torchrun "
+                  "each process takes cuda:LOCAL_RANK.")
+flags.DEFINE_boolean("amp", False, "Automatic mixed precision (torch.autocast, see --amp_dtype).")
+flags.DEFINE_enum("amp_dtype", "bf16", ["bf16", "fp16"], "Autocast dtype with --amp (fp16 on cuda only).")
+flags.DEFINE_float("dist_timeout", 300, "Under torchrun: seconds a collective may wait for a peer.", lower_bound=1)
+flags.mark_flags_as_required(["checkpoint", "input", "output"])
+
+
+
+def _names(flag: str, count: int, exact: bool) -> list[str]:
+    """``count`` names from the index file of ``flag`` (row/column numbers without one)."""
+    from dlrm.data.dsstne_text import NameIndex
+
+    path = FLAGS[flag].value
+    if not path:
+        return [str(i) for i in range(count)]
+    if not os.path.isfile(path):
+        raise app.UsageError(f"--{flag} {path}: no such file")
+    index = NameIndex.load(path)
+    what = "users of --input" if flag == "samples_index" else "items of the checkpoint's network"
+    if index.size < count or (exact and index.size != count):
+        raise app.UsageError(f"--{flag} {path} names {index.size:,} entries for the {count:,} {what}; give the index "
+                             f"written with that dataset")
+    return [str(i) if name is None else name for i, name in enumerate(index.names()[:count])]
+
+
+def main(argv: list[str]) -> int:
+    return common.run_main(_main, argv)
+
+
+def _main(argv: list[str], env) -> int:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if FLAGS.scores_path and env is not None and env.world_size > 1:
+        raise app.UsageError("--scores_path writes one file from one process; run without torchrun to dump the "
+                             "scores, or drop --scores_path")
+    for flag in ("output", "scores_path"):
+        path = FLAGS[flag].value
+        if path and os.path.isdir(path):
+            raise app.UsageError(f"--{flag} {path} is a directory; give a file name")
+    for flag, path in [("input", FLAGS.input)] + [("filter", p) for p in FLAGS.filter]:
+        common.check_dataset_dir(flag, path)  # before torch loads: a mistyped path fails at once
+    import numpy as np
+    import torch
+
+    from dlrm.data.atomic import write_atomically
+    from dlrm.distributed.process_group import init_process_group
+    from dlrm.recommender import checkpoint
+    from dlrm.recommender.item_parallel import ItemParallel
+    from dlrm.recommender.model import SparseAutoencoder
+    from dlrm.recommender.predict import model_scorer, recommend, write_predictions
+    from dlrm.training.checkpoint import latest_checkpoint
+
+    device = common.device(FLAGS.device, env)
+    amp_dtype = common.amp_dtype(FLAGS.amp, FLAGS.amp_dtype, device)
+    path = latest_checkpoint(FLAGS.checkpoint) or FLAGS.checkpoint
+    network = checkpoint.network_of(path)
+    inputs = common.dataset("input", FLAGS.input)
+    if inputs.n_features != network.input.n:
+        raise app.UsageError(f"--input {FLAGS.input} has {inputs.n_features:,} items, the checkpoint's network "
+                             f"{network.input.n:,} inputs; give the dataset (and features index) it was trained on")
+    filters = [common.dataset("filter", p) for p in FLAGS.filter]
+    for f in filters:
+        if len(f) != len(inputs):
+            raise app.UsageError(f"--filter {f.path} has {len(f):,} users, --input {len(inputs):,}: they must hold the "
+                                 f"same users in the same order")
+    item_names = _names("features_index", network.output.n, exact=False)
+    user_names = _names("samples_index", len(inputs), exact=True)
+
+    if env is not None:
+        init_process_group(env, device, FLAGS.dist_timeout)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    parallel = ItemParallel.from_process_group()
+    meta = checkpoint.read_meta(path)
+    model = SparseAutoencoder(network, parallel, seed=int(meta.get("seed", 0)), device=device)
+    checkpoint.load(path, model)
+    score = model_scorer(model, amp_dtype)
+    first = parallel.rank == 0
+
+    def batches(scores=None):
+        done = 0
+
+        def scored(csr):
+            nonlocal done
+            values = score(csr)
+            if scores is not None:  # before recommend() writes -inf over the excluded items
+                scores[done:done + values.shape[0]] = values.float().cpu().numpy()
+                done += values.shape[0]
+            return values
+
+        return recommend(scored, inputs, FLAGS.k, FLAGS.batch_size, item_start=model.output_range[0],
+                         exclude=filters, exclude_inputs=FLAGS.exclude_inputs, parallel=parallel)
+
+    lines = 0
+    if not first:
+        for _ in batches():  # the collectives of the merge, in step with the first process
+            pass
+    elif FLAGS.scores_path:
+        def write_scores(tmp: str) -> None:
+            nonlocal lines
+            scores = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32,
+                                               shape=(len(inputs), network.output.n))
+            lines = write_predictions(FLAGS.output, batches(scores), user_names, item_names, FLAGS.precision)
+            scores.flush()
+            del scores
+
+        write_atomically(FLAGS.scores_path, write_scores)
+    else:
+        lines = write_predictions(FLAGS.output, batches(), user_names, item_names, FLAGS.precision)
+    if first:
+        print(f"wrote {FLAGS.output}: {lines:,} users, top {FLAGS.k} items each from {network.output.n:,} "
+              f"(inputs {'excluded' if FLAGS.exclude_inputs else 'allowed'}"
+              f"{', ' + str(len(filters)) + ' filter(s)' if filters else ''}), {parallel.world_size} "
+              f"process{'es' if parallel.world_size > 1 else ''}")
+        if FLAGS.scores_path:
+            print(f"wrote {FLAGS.scores_path}: float32 [{len(inputs):,}, {network.output.n:,}] scores")
+    if env is not None:
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    cli.run(main, prefix=common.rank_prefix)

@@ -1,0 +1,200 @@
+r"""Train the sparse autoencoder recommender on CSR user histories (DSSTNE's train).
+
+    python -m dlrm.scripts.recommender_train --network configs/recommender/movielens_autoencoder.json \
+        --input /data/ml20m/input --checkpoint_path ckpt/ --epochs 10 --batch_size 256
+    # continue where it stopped (the same draws as an uninterrupted run)
+    python -m dlrm.scripts.recommender_train --network ... --input ... --checkpoint_path ckpt/ --resume
+    # item layers split across processes (one GPU each, or CPU processes with gloo)
+    torchrun --nproc_per_node 4 -m dlrm.scripts.recommender_train --network ... --input ... \
+        --checkpoint_path ckpt/
+
+--network is a DSSTNE JSON network definition ("N": "auto" takes the dataset's item count);
+its Optimizer block (this project's addition) can be overridden with --optimizer, --alpha, --mu
+and --lambda. --output is the target dataset: by default the input itself (an autoencoder).
+--negatives N estimates the loss's zero-target term from N sampled items per step: an unbiased
+approximation for very large catalogues, not the exact loss DSSTNE computed.
+
+A checkpoint is written every --checkpoint_every_steps steps (else at the end of every epoch)
+and where the run stops; --resume continues from it exactly, given the same --seed and
+--batch_size. Without --resume an existing checkpoint at --checkpoint_path is an error, never
+silently replaced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from absl import app, flags
+
+from dlrm.scripts import cli
+from dlrm.scripts import recommender_common as common
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("network", None, "DSSTNE JSON network definition, e.g. "
+                    "configs/recommender/movielens_autoencoder.json.")
+flags.DEFINE_string("input", None, "CSR dataset of the inputs (user histories), e.g. DIR/input of "
+                    "recommender_generate.")
+flags.DEFINE_string("output", None, "CSR dataset of the targets, the same users in the same order; default: "
+                    "--input (an autoencoder reconstructs its input).")
+flags.DEFINE_integer("batch_size", 256, "Users per step (the global batch, whatever the process count).",
+                     lower_bound=1)
+flags.DEFINE_integer("epochs", 1, "Passes over the users.", lower_bound=1)
+flags.DEFINE_integer("seed", 0, "Seed of the weights and of every random draw (user order, denoising, dropout, "
+                     "negatives).")
+flags.DEFINE_string("checkpoint_path", None, "Checkpoint directory, written during and at the end of the run.")
+flags.DEFINE_boolean("resume", False, "Continue from the checkpoint at --checkpoint_path if there is one (exactly "
+                     "where it stopped; same --seed and --batch_size).")
+flags.DEFINE_integer("checkpoint_every_steps", 0, "Save every this many steps; 0: at the end of every epoch.",
+                     lower_bound=0)
+flags.DEFINE_integer("max_steps", None, "Stop after this many steps of this run (the checkpoint resumes).",
+                     lower_bound=1)
+flags.DEFINE_boolean("amp", False, "Automatic mixed precision (torch.autocast, see --amp_dtype).")
+flags.DEFINE_enum("amp_dtype", "bf16", ["bf16"], "Autocast dtype with --amp: bf16 only; fp16 is not offered "
+                  "because the training loop does no loss scaling (fp16 gradients underflow).")
+flags.DEFINE_enum("device", None, ["cpu", "cuda"], "Device; default: cuda if available, else cpu. Under torchrun "
+                  "each process takes cuda:LOCAL_RANK.")
+flags.DEFINE_integer("negatives", None, "Sampled negative items per step (an approximation of the full loss for "
+                     "large catalogues); default: every item is scored.", lower_bound=1)
+flags.DEFINE_enum("optimizer", None, ["sgd", "momentum", "nesterov", "adagrad", "rmsprop", "adam"],
+                  "Override the network file's Optimizer.Kind.")
+flags.DEFINE_float("alpha", None, "Override Optimizer.Alpha (learning rate, > 0).")
+flags.DEFINE_float("mu", None, "Override Optimizer.Mu (momentum; RMSProp's decay), in [0, 1).")
+flags.DEFINE_float("lambda", None, "Override Optimizer.Lambda (L2 weight decay of the weights, >= 0).")
+flags.DEFINE_string("log_path", None, "JSON-lines log: the flags, periodic train records, checkpoints and a "
+                    "final summary (appended to).")
+flags.DEFINE_integer("log_every_steps", 100, "Print and log the loss every this many steps; 0: never.",
+                     lower_bound=0)
+flags.DEFINE_float("dist_timeout", 300, "Under torchrun: seconds a collective may wait for a peer.", lower_bound=1)
+flags.mark_flags_as_required(["network", "input", "checkpoint_path"])
+
+# Flags a resumed run must share with the checkpoint's run to draw what it would have drawn.
+_MUST_MATCH_ON_RESUME = ("seed", "batch_size")
+
+
+
+_DATASET_HINT = " (e.g. DIR/input of recommender_generate)"
+
+
+def _plain(message: str) -> str:
+    """A network file's message with its JSON paths in quotes: `Alpha` there is a key of the file,
+    not a setting cli.run should show as a flag."""
+    return str(message).replace("`", "'")
+
+
+def _network():
+    """The network file, its optimizer overridden by the flags."""
+    from dlrm.recommender.network import NetworkConfigError, parse_network
+
+    try:
+        config = parse_network(FLAGS.network)
+    except NetworkConfigError as e:
+        raise app.UsageError(f"--network {_plain(e)}") from None
+    overrides = {}
+    if FLAGS.optimizer is not None:
+        overrides["kind"] = FLAGS.optimizer
+    if FLAGS.alpha is not None:
+        if not FLAGS.alpha > 0:
+            raise app.UsageError(f"--alpha {FLAGS.alpha:g}: the learning rate must be > 0")
+        overrides["alpha"] = FLAGS.alpha
+    if FLAGS.mu is not None:
+        if not 0 <= FLAGS.mu < 1:
+            raise app.UsageError(f"--mu {FLAGS.mu:g}: must be in [0, 1)")
+        overrides["mu"] = FLAGS.mu
+    if FLAGS["lambda"].value is not None:
+        if not FLAGS["lambda"].value >= 0:
+            raise app.UsageError(f"--lambda {FLAGS['lambda'].value:g}: the weight decay must be >= 0")
+        overrides["lambda_"] = FLAGS["lambda"].value
+    if overrides:
+        config = dataclasses.replace(config, optimizer=dataclasses.replace(config.optimizer, **overrides))
+    return config
+
+
+def _our_flags() -> dict:
+    return {name: FLAGS[name].value for name in FLAGS
+            if not FLAGS.find_module_defining_flag(name, default="").startswith("absl")}
+
+
+def main(argv: list[str]) -> int:
+    return common.run_main(_main, argv)
+
+
+def _main(argv: list[str], env) -> int:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    network = _network()  # before any dataset: a bad file fails at once, naming the key
+    for flag in ("input", "output"):
+        common.check_dataset_dir(flag, FLAGS[flag].value, _DATASET_HINT)
+    import torch
+
+    from dlrm.distributed.process_group import init_process_group
+    from dlrm.recommender import checkpoint
+    from dlrm.recommender.item_parallel import ItemParallel
+    from dlrm.recommender.model import SparseAutoencoder
+    from dlrm.recommender.network import NetworkConfigError
+    from dlrm.recommender.train import TrainConfig, check_datasets, make_optimizer, train
+    from dlrm.training.checkpoint import latest_checkpoint
+    from dlrm.training.logger import RunLogger
+
+    device = common.device(FLAGS.device, env)
+    amp_dtype = common.amp_dtype(FLAGS.amp, FLAGS.amp_dtype, device)
+    if FLAGS.negatives is not None and network.output.activation == "softmax":
+        raise app.UsageError("--negatives needs an element-wise output activation; the network's Output layer is "
+                             "SoftMax, which needs every item's score: drop --negatives")
+    path = FLAGS.checkpoint_path
+    found = latest_checkpoint(path)
+    if found is not None and not FLAGS.resume:
+        raise app.UsageError(f"--checkpoint_path {path} already holds a checkpoint; pass --resume to continue it, or "
+                             f"give another --checkpoint_path")
+    if found is not None:
+        saved = checkpoint.read_meta(found).get("run_config", {})
+        for name in _MUST_MATCH_ON_RESUME:
+            if name in saved and saved[name] != FLAGS[name].value:
+                raise app.UsageError(f"--resume: the checkpoint at {found} was trained with --{name} {saved[name]}, "
+                                     f"this run has {FLAGS[name].value}; use the same --{name} to continue it exactly")
+    inputs = common.dataset("input", FLAGS.input, _DATASET_HINT)
+    targets = common.dataset("output", FLAGS.output, _DATASET_HINT) if FLAGS.output else inputs
+    try:
+        network = network.resolve(inputs.n_features, targets.n_features)
+    except NetworkConfigError as e:
+        raise app.UsageError(f"--network {_plain(e)}") from None
+
+    if env is not None:
+        init_process_group(env, device, FLAGS.dist_timeout)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    parallel = ItemParallel.from_process_group()
+    try:
+        model = SparseAutoencoder(network, parallel, seed=FLAGS.seed, device=device)
+        check_datasets(inputs, targets, model)
+    except ValueError as e:
+        raise app.UsageError(f"--network {FLAGS.network}: {e}") from None
+    optimizer = make_optimizer(model, network.optimizer)
+    state = checkpoint.load(found, model, optimizer) if found is not None else None
+    cfg = TrainConfig(batch_size=FLAGS.batch_size, epochs=FLAGS.epochs, seed=FLAGS.seed,
+                      shuffle=network.shuffle_indices, negatives=FLAGS.negatives, amp_dtype=amp_dtype,
+                      log_every_steps=FLAGS.log_every_steps, checkpoint_path=path,
+                      checkpoint_every_steps=FLAGS.checkpoint_every_steps, max_steps=FLAGS.max_steps)
+    try:
+        logger = RunLogger(FLAGS.log_path, enabled=parallel.rank == 0)
+    except OSError as e:
+        raise app.UsageError(f"--log_path {FLAGS.log_path}: cannot be written ({e.strerror})") from None
+    run_config = _our_flags()
+    with logger:
+        logger.record("flags", **run_config)
+        hidden = " x ".join(str(layer.n) for layer in network.hidden)
+        logger.print(f"{network.name}: {model.n_input:,} inputs, hidden {hidden}, {model.n_output:,} outputs; "
+                     f"{len(inputs):,} users; optimizer {network.optimizer.kind} (alpha {network.optimizer.alpha:g}); "
+                     f"device {device}, {parallel.world_size} process{'es' if parallel.world_size > 1 else ''}"
+                     + (f"; resuming at step {state.step} (epoch {state.epoch})" if state is not None else ""))
+        summary = train(model, optimizer, inputs, targets, cfg, logger, device, state, run_config)
+        logger.print(f"Finished ({summary['stop_reason']}) after {summary['steps']} steps, {summary['epochs']} "
+                     f"epochs: {summary['users_per_s']:,.0f} users/s over {summary['seconds']:.1f} s; checkpoint "
+                     f"{path}")
+    if env is not None:
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    cli.run(main, prefix=common.rank_prefix)

@@ -1,0 +1,225 @@
+"""The recommender's command-line tools run as a user runs them (real subprocesses): generate a
+held-out split, train, predict, evaluate; resume; DSSTNE text in. Outputs are read back with
+numpy and plain file reads, not through the library that wrote them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO, run_cli
+
+NETWORK = {
+    "Kind": "AutoEncoder",
+    "Denoising": {"p": 0.1},
+    "Layers": [
+        {"Kind": "Input", "N": "auto", "DataSet": "input", "Sparse": True},
+        {"Kind": "Hidden", "N": 16, "Activation": "Sigmoid", "pDropout": 0.1},
+        {"Kind": "Output", "N": "auto", "DataSet": "output", "Activation": "Sigmoid"},
+    ],
+    "ErrorFunction": "ScaledMarginalCrossEntropy",
+    "Optimizer": {"Kind": "SGD", "Alpha": 0.05},
+}
+USERS, ITEMS, K = 300, 60, 5
+TRAIN = ("--batch_size", "64", "--log_every_steps", "1", "--device", "cpu", "--optimizer", "adam", "--alpha", "0.01")
+
+
+def read_csr(path: str) -> tuple[list[np.ndarray], np.ndarray | None, int]:
+    """(rows of item ids, values or None, n_features) straight from the files."""
+    with open(os.path.join(path, "header.json")) as f:
+        header = json.load(f)
+    offsets = np.fromfile(os.path.join(path, "offsets.bin"), "<i8")
+    indices = np.fromfile(os.path.join(path, "indices.bin"), "<i4")
+    values = np.fromfile(os.path.join(path, "values.bin"), "<f4") if header["has_values"] else None
+    assert offsets.shape[0] == header["n_samples"] + 1 and offsets[-1] == indices.shape[0] == header["nnz"]
+    rows = [indices[offsets[r]:offsets[r + 1]] for r in range(header["n_samples"])]
+    return rows, values, header["n_features"]
+
+
+def read_index(path: str) -> dict[str, int]:
+    with open(path, encoding="utf-8") as f:
+        return {name: int(i) for name, i in (line.rstrip("\n").split("\t") for line in f if line.strip())}
+
+
+def read_checkpoint(path: str) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint's pieces (weights and optimizer state), by file and key."""
+    out = {}
+
+    def walk(prefix, value):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}", v)
+        else:
+            out[prefix] = value
+
+    for name in sorted(os.listdir(path)):
+        if name.endswith(".pt"):
+            walk(name, torch.load(os.path.join(path, name), map_location="cpu", weights_only=True))
+    return out
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """A synthetic held-out split and a network file."""
+    root = tmp_path_factory.mktemp("recommender_cli")
+    out = str(root / "data")
+    proc = run_cli("dlrm.scripts.recommender_generate", "--synthetic", "--users", str(USERS), "--items", str(ITEMS),
+                   "--interactions", str(USERS * 25), "--seed", "3", "--heldout_fraction", "0.2",
+                   "--output", out)
+    assert f"{USERS:,} users, {ITEMS:,} items" in proc.stdout, proc.stdout
+    network = root / "network.json"
+    network.write_text(json.dumps(NETWORK))
+    return {"root": root, "out": out, "network": str(network)}
+
+
+def run_together(*commands: tuple[str, ...]) -> list[subprocess.CompletedProcess]:
+    """``python -m`` commands run side by side (each mostly imports torch on one core), as run_cli runs one."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    procs = [subprocess.Popen([sys.executable, "-m", *c], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for c in commands]
+    done = []
+    for command, proc in zip(commands, procs):
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, f"{' '.join(command)} exited {proc.returncode}\n{stdout}\n{stderr}"
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
+    return done
+
+
+def train_args(data, ckpt: str, steps: int) -> tuple[str, ...]:
+    return ("dlrm.scripts.recommender_train", "--network", data["network"], "--input",
+            os.path.join(data["out"], "input"), "--checkpoint_path", ckpt, "--max_steps", str(steps), *TRAIN)
+
+
+@pytest.fixture(scope="module")
+def trained(data):
+    """An uninterrupted 4-step run (logged), and beside it the first 2 steps of the resumed one."""
+    ckpt, half = str(data["root"] / "ckpt4"), str(data["root"] / "ckpt2+2")
+    log = str(data["root"] / "train4.json")
+    proc, _ = run_together((*train_args(data, ckpt, 4), "--log_path", log), train_args(data, half, 2))
+    assert "Finished (max_steps) after 4 steps" in proc.stdout, proc.stdout
+    records = [json.loads(line) for line in open(log)]
+    assert [r["type"] for r in records if r["type"] == "train"] == ["train"] * 4
+    assert records[0]["type"] == "flags" and records[0]["lambda"] is None and records[-1]["type"] == "summary"
+    return {"ckpt": ckpt, "half": half}
+
+
+def test_generate_writes_a_heldout_split_whose_halves_make_the_whole(data):
+    out = data["out"]
+    whole, _, n = read_csr(os.path.join(out, "all"))
+    kept, _, n_kept = read_csr(os.path.join(out, "input"))
+    held, _, n_held = read_csr(os.path.join(out, "heldout"))
+    assert n == n_kept == n_held == ITEMS and len(whole) == len(kept) == len(held) == USERS
+    for w, a, b in zip(whole, kept, held):
+        assert sorted(w) == sorted(np.concatenate([a, b])) and len(a) >= 1
+        assert len(b) == int(np.floor(0.2 * len(w) + 0.5))
+    assert len(read_index(os.path.join(out, "features_index.txt"))) == ITEMS
+    assert len(read_index(os.path.join(out, "samples_index.txt"))) == USERS
+
+
+def test_predict_recommends_k_unseen_items_per_user_best_first(cli, data, trained):
+    out = data["out"]
+    recs = str(data["root"] / "recs.txt")
+    scores_path = str(data["root"] / "scores.npy")
+    proc = cli("dlrm.scripts.recommender_predict", "--checkpoint", trained["ckpt"], "--input", os.path.join(out, "input"),
+               "--k", str(K), "--output", recs, "--features_index", os.path.join(out, "features_index.txt"),
+               "--samples_index", os.path.join(out, "samples_index.txt"), "--precision", "4",
+               "--scores_path", scores_path, "--device", "cpu")
+    assert f"wrote {recs}: {USERS} users" in proc.stdout, proc.stdout
+    items, users = read_index(os.path.join(out, "features_index.txt")), read_index(os.path.join(out, "samples_index.txt"))
+    history, _, _ = read_csr(os.path.join(out, "input"))
+    raw = np.load(scores_path)
+    assert raw.shape == (USERS, ITEMS) and raw.dtype == np.float32
+    lines = open(recs, encoding="utf-8").read().splitlines()
+    assert len(lines) == USERS
+    for row, line in enumerate(lines):
+        user, _, fields = line.partition("\t")
+        assert users[user] == row
+        pairs = [field.split(",") for field in fields.split(":")]
+        assert len(pairs) == K and all(len(p) == 2 for p in pairs), line
+        ids = [items[name] for name, _ in pairs]
+        scores = [float(s) for _, s in pairs]
+        assert len(set(ids)) == K and not set(ids) & set(history[row].tolist()), line
+        assert all(a >= b for a, b in zip(scores, scores[1:])), line
+        assert all(len(s.split(".")[1]) == 4 for _, s in pairs)
+        # The best unseen items by the dumped raw scores (ties aside).
+        unseen = np.setdiff1d(np.arange(ITEMS), history[row])
+        best = unseen[np.argsort(-raw[row, unseen], kind="stable")[:K]]
+        np.testing.assert_allclose(np.sort(raw[row, ids]), np.sort(raw[row, best]), atol=1e-6)
+        np.testing.assert_allclose(scores, raw[row, ids], atol=6e-5)
+
+
+def test_evaluate_reports_the_model_and_three_baselines(cli, data, trained):
+    out = data["out"]
+    metrics = str(data["root"] / "metrics.json")
+    proc = cli("dlrm.scripts.recommender_evaluate", "--input", os.path.join(out, "input"), "--heldout",
+               os.path.join(out, "heldout"), "--checkpoint", trained["ckpt"], "--k", "1,5", "--output", metrics,
+               "--mf_factors", "4", "--mf_iterations", "2", "--knn_neighbours", "10", "--device", "cpu")
+    report = json.load(open(metrics))
+    assert report["k"] == [1, 5] and list(report["results"]) == ["model", "popularity", "itemknn", "mf"]
+    for name, row in report["results"].items():
+        for k in (1, 5):
+            for metric in ("precision", "recall", "ndcg", "coverage"):
+                assert 0.0 <= row[f"{metric}@{k}"] <= 1.0, (name, metric, k)
+        assert row["users"] == USERS
+        assert proc.stdout.count(f"\n{name} ") == 1, proc.stdout
+    assert "P@5" in proc.stdout and "NDCG@5" in proc.stdout and "cov@5" in proc.stdout
+
+
+def test_resume_continues_exactly(cli, data, trained):
+    args = train_args(data, trained["half"], 2)  # its first 2 steps ran beside the 4-step run
+    refused = cli(*args, check=False)  # a checkpoint is there and no --resume: kept, not replaced
+    assert refused.returncode == 2 and "pass --resume" in refused.stderr, refused.stderr
+    proc = cli(*args, "--resume")
+    assert "resuming at step 2" in proc.stdout and "after 4 steps" in proc.stdout, proc.stdout
+    resumed, uninterrupted = read_checkpoint(trained["half"]), read_checkpoint(trained["ckpt"])
+    assert resumed.keys() == uninterrupted.keys() and any("exp_avg" in key for key in resumed)
+    for key, value in uninterrupted.items():
+        assert torch.equal(resumed[key], value), key
+
+
+def test_generate_text_round_trip(cli, tmp_path):
+    lines = ["alice\tm1:m2:m3", "bob\tm2,2.5:m4,0.5", "", "carol\t", "dave\tm4:m1"]
+    text = tmp_path / "ratings.txt"
+    text.write_text("\n".join(lines) + "\n")
+    out = str(tmp_path / "out")
+    proc = cli("dlrm.scripts.recommender_generate", "--text", str(text), "--output", out)
+    assert "4 users, 4 items" in proc.stdout and "7 interactions" in proc.stdout, proc.stdout
+    features, samples = read_index(os.path.join(out, "features_index.txt")), read_index(os.path.join(out, "samples_index.txt"))
+    assert features == {"m1": 0, "m2": 1, "m3": 2, "m4": 3} and samples == {"alice": 0, "bob": 1, "carol": 2, "dave": 3}
+    rows, values, n = read_csr(os.path.join(out, "all"))
+    assert n == 4 and not os.path.exists(os.path.join(out, "input"))
+    names = {v: k for k, v in features.items()}
+    got, position = [], 0
+    for user, row in zip(samples, rows):
+        fields = []
+        for item in row:
+            value = values[position]
+            fields.append(names[item] if value == 1.0 else f"{names[item]},{value:g}")
+            position += 1
+        got.append(f"{user}\t{':'.join(fields)}")
+    assert got == [line for line in lines if line]
+
+    # Another file into the same features index: known items keep their columns.
+    more = tmp_path / "more.txt"
+    more.write_text("erin\tm9:m2\n")
+    proc = cli("dlrm.scripts.recommender_generate", "--text", str(more), "--output", str(tmp_path / "out2"),
+               "--features_index", os.path.join(out, "features_index.txt"))
+    assert read_index(os.path.join(out, "features_index.txt")) == {**features, "m9": 4}
+    rows, _, n = read_csr(str(tmp_path / "out2" / "all"))
+    assert n == 5 and [r.tolist() for r in rows] == [[4, 1]]
+
+
+def test_a_network_file_with_an_unknown_key_is_one_line_naming_it(cli, tmp_path):
+    network = tmp_path / "network.json"
+    network.write_text(json.dumps({**NETWORK, "LearningRate": 0.1}))
+    proc = cli("dlrm.scripts.recommender_train", "--network", str(network), "--input", str(tmp_path / "missing"),
+               "--checkpoint_path", str(tmp_path / "ckpt"), check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"error: --network {network}: 'LearningRate': unknown key"), lines
+    assert not os.path.exists(tmp_path / "ckpt")
