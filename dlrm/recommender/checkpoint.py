@@ -160,6 +160,16 @@ def network_of(path: str):
     return parse_network(meta["network"]).resolve(meta["n_input"], meta["n_output"])
 
 
+def load_model(path: str, parallel, device: torch.device | str = "cpu") -> SparseAutoencoder:
+    """This process's part of the network a checkpoint holds, built from its own definition and
+    seed and loaded (for predict and evaluate)."""
+    meta = read_meta(path)
+    network = parse_network(meta["network"]).resolve(meta["n_input"], meta["n_output"])
+    model = SparseAutoencoder(network, parallel, seed=int(meta.get("seed", 0)), device=device)
+    load(path, model)
+    return model
+
+
 def _check_model(path: str, meta: dict[str, Any], model: SparseAutoencoder) -> None:
     saved = (meta["n_input"], meta["n_output"], meta["hidden"])
     this = (model.n_input, model.n_output, [layer.n for layer in model.config.hidden])

@@ -97,3 +97,24 @@ def run_main(main: Callable[[list[str], object], int], argv: list[str]) -> int:
     if env is not None:
         exit_now(code)
     return code
+
+
+def start_processes(env, device, timeout_s: float) -> None:
+    """Under torchrun: joins the process group; on CUDA: selects the process's device."""
+    import torch
+
+    from dlrm.distributed.process_group import init_process_group
+
+    if env is not None:
+        init_process_group(env, device, timeout_s)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+
+
+def end_processes(env) -> None:
+    """Under torchrun: waits for every process, then leaves the process group."""
+    if env is not None:
+        import torch.distributed as dist
+
+        dist.barrier()
+        dist.destroy_process_group()

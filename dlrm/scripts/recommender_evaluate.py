@@ -108,10 +108,8 @@ def _evaluate_model(inputs, heldout, ks: list[int], env) -> tuple[dict | None, b
     """(the model's metrics row, whether this process goes on to the baselines)."""
     import torch
 
-    from dlrm.distributed.process_group import init_process_group
     from dlrm.recommender import checkpoint
     from dlrm.recommender.item_parallel import ItemParallel
-    from dlrm.recommender.model import SparseAutoencoder
     from dlrm.recommender.predict import evaluate, model_scorer, recommend
     from dlrm.training.checkpoint import latest_checkpoint
 
@@ -123,14 +121,9 @@ def _evaluate_model(inputs, heldout, ks: list[int], env) -> tuple[dict | None, b
         raise app.UsageError(f"--checkpoint {FLAGS.checkpoint} has {network.input.n:,} inputs and "
                              f"{network.output.n:,} outputs, --input and --heldout {inputs.n_features:,} and "
                              f"{heldout.n_features:,} items; evaluate on the datasets it was trained for")
-    if env is not None:
-        init_process_group(env, device, FLAGS.dist_timeout)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    common.start_processes(env, device, FLAGS.dist_timeout)
     parallel = ItemParallel.from_process_group()
-    meta = checkpoint.read_meta(path)
-    model = SparseAutoencoder(network, parallel, seed=int(meta.get("seed", 0)), device=device)
-    checkpoint.load(path, model)
+    model = checkpoint.load_model(path, parallel, device)
     started = time.perf_counter()
     batches = recommend(model_scorer(model, amp_dtype), inputs, max(ks), FLAGS.batch_size,
                         item_start=model.output_range[0], parallel=parallel)

@@ -85,13 +85,10 @@ def _main(argv: list[str], env) -> int:
     for flag, path in [("input", FLAGS.input)] + [("filter", p) for p in FLAGS.filter]:
         common.check_dataset_dir(flag, path)  # before torch loads: a mistyped path fails at once
     import numpy as np
-    import torch
 
     from dlrm.data.atomic import write_atomically
-    from dlrm.distributed.process_group import init_process_group
     from dlrm.recommender import checkpoint
     from dlrm.recommender.item_parallel import ItemParallel
-    from dlrm.recommender.model import SparseAutoencoder
     from dlrm.recommender.predict import model_scorer, recommend, write_predictions
     from dlrm.training.checkpoint import latest_checkpoint
 
@@ -111,14 +108,9 @@ def _main(argv: list[str], env) -> int:
     item_names = _names("features_index", network.output.n, exact=False)
     user_names = _names("samples_index", len(inputs), exact=True)
 
-    if env is not None:
-        init_process_group(env, device, FLAGS.dist_timeout)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    common.start_processes(env, device, FLAGS.dist_timeout)
     parallel = ItemParallel.from_process_group()
-    meta = checkpoint.read_meta(path)
-    model = SparseAutoencoder(network, parallel, seed=int(meta.get("seed", 0)), device=device)
-    checkpoint.load(path, model)
+    model = checkpoint.load_model(path, parallel, device)
     score = model_scorer(model, amp_dtype)
     first = parallel.rank == 0
 
@@ -159,9 +151,7 @@ def _main(argv: list[str], env) -> int:
               f"process{'es' if parallel.world_size > 1 else ''}")
         if FLAGS.scores_path:
             print(f"wrote {FLAGS.scores_path}: float32 [{len(inputs):,}, {network.output.n:,}] scores")
-    if env is not None:
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    common.end_processes(env)
     return 0
 
 

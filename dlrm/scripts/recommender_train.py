@@ -124,9 +124,7 @@ def _main(argv: list[str], env) -> int:
     network = _network()  # before any dataset: a bad file fails at once, naming the key
     for flag in ("input", "output"):
         common.check_dataset_dir(flag, FLAGS[flag].value, _DATASET_HINT)
-    import torch
 
-    from dlrm.distributed.process_group import init_process_group
     from dlrm.recommender import checkpoint
     from dlrm.recommender.item_parallel import ItemParallel
     from dlrm.recommender.model import SparseAutoencoder
@@ -158,10 +156,7 @@ def _main(argv: list[str], env) -> int:
     except NetworkConfigError as e:
         raise app.UsageError(f"--network {_plain(e)}") from None
 
-    if env is not None:
-        init_process_group(env, device, FLAGS.dist_timeout)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    common.start_processes(env, device, FLAGS.dist_timeout)
     parallel = ItemParallel.from_process_group()
     try:
         model = SparseAutoencoder(network, parallel, seed=FLAGS.seed, device=device)
@@ -190,9 +185,7 @@ def _main(argv: list[str], env) -> int:
         logger.print(f"Finished ({summary['stop_reason']}) after {summary['steps']} steps, {summary['epochs']} "
                      f"epochs: {summary['users_per_s']:,.0f} users/s over {summary['seconds']:.1f} s; checkpoint "
                      f"{path}")
-    if env is not None:
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    common.end_processes(env)
     return 0
 
 
