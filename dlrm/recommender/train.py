@@ -49,16 +49,19 @@ def make_optimizer(model: SparseAutoencoder, config: Optimizer) -> torch.optim.O
     biases = [model.input_bias, model.output_bias, *(layer.bias for layer in model.hidden)]
     groups = [{"params": weights, "weight_decay": config.lambda_}, {"params": biases, "weight_decay": 0.0}]
     kind, lr = config.kind, config.alpha
+    # torch's fused kernels update every row in one pass: 5x faster than the per-tensor loop on
+    # CPU for the item layers, whose every row is updated every step (docs/benchmarks.md).
+    fused = {"fused": True}
     if kind == "sgd":
-        return torch.optim.SGD(groups, lr=lr)
+        return torch.optim.SGD(groups, lr=lr, **fused)
     if kind in ("momentum", "nesterov"):
-        return torch.optim.SGD(groups, lr=lr, momentum=config.mu, nesterov=kind == "nesterov")
+        return torch.optim.SGD(groups, lr=lr, momentum=config.mu, nesterov=kind == "nesterov", **fused)
     if kind == "adagrad":
-        return torch.optim.Adagrad(groups, lr=lr, eps=config.epsilon)
-    if kind == "rmsprop":
-        return torch.optim.RMSprop(groups, lr=lr, alpha=config.mu, eps=config.epsilon)
+        return torch.optim.Adagrad(groups, lr=lr, eps=config.epsilon, **fused)
+    if kind == "rmsprop":  # no fused kernel in torch
+        return torch.optim.RMSprop(groups, lr=lr, alpha=config.mu, eps=config.epsilon, foreach=True)
     if kind == "adam":
-        return torch.optim.Adam(groups, lr=lr, betas=(config.beta1, config.beta2), eps=config.epsilon)
+        return torch.optim.Adam(groups, lr=lr, betas=(config.beta1, config.beta2), eps=config.epsilon, **fused)
     raise ValueError(f"optimizer {kind!r} is not known")
 
 
