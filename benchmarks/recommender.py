@@ -43,7 +43,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--heldout_fraction", type=float, default=0.2)
     p.add_argument("--network", default="configs/recommender/movielens_tuned.json")
-    p.add_argument("--epochs", type=int, default=3, help="0: speed figures only (the model stays untrained)")
+    p.add_argument("--epochs", type=int, default=2, help="0: speed figures only (the model stays untrained)")
     p.add_argument("--batch_size", type=int, default=256)
     p.add_argument("--amp_dtype", choices=sorted(DTYPES), default="bf16", help="precision of the training run")
     p.add_argument("--speed_steps", type=int, default=30, help="steps timed per precision for the fp32/AMP comparison")
