@@ -3,7 +3,8 @@ history goes in as a bag of item ids, a score for every item comes out, and the 
 items are the recommendations. Wide item layers split across processes by item range.
 
 Modules: ``network`` (DSSTNE's JSON network definition), ``model`` (the network as torch
-modules), ``item_parallel`` (item ranges per process and the collectives between them),
-``topk`` (top-K excluding seen items, merged across processes), ``metrics`` and ``baselines``
-(evaluation on a held-out split), ``train`` and ``predict`` (the loops), ``checkpoint``.
+modules), ``item_parallel`` (item ranges per process and the exchanges between them),
+``loss`` (DSSTNE's error functions over sparse targets), ``topk`` (top-K excluding seen
+items, merged across processes), ``metrics`` and ``baselines`` (evaluation on a held-out
+split), ``train`` and ``predict`` (the loops), ``checkpoint``. Guide: docs/recommender.md.
 """
