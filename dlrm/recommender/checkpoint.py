@@ -16,17 +16,15 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
-from dlrm.data.atomic import fsync_dir
 from dlrm.recommender.model import SparseAutoencoder
 from dlrm.recommender.network import parse_network
-from dlrm.training.checkpoint import (META, CheckpointError, check_checkpoint_path, commit_directory, host_copy,
-                                      load_tensor_file, save_tensor_file, verify_checksums)
+from dlrm.training.checkpoint import (META, CheckpointError, host_copy, load_tensor_file, save_tensor_file,
+                                      staged_directory, verify_checksums, write_meta)
 
 FORMAT = "dlrm-autoencoder-checkpoint"
 VERSION = 1
@@ -62,18 +60,9 @@ def _replicated(model: SparseAutoencoder) -> dict[str, torch.nn.Parameter]:
 def save(path: str, model: SparseAutoencoder, optimizer: torch.optim.Optimizer | None, state: AutoencoderState,
          run_config: dict[str, Any] | None = None) -> None:
     """Every process of the model's run calls this at the same step."""
-    path = os.path.abspath(path)
-    tmp = f"{path}.tmp"
     parallel = model.parallel
-    first = parallel.rank == 0
-    if first:
-        check_checkpoint_path(path)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        if os.path.exists(tmp):
-            shutil.rmtree(tmp)
-        os.makedirs(tmp)
-    _barrier(parallel)
-    try:
+    collectives = parallel.collectives(model.output_weight.device)
+    with staged_directory(path, collectives) as tmp:
         checksums = {}
         for kind, params in _item_params(model).items():
             start, stop = model.input_range if kind == "input" else model.output_range
@@ -83,51 +72,32 @@ def save(path: str, model: SparseAutoencoder, optimizer: torch.optim.Optimizer |
             piece["state"] = {name: _state_of(optimizer, p) for name, p in params.items()}
             name = f"{kind}_rows_{start}_{stop}.pt"
             checksums[name] = save_tensor_file(piece, os.path.join(tmp, name))
-        checksums = _gather_checksums(parallel, checksums)
-        if first:
-            replicated = _replicated(model)
-            checksums["replicated.pt"] = save_tensor_file(
-                {"params": {n: host_copy(p) for n, p in replicated.items()},
-                 "state": {n: _state_of(optimizer, p) for n, p in replicated.items()}},
-                os.path.join(tmp, "replicated.pt"))
-            meta = {
-                "format": FORMAT, "version": VERSION,
-                "network": model.config.to_json(),
-                "n_input": model.n_input, "n_output": model.n_output,
-                "hidden": [layer.n for layer in model.config.hidden],
-                "seed": model.seed,
-                "optimizer": type(optimizer).__name__ if optimizer is not None else None,
-                "train_state": asdict(state),
-                "run_config": run_config or {},
-                "world_size": parallel.world_size,
-                "files": {n: {"bytes": os.path.getsize(os.path.join(tmp, n)), "crc32": c}
-                          for n, c in sorted(checksums.items())},
-            }
-            with open(os.path.join(tmp, META), "w", encoding="utf-8") as f:
-                json.dump(meta, f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
-            fsync_dir(tmp)
-    except BaseException:
-        if first:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if first:
-        commit_directory(tmp, path)
-    _barrier(parallel)
+        checksums = {name: crc for part in collectives.gather_objects(checksums) for name, crc in part.items()}
+        if parallel.rank == 0:
+            _write_rest(tmp, model, optimizer, state, run_config, checksums)
 
 
-def _barrier(parallel) -> None:
-    if parallel.distributed:
-        torch.distributed.barrier(group=parallel.group)
-
-
-def _gather_checksums(parallel, checksums: dict[str, str]) -> dict[str, str]:
-    if not parallel.distributed:
-        return checksums
-    parts: list[Any] = [None] * parallel.world_size
-    torch.distributed.all_gather_object(parts, checksums, group=parallel.group)
-    return {name: crc for part in parts for name, crc in part.items()}
+def _write_rest(tmp: str, model: SparseAutoencoder, optimizer: torch.optim.Optimizer | None,
+                state: AutoencoderState, run_config: dict[str, Any] | None, checksums: dict[str, str]) -> None:
+    """The replicated weights and, last, ``meta.json`` (which makes the directory complete)."""
+    replicated = _replicated(model)
+    checksums["replicated.pt"] = save_tensor_file(
+        {"params": {n: host_copy(p) for n, p in replicated.items()},
+         "state": {n: _state_of(optimizer, p) for n, p in replicated.items()}},
+        os.path.join(tmp, "replicated.pt"))
+    meta = {
+        "format": FORMAT, "version": VERSION,
+        "network": model.config.to_json(),
+        "n_input": model.n_input, "n_output": model.n_output,
+        "hidden": [layer.n for layer in model.config.hidden],
+        "seed": model.seed,
+        "optimizer": type(optimizer).__name__ if optimizer is not None else None,
+        "train_state": asdict(state),
+        "run_config": run_config or {},
+        "world_size": model.parallel.world_size,
+        "files": {n: {"bytes": os.path.getsize(os.path.join(tmp, n)), "crc32": c} for n, c in sorted(checksums.items())},
+    }
+    write_meta(tmp, meta)
 
 
 def read_meta(path: str) -> dict[str, Any]:

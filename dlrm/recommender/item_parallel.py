@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from dlrm.data.rank_source import local_batch_sizes
+from dlrm.distributed.collectives import Collectives, ProcessGroupCollectives
 from dlrm.distributed.exchange import all_to_all
 
 
@@ -76,6 +77,10 @@ class ItemParallel:
         sizes = self.user_sizes(batch)
         start = sum(sizes[: self.rank])
         return start, start + sizes[self.rank]
+
+    def collectives(self, device: torch.device | str = "cpu") -> Collectives:
+        """The training engine's ``Collectives`` over this group (checkpoints meet through them)."""
+        return ProcessGroupCollectives(torch.device(device), self.group) if self.distributed else Collectives()
 
     def scatter_sum(self, partial: torch.Tensor) -> torch.Tensor:
         """``[B, H]`` partial sums, one per process -> this process's users' rows of their sum,

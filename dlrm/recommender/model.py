@@ -25,7 +25,7 @@ from torch import nn
 
 from dlrm.nn.init import INIT_BLOCK_ROWS, table_generator
 from dlrm.recommender.item_parallel import ItemParallel
-from dlrm.recommender.network import Layer, NetworkConfig
+from dlrm.recommender.network import NetworkConfig
 
 LRELU_SLOPE = 0.01  # DSSTNE's leaky-ReLU slope
 _KEY_OUTPUT = 1_000  # generator keys: hidden layer i (incoming weights) is i, the output layer this
@@ -140,9 +140,6 @@ class SparseAutoencoder(nn.Module):
     def replicated_parameters(self) -> list[nn.Parameter]:
         """Weights every process holds whole (their gradients are summed across processes)."""
         return [self.input_bias, *self.hidden.parameters()]
-
-    def hidden_layers(self) -> list[Layer]:
-        return list(self.config.hidden)
 
     def encode(self, offsets: torch.Tensor, indices: torch.Tensor, values: torch.Tensor | None,
                dropout_seed: int | None = None, keep_hidden: list[torch.Tensor] | None = None) -> torch.Tensor:

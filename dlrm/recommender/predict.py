@@ -17,7 +17,7 @@ import torch
 
 from dlrm.data.atomic import write_atomically
 from dlrm.data.csr_dataset import CsrDataset
-from dlrm.recommender.metrics import MetricsAccumulator
+from dlrm.recommender.metrics import MetricsAccumulator, RankingMetrics
 from dlrm.recommender.model import SparseAutoencoder, activation
 from dlrm.recommender.topk import exclude_, format_recommendations, merge_top_k, top_k
 from dlrm.recommender.train import take_rows
@@ -100,8 +100,9 @@ def write_predictions(path: str | os.PathLike, batches: Iterator[tuple[int, torc
     return lines
 
 
-def evaluate(batches: Iterator[tuple[int, torch.Tensor, torch.Tensor]], heldout: CsrDataset, ks: Sequence[int]) -> dict:
-    """Ranking metrics of the recommendation lists against each user's held-out items."""
+def evaluate(batches: Iterator[tuple[int, torch.Tensor, torch.Tensor]], heldout: CsrDataset,
+             ks: Sequence[int]) -> list[RankingMetrics]:
+    """Ranking metrics of the recommendation lists against each user's held-out items, one per K."""
     accumulator = MetricsAccumulator(list(ks), heldout.n_features)
     for first, _, items in batches:
         rows = heldout.rows(first, first + items.shape[0])

@@ -134,7 +134,8 @@ def train(model: SparseAutoencoder, optimizer: torch.optim.Optimizer, inputs: Cs
     autocast = (torch.autocast(device.type, dtype=cfg.amp_dtype) if cfg.amp_dtype is not None
                 else contextlib.nullcontext())
     start_step, start_samples, start_time = state.step, state.samples, time.perf_counter()
-    window_loss, window_users, window_time = 0.0, 0, time.perf_counter()
+    # The window's loss stays on the device until a log line needs it: no sync, no all-reduce per step.
+    window_loss, window_users, window_time = torch.zeros((), dtype=torch.float64, device=device), 0, time.perf_counter()
     total_steps = batches * cfg.epochs
     stop_reason = "completed"
 
@@ -151,8 +152,9 @@ def train(model: SparseAutoencoder, optimizer: torch.optim.Optimizer, inputs: Cs
                     stop_reason = "max_steps"
                     break
                 ids = order[state.batch * cfg.batch_size:(state.batch + 1) * cfg.batch_size]
-                x = denoise(take_rows(inputs, ids), network.denoising_p, cfg.seed, state.step)
-                y = take_rows(targets, ids)
+                rows = take_rows(inputs, ids)
+                y = rows if targets is inputs else take_rows(targets, ids)  # an autoencoder reads its rows once
+                x = denoise(rows, network.denoising_p, cfg.seed, state.step)
                 with autocast:
                     loss = batch_loss(model, _to(x, device), _to(y, device),
                                       dropout_seed=cfg.seed * 1_000_003 + state.step, negatives=cfg.negatives,
@@ -164,17 +166,17 @@ def train(model: SparseAutoencoder, optimizer: torch.optim.Optimizer, inputs: Cs
                 state.batch += 1
                 state.step += 1
                 state.samples += len(ids)
-                window_loss += float(parallel.sum(loss.detach().double())) * len(ids)
+                window_loss += loss.detach().double() * len(ids)
                 window_users += len(ids)
                 if cfg.log_every_steps and state.step % cfg.log_every_steps == 0:
                     now = time.perf_counter()
                     rate = window_users / max(now - window_time, 1e-9)
+                    mean_loss = float(parallel.sum(window_loss)) / window_users
                     left = (total_steps - state.step) * cfg.batch_size / max(rate, 1e-9)
                     logger.print(f"epoch {state.epoch} step {state.step}/{total_steps} loss "
-                                 f"{window_loss / window_users:.5f} {rate:,.0f} users/s eta {format_eta(left)}")
-                    logger.record("train", epoch=state.epoch, step=state.step, loss=window_loss / window_users,
-                                  users_per_s=rate)
-                    window_loss, window_users, window_time = 0.0, 0, now
+                                 f"{mean_loss:.5f} {rate:,.0f} users/s eta {format_eta(left)}")
+                    logger.record("train", epoch=state.epoch, step=state.step, loss=mean_loss, users_per_s=rate)
+                    window_loss, window_users, window_time = torch.zeros_like(window_loss), 0, now
                 if cfg.checkpoint_path and cfg.checkpoint_every_steps and state.step % cfg.checkpoint_every_steps == 0:
                     save()
             if stop_reason != "completed":

@@ -31,6 +31,7 @@ The processes meet through the run's ``Collectives``, never through torch.distri
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import json
@@ -44,7 +45,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from collections.abc import Iterable
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Iterator
 
 import torch
 
@@ -264,18 +265,8 @@ def save_checkpoint(
     collectives: Collectives = Collectives(),
 ) -> None:
     """Every process of ``collectives`` calls this; each writes its own tables."""
-    path = os.path.abspath(path)
-    parent = os.path.dirname(path)
-    tmp = f"{path}.tmp"
     first = collectives.rank == 0
-    if first:
-        check_checkpoint_path(path)
-        os.makedirs(parent, exist_ok=True)
-        if os.path.exists(tmp):
-            shutil.rmtree(tmp)
-        os.makedirs(tmp)
-    collectives.barrier()
-    try:
+    with staged_directory(path, collectives) as tmp:
         checksums = {}
         for embeddings, i in _local_tables(model):
             name = _table_file(embeddings.table_indices[i], embeddings.row_range(i) if embeddings.is_block(i) else None)
@@ -289,6 +280,26 @@ def save_checkpoint(
         checksums = {name: crc for part in collectives.gather_objects(checksums) for name, crc in part.items()}
         if first:
             _write_rest(tmp, model, optimizer, scaler, state, run_config, checksums, collectives.world_size)
+
+
+@contextlib.contextmanager
+def staged_directory(path: str, collectives: Collectives = Collectives()) -> Iterator[str]:
+    """The directory every process of ``collectives`` writes a checkpoint into: ``<path>.tmp``,
+    made fresh by the first process; when the block ends, the first process puts it at
+    ``path`` (``commit_directory``), or removes it if the block failed. Processes meet before
+    and after."""
+    path = os.path.abspath(path)
+    tmp = f"{path}.tmp"
+    first = collectives.rank == 0
+    if first:
+        check_checkpoint_path(path)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if os.path.exists(tmp):
+            shutil.rmtree(tmp)
+        os.makedirs(tmp)
+    collectives.barrier()
+    try:
+        yield tmp
     except BaseException:
         if first:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -353,7 +364,12 @@ def _write_rest(
             for name in sorted(os.listdir(tmp))
         },
     }
-    with open(os.path.join(tmp, META), "w") as f:
+    write_meta(tmp, meta)
+
+
+def write_meta(tmp: str, meta: dict[str, Any]) -> None:
+    """``meta.json``, durably: written last, it is what makes a checkpoint directory complete."""
+    with open(os.path.join(tmp, META), "w", encoding="utf-8") as f:
         json.dump(meta, f, indent=1, default=str)
         f.flush()
         os.fsync(f.fileno())
