@@ -4,9 +4,10 @@
 #
 #     bash benchmarks/gpu_suite.sh LOGDIR [STAGE...]
 #
-# Stages (all by default, in this order): env, tests, kernels, steps, cli.
+# Stages (all by default, in this order): env, tests, kernels, steps, cli, inference, recommender.
 # Each writes LOGDIR/<stage>.log; a summary of exit codes goes to the end of stdout.
-# TESTS_LIMIT, KERNELS_LIMIT, STEPS_LIMIT, CLI_LIMIT override a stage's time box (seconds).
+# TESTS_LIMIT, KERNELS_LIMIT, STEPS_LIMIT, CLI_LIMIT, INFERENCE_LIMIT, RECOMMENDER_LIMIT override a
+# stage's time box (seconds).
 # Runs from a checkout without installing it (PYTHONPATH), on a machine whose python already
 # has a CUDA build of torch and triton.
 set -uo pipefail
@@ -14,7 +15,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit
 logdir=${1:?usage: gpu_suite.sh LOGDIR [STAGE...]}
 shift
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(env tests kernels steps cli)
+[ ${#stages[@]} -eq 0 ] && stages=(env tests kernels steps cli inference recommender)
 mkdir -p "$logdir"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 python=${PYTHON:-python3}
@@ -32,6 +33,22 @@ run_stage() {  # name timeout_s command...
 }
 
 gpu_tests=$(grep -l "pytest.mark.gpu" tests/*.py)
+fl15=$("$python" -c 'from dlrm.data.synthetic import FL15_CARDINALITIES as f; print(",".join(map(str, f)))')
+
+# Inference on FL15 shapes at the batch sizes NVIDIA publishes, one process per backend (fastest
+# first, the TorchScript export of the 16.7 GB model last, since it is the slowest to set up).
+inference_runs() {
+    local common=(--dataset_type synthetic --synthetic_dataset_table_sizes "$fl15"
+        --synthetic_dataset_num_entries 262144 --synthetic_dataset_num_test_entries 262144
+        --mode inference_benchmark --inference_benchmark_batch_sizes 1,64,4096,32768
+        --inference_benchmark_steps 200 --log_path /dev/null)
+    "$python" -m dlrm.scripts.main "${common[@]}" --amp --embedding_type joint_fused --interaction_op cuda_dot --cuda_graphs
+    "$python" -m dlrm.scripts.main "${common[@]}" --amp --embedding_type joint_fused --interaction_op cuda_dot
+    "$python" -m dlrm.scripts.main "${common[@]}"
+    "$python" -m dlrm.scripts.main "${common[@]}" --inference_benchmark_backend torchscript
+}
+export -f inference_runs
+export fl15 python
 
 for stage in "${stages[@]}"; do
     case $stage in
@@ -47,12 +64,17 @@ for stage in "${stages[@]}"; do
     steps)
         run_stage steps "${STEPS_LIMIT:-420}" "$python" benchmarks/train_step.py --device cuda ;;
     cli)
-        fl15=$("$python" -c 'from dlrm.data.synthetic import FL15_CARDINALITIES as f; print(",".join(map(str, f)))')
         run_stage cli "${CLI_LIMIT:-300}" "$python" -m dlrm.scripts.main --dataset_type synthetic \
             --synthetic_dataset_table_sizes "$fl15" --synthetic_dataset_num_entries $((65536 * 600)) \
             --synthetic_dataset_num_test_entries $((65536 * 4)) --batch_size 65536 --amp \
             --embedding_type joint_fused --interaction_op cuda_dot --cuda_graphs \
             --benchmark_warmup_steps 50 --max_steps 500 --log_path "$logdir/cli_log.json" ;;
+    inference)
+        run_stage inference "${INFERENCE_LIMIT:-300}" bash -c inference_runs ;;
+    recommender)
+        # MovieLens-20M-size synthetic histories: quality after 2 epochs and training/predict users/s
+        run_stage recommender "${RECOMMENDER_LIMIT:-300}" "$python" benchmarks/recommender.py --device cuda \
+            --baselines "" ;;
     *)
         echo "unknown stage $stage" >&2; exit 2 ;;
     esac

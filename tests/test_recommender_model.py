@@ -138,7 +138,7 @@ def histories(tmp_path_factory):
 STEPS, BATCH = 5, 25  # 25 users: uneven shares on 2 and 3 processes; 103 users: a short last batch
 
 
-def run_training(model, data, steps=STEPS, checkpoint_path=None, optimizer=None, state=None):
+def run_training(model, data, steps=STEPS, checkpoint_path=None, optimizer=None, state=None, device="cpu"):
     optimizer = optimizer or make_optimizer(model, model.config.optimizer)
     dataset = CsrDataset(data)
     cfg = TrainConfig(batch_size=BATCH, epochs=2, seed=7, shuffle=True, max_steps=steps, log_every_steps=1,
@@ -150,7 +150,7 @@ def run_training(model, data, steps=STEPS, checkpoint_path=None, optimizer=None,
             if kind == "train":
                 losses.append(values["loss"])
 
-    train(model, optimizer, dataset, dataset, cfg, Capture(enabled=False), torch.device("cpu"), state)
+    train(model, optimizer, dataset, dataset, cfg, Capture(enabled=False), torch.device(device), state)
     return losses, optimizer
 
 
@@ -212,6 +212,20 @@ def test_resume_equals_an_uninterrupted_run(tmp_path, histories):
     assert losses + more == whole_losses  # float64, same order of operations: bit for bit
     for a, b in zip(second.parameters(), whole.parameters()):
         assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+def test_training_on_cuda_equals_the_cpu(histories):
+    """The same float64 weights trained on a GPU follow the CPU step by step (no dropout or
+    denoising: their masks come from each device's own generator)."""
+    cfg = network(hidden=(6,), extra={"Denoising": {"p": 0.0}})
+    cpu = SparseAutoencoder(cfg, seed=3, dtype=torch.float64)
+    gpu = copy.deepcopy(cpu).to("cuda")
+    cpu_losses, _ = run_training(cpu, histories)
+    gpu_losses, _ = run_training(gpu, histories, device="cuda")
+    np.testing.assert_allclose(gpu_losses, cpu_losses, rtol=1e-9)
+    for a, b in zip(gpu.parameters(), cpu.parameters()):
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-8, atol=1e-10)
 
 
 def test_checkpoint_of_another_network_is_refused(tmp_path, histories):
