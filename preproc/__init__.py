@@ -11,3 +11,6 @@ that fix the output), ``parse`` (vectorised line parsing), ``numeric`` (the floa
 seeded shuffle), ``fragments`` and ``assemble`` (the final write), ``workdir`` (resume state),
 ``report`` (malformed lines) and ``progress``. See docs/preprocessing.md.
 """
+
+import dlrm  # noqa: F401,E402  (first: hides the repository's triton/ folder from torch, see dlrm/triton_folder.py)
+
