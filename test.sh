@@ -7,8 +7,12 @@
 #    a CUDA build onto a machine without a GPU; on a GPU machine install torch first);
 # 2. builds the local Triton Inference Server's own environment, .venv-tritonserver (its python
 #    backend needs numpy < 2), unless a working one is already there;
-# 3. runs pytest with DLRM_REQUIRE_TRITON_SERVER=1, so the real-server tests fail rather than
-#    skip when the server cannot start.
+# 3. starts the bare-install check (.ci/bare_install.sh: a fresh venv with the README's install
+#    line alone, then the README's commands from the repository root) beside pytest, since the
+#    prepared test environment cannot see what a new user's machine lacks; BARE_CHECK=0 skips it;
+# 4. runs pytest with DLRM_REQUIRE_TRITON_SERVER=1, so the real-server tests fail rather than
+#    skip when the server cannot start; then waits for the bare-install check.
+# Fails if either fails.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 python=${PYTHON:-$(command -v python || command -v python3)}
@@ -17,4 +21,19 @@ if ! .venv-tritonserver/bin/python -c 'import numpy, onnxruntime, pytriton, torc
     rm -rf .venv-tritonserver
     PYTHON="$python" bash triton/setup_server_env.sh .venv-tritonserver --with-torch
 fi
-DLRM_REQUIRE_TRITON_SERVER=1 "$python" -m pytest "$@"
+bare_pid=
+if [ "${BARE_CHECK:-1}" != 0 ]; then
+    bare_log=$(mktemp "${TMPDIR:-/tmp}/dlrm-bare-log.XXXXXX")
+    PYTHON="$python" bash .ci/bare_install.sh >"$bare_log" 2>&1 &
+    bare_pid=$!
+fi
+rc=0
+DLRM_REQUIRE_TRITON_SERVER=1 "$python" -m pytest "$@" || rc=$?
+if [ -n "$bare_pid" ]; then
+    bare_rc=0
+    wait "$bare_pid" || bare_rc=$?
+    cat "$bare_log"
+    rm -f "$bare_log"
+    [ "$bare_rc" = 0 ] || { echo "test.sh: the bare-install check failed (exit $bare_rc)" >&2; rc=1; }
+fi
+exit "$rc"

@@ -25,6 +25,7 @@ import time
 from concurrent.futures.process import BrokenProcessPool
 
 from dlrm.data.errors import DatasetError
+from dlrm.extras import missing_extra
 from preproc.job import DEFAULT_MEMORY_LIMIT, WORK_DIR_NAME, Job
 from preproc.layout import detect_layout, file_inputs, kaggle_inputs, parse_days, terabyte_inputs
 from preproc.progress import Progress
@@ -187,6 +188,13 @@ def main(argv: list[str] | None = None) -> int:
     except (DatasetError, ValueError, OSError) as e:
         _clean_up(created, work_dir)
         print(f"error: {_one_line(e)}", file=sys.stderr)
+        return USAGE_ERROR_EXIT
+    except ImportError as e:
+        _clean_up(created, work_dir)
+        message = missing_extra(e)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
         return USAGE_ERROR_EXIT
     except BrokenProcessPool:
         print("error: a worker process died (out of memory? try a lower --memory_limit_gb or fewer --workers); "

@@ -15,12 +15,15 @@ What a user sees, whatever the script:
 - ``app.UsageError`` from main, or an exception of a class in ``errors`` (by default the
   dataset, checkpoint and placement-plan errors, whose messages name the file and the fix):
   ``<prefix()>error: <message>`` on one line of stderr; exit 2.
+- A missing optional dependency (``dlrm.extras``): one line naming the pip extra; exit 2.
 - Anything else is a bug and keeps its traceback.
 
 Library messages name a setting in library terms, as `name` or `name=value` in backquotes (a
 config field or a function parameter); ``flag_terms`` shows them as the script's flags
 (``--name``, ``--name=value``, ``--name``/``--noname`` for booleans), through ``LIBRARY_FLAGS``
-where the two names differ. A setting the script has no flag for is shown without the quotes.
+where the two names differ. A setting the script has no flag for is shown without the quotes,
+and a hint " (or ... `setting`)" whose ``LIBRARY_FLAGS`` flag this script lacks is left out
+(``verify=False`` in a script without ``--skip_checkpoint_verify``).
 
 main's return value is the exit status (None: 0), as with ``app.run``, whose logging set-up this
 keeps: it is ``app.run`` with a flags parser and a guard around main.
@@ -33,6 +36,8 @@ import sys
 from typing import Callable, NoReturn
 
 from absl import app, flags
+
+from dlrm.extras import missing_extra
 
 FLAGS = flags.FLAGS
 
@@ -53,6 +58,8 @@ LIBRARY_FLAGS = {
     "override": "table_placement",  # plan_tables(override=placement)
 }
 _SETTING = re.compile(r"`(\w+)(?:=([^`\s]*))?`")
+# " (or <something> `setting`)": a hint at another way, dropped where the script offers no flag for it.
+_UNOFFERED_HINT = re.compile(r" \(or [^()`]*`(\w+=?[^`\s]*)`\)")
 
 _SHORT_HELP = {"-h", "-?", "--help", "-help", "--helpshort", "-helpshort"}
 _FULL_HELP = {"--helpfull", "-helpfull"}
@@ -79,6 +86,10 @@ def _one_line(message: object) -> str:
 
 def flag_terms(message: str, flag_values: flags.FlagValues = FLAGS) -> str:
     """``message`` with its `setting` names shown as the flags of ``flag_values`` (module docstring)."""
+    def unoffered(setting: str) -> bool:  # an escape hatch this script has no flag for
+        flag = LIBRARY_FLAGS.get(setting)
+        return flag is not None and flag not in flag_values
+
     def as_flag(match: re.Match) -> str:
         name, value = match.group(1), match.group(2)
         flag = LIBRARY_FLAGS.get(f"{name}={value}")
@@ -94,7 +105,7 @@ def flag_terms(message: str, flag_values: flags.FlagValues = FLAGS) -> str:
             return f"--{flag}" if value == "True" else f"--no{flag}"
         return f"--{flag}={value}"
 
-    return _SETTING.sub(as_flag, message)
+    return _SETTING.sub(as_flag, _UNOFFERED_HINT.sub(lambda m: "" if unoffered(m.group(1)) else m.group(0), message))
 
 
 def _fail(prefix: Callable[[], str], message: object) -> NoReturn:
@@ -182,6 +193,11 @@ def run(
             return main(argv)
         except app.UsageError as e:
             _fail(prefix, e)
+        except ImportError as e:
+            message = missing_extra(e)
+            if message is None:
+                raise
+            _fail(prefix, message)
         except Exception as e:
             if isinstance(e, _resolve(errors)):
                 _fail(prefix, e)
