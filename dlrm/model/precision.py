@@ -3,32 +3,84 @@
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+import functools
+import os
+import platform
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 
+# oneDNN's ISA levels (ONEDNN_MAX_CPU_ISA caps what oneDNN uses) with bf16 dot products in hardware.
+_ONEDNN_BF16_ISAS = {"AVX2_VNNI_2", "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16",
+                     "AVX10_1_512", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16", "AVX10_2_512", "AVX10_2_512_AMX_2", "ALL"}
+_ONEDNN_ISAS = _ONEDNN_BF16_ISAS | {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX512_CORE", "AVX512_CORE_VNNI", "DEFAULT"}
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):  # x86, Arm
+                    return set(value.split())
+    except OSError:
+        pass
+    return set()
+
+
+@functools.cache
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (x86: AVX512-BF16 or AMX; Arm: BF16), as the
+    matrix library will use it (``ONEDNN_MAX_CPU_ISA`` may cap it below).
+
+    Without it, bf16 autocast converts in software around fp32 arithmetic: measured 2x slower than
+    fp32 for the quick-start model on an AMD EPYC with oneDNN capped at AVX512_CORE_VNNI (a Cascade
+    Lake's instructions). See docs/benchmarks.md.
+    """
+    isa = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").upper()
+    if isa in _ONEDNN_ISAS and isa not in _ONEDNN_BF16_ISAS:
+        return False
+    if platform.machine().lower() in ("aarch64", "arm64"):
+        return "bf16" in _cpu_flags()
+    checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    if all(callable(check) for check in checks):
+        return any(check() for check in checks)
+    return bool(_cpu_flags() & {"avx512_bf16", "amx_bf16"})
+
+
 @dataclass(frozen=True)
 class Precision:
-    """``dtype=None`` trains in float32 (TF32 matmuls on GPUs that have them, if enabled)."""
+    """``dtype=None`` trains in float32 (TF32 matmuls on GPUs that have them, if enabled).
+    ``note`` says why a run got another precision than it asked for (printed in the run header)."""
 
     device_type: str
     dtype: torch.dtype | None = None
+    note: str = field(default="", compare=False)
 
     @staticmethod
-    def parse(amp: bool, amp_dtype: str, device: torch.device) -> "Precision":
-        """``amp_dtype='auto'`` picks fp16 on CUDA (tensor cores, as NVIDIA's recipe) and bf16
-        elsewhere (CPUs with bf16 units multiply bf16 fast; fp16 on CPU is slow and needs scaling)."""
+    def parse(amp: bool, amp_dtype: str, device: torch.device, native_bf16: bool | None = None) -> "Precision":
+        """``amp_dtype='auto'`` picks fp16 on CUDA (tensor cores, as NVIDIA's recipe) and bf16 on a
+        CPU with bf16 in hardware; on a CPU without it, float32, since bf16 autocast is slower
+        there than no autocast at all (fp16 on CPU is slower still and needs scaling). An explicit
+        ``amp_dtype`` is obeyed. ``native_bf16``: this CPU's answer (None: ``cpu_has_native_bf16()``)."""
         if not amp:
             return Precision(device.type, None)
-        if amp_dtype == "auto":
-            amp_dtype = "float16" if device.type == "cuda" else "bfloat16"
         dtypes = {"float16": torch.float16, "bfloat16": torch.bfloat16}
-        if amp_dtype not in dtypes:
+        if amp_dtype not in (*dtypes, "auto"):
             raise ValueError(f"`amp_dtype` must be one of auto, float16, bfloat16; got {amp_dtype!r}")
-        return Precision(device.type, dtypes[amp_dtype])
+        slow = device.type == "cpu" and not (cpu_has_native_bf16() if native_bf16 is None else native_bf16)
+        if amp_dtype == "auto" and device.type == "cuda":
+            return Precision(device.type, torch.float16)
+        if amp_dtype == "auto" and slow:
+            return Precision(device.type, None, note="AMP off: bf16 autocast is slower than float32 on a CPU without bf16 instructions "
+                                                     "(AVX512-BF16, AMX), as here")
+        if amp_dtype == "auto":
+            return Precision(device.type, torch.bfloat16)
+        note = "slow here: no bf16 instructions (AVX512-BF16, AMX) on this CPU" if slow and amp_dtype == "bfloat16" else ""
+        return Precision(device.type, dtypes[amp_dtype], note=note)
 
     def autocast(self, cache_enabled: bool = True) -> contextlib.AbstractContextManager:
         """``cache_enabled=False`` inside CUDA graph capture: autocast's weight-cast cache would

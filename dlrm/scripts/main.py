@@ -61,7 +61,8 @@ flags.DEFINE_integer("seed", 12345, "Random seed for initialisation, batch order
 flags.DEFINE_string("base_device", None, "Device to run on: cuda, cuda:N or cpu. Default: cuda if available, else cpu.")
 flags.DEFINE_boolean("amp", False, "Automatic mixed precision through torch.amp (see --amp_dtype).")
 flags.DEFINE_enum("amp_dtype", "auto", ["auto", "float16", "bfloat16"],
-                  "Autocast dtype with --amp. auto: float16 (with dynamic loss scaling) on CUDA, bfloat16 on CPU.")
+                  "Autocast dtype with --amp. auto: float16 (with dynamic loss scaling) on CUDA; bfloat16 on a CPU with bf16 "
+                  "instructions (AVX512-BF16, AMX), float32 on one without, where bf16 is slower (the run header says so).")
 flags.DEFINE_boolean("allow_tf32", True, "Use TF32 for float32 matmuls on GPUs that have it.")
 
 # Training
@@ -327,20 +328,27 @@ def _our_flags() -> dict:
 class _StopOnSignals:
     """First Ctrl-C / SIGTERM: finish the step, save a checkpoint, stop; the process then exits
     with ``exit_code`` (128 + the signal: 130, 143), so a scheduler sees a stop, not a completion.
-    A second Ctrl-C aborts at once."""
+    A second Ctrl-C aborts at once. Once training is over (``over()``), a signal changes nothing:
+    the run completed, and the process is only ending."""
 
     def __init__(self) -> None:
         self.event = threading.Event()
         self.signum: int | None = None
+        self._over = False
         signal.signal(signal.SIGINT, self._handle)
         signal.signal(signal.SIGTERM, self._handle)
 
     def _handle(self, signum: int, frame: object) -> None:
+        if self._over:
+            return
         if self.event.is_set() and signum == signal.SIGINT:
             raise KeyboardInterrupt
         print(f"\nReceived signal {signum}: stopping after this step (Ctrl-C again to abort).", flush=True)
         self.signum = signum
         self.event.set()
+
+    def over(self) -> None:
+        self._over = True
 
     @property
     def exit_code(self) -> int:
@@ -527,8 +535,10 @@ def _build(env: DistEnv | None, device: torch.device, collectives: Collectives, 
             data_cfg, spec, split, batch_size, device, parallel.tables, parallel.rank, parallel.world_size)
     n_params = sum(p.numel() for p in model.parameters())
     held = "" if env is None else f" on rank 0 of {env.world_size}"
+    note = f" ({precision.note}{'; --amp_dtype bfloat16 forces bf16' if precision.dtype is None else ''})" \
+        if precision.note else ""
     logger.print(f"DLRM: {len(model_cfg.table_sizes)} tables, {n_params:,} parameters{held}, device {device}, "
-                 f"precision {precision}, data {data_cfg.dataset_type}{' ' + FLAGS.dataset if FLAGS.dataset else ''}")
+                 f"precision {precision}{note}, data {data_cfg.dataset_type}{' ' + FLAGS.dataset if FLAGS.dataset else ''}")
     if FLAGS.cuda_graphs:  # before any data is read; the training step checks again as a library guard
         try:
             check_cuda_graphs_supported(model, device, collectives.world_size, training=FLAGS.mode == "train")
@@ -562,10 +572,14 @@ def _run_train(run: _Run) -> int:
         test_source = run.source("test", FLAGS.test_batch_size)
         _validate(run.collectives, train_source, test_source)
         stop = _StopOnSignals()
-        train(run.model, optimizer, scaler, run.precision, train_source, test_source, train_cfg, run.device,
-              run.logger, state=state, run_config=_our_flags(), should_stop=stop.event.is_set,
-              collectives=run.collectives)
-    return stop.exit_code
+        try:
+            summary = train(run.model, optimizer, scaler, run.precision, train_source, test_source, train_cfg,
+                            run.device, run.logger, state=state, run_config=_our_flags(),
+                            should_stop=stop.event.is_set, collectives=run.collectives)
+        finally:
+            stop.over()
+    # A signal that came after the last step (while the run saved or summed up) stopped nothing.
+    return stop.exit_code if summary["stop_reason"] == "interrupted" else 0
 
 
 def _run_test(run: _Run) -> int:

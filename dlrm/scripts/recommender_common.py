@@ -46,15 +46,22 @@ def device(name: str | None, env):
 
 
 def amp_dtype(amp: bool, dtype_name: str, device):
-    """The autocast dtype of --amp and --amp_dtype ``dtype_name`` ("bf16" or "fp16") on ``device``,
-    or None without --amp."""
+    """The autocast dtype of --amp and --amp_dtype ``dtype_name`` ("auto", "bf16" or "fp16") on
+    ``device``, or None without --amp. auto: bf16, except on a CPU without bf16 instructions, where
+    bf16 autocast is slower than float32 (``dlrm.model.precision``): float32 there, said in one line."""
     import torch
+
+    from dlrm.model.precision import cpu_has_native_bf16
 
     if not amp:
         return None
     if dtype_name == "fp16" and device.type != "cuda":
         raise app.UsageError("--amp_dtype fp16 runs on cuda only; use --amp_dtype bf16 on the CPU")
-    return torch.bfloat16 if dtype_name == "bf16" else torch.float16
+    if dtype_name == "auto" and device.type == "cpu" and not cpu_has_native_bf16():
+        print("--amp: training in float32: bf16 autocast is slower than float32 on a CPU without bf16 instructions "
+              "(AVX512-BF16, AMX), as here; --amp_dtype bf16 forces it", flush=True)
+        return None
+    return torch.float16 if dtype_name == "fp16" else torch.bfloat16
 
 
 def check_dataset_dir(flag: str, path: str | None, hint: str = "") -> None:

@@ -45,7 +45,8 @@ flags.DEFINE_string("scores_path", None, "Also write every raw score, before exc
 flags.DEFINE_enum("device", None, ["cpu", "cuda"], "Device; default: cuda if available, else cpu. Under torchrun "
                   "each process takes cuda:LOCAL_RANK.")
 flags.DEFINE_boolean("amp", False, "Automatic mixed precision (torch.autocast, see --amp_dtype).")
-flags.DEFINE_enum("amp_dtype", "bf16", ["bf16", "fp16"], "Autocast dtype with --amp (fp16 on cuda only).")
+flags.DEFINE_enum("amp_dtype", "auto", ["auto", "bf16", "fp16"], "Autocast dtype with --amp (fp16 on cuda only). "
+                  "auto: bf16, or float32 on a CPU without bf16 instructions (where bf16 is slower).")
 flags.DEFINE_float("dist_timeout", 300, "Under torchrun: seconds a collective may wait for a peer.", lower_bound=1)
 flags.mark_flags_as_required(["checkpoint", "input", "output"])
 

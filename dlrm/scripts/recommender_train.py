@@ -49,7 +49,8 @@ flags.DEFINE_integer("checkpoint_every_steps", 0, "Save every this many steps; 0
 flags.DEFINE_integer("max_steps", None, "Stop after this many steps of this run (the checkpoint resumes).",
                      lower_bound=1)
 flags.DEFINE_boolean("amp", False, "Automatic mixed precision (torch.autocast, see --amp_dtype).")
-flags.DEFINE_enum("amp_dtype", "bf16", ["bf16"], "Autocast dtype with --amp: bf16 only; fp16 is not offered "
+flags.DEFINE_enum("amp_dtype", "auto", ["auto", "bf16"], "Autocast dtype with --amp. auto: bf16, or float32 on a CPU "
+                  "without bf16 instructions (where bf16 is slower). fp16 is not offered "
                   "because the training loop does no loss scaling (fp16 gradients underflow).")
 flags.DEFINE_enum("device", None, ["cpu", "cuda"], "Device; default: cuda if available, else cpu. Under torchrun "
                   "each process takes cuda:LOCAL_RANK.")

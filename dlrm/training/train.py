@@ -372,6 +372,17 @@ class _Schedule:
         self.logger.record("checkpoint", step=state.step, path=self.cfg.save_checkpoint_path)
 
 
+def _throughput_text(summary: dict[str, Any], warmup_steps: int) -> str:
+    """The summary's figures in words; a figure with nothing timed behind it says so instead of nan."""
+    train = summary["average_train_throughput"]
+    test = summary["average_test_throughput"]
+    train_text = (f"average train throughput {train:,.0f} samples/s" if not math.isnan(train) else
+                  f"no train step timed (the first {warmup_steps} steps are warm-up, left out of the figure)"
+                  if warmup_steps else "no train step run")
+    test_text = f"average test throughput {test:,.0f} samples/s" if not math.isnan(test) else "no test run"
+    return f"{train_text}  {test_text}"
+
+
 def train(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -452,9 +463,6 @@ def train(
             summary["error"] = f"{type(error).__name__}: {error}"
         logger.record("summary", **summary)
         if error is None:
-            logger.print(
-                f"Finished ({stop_reason}) after {state.step} steps: best auc {state.best_auc:.6f}  "
-                f"average train throughput {summary['average_train_throughput']:,.0f} samples/s  "
-                f"average test throughput {summary['average_test_throughput']:,.0f} samples/s"
-            )
+            logger.print(f"Finished ({stop_reason}) after {state.step} steps: best auc {state.best_auc:.6f}  "
+                         f"{_throughput_text(summary, cfg.benchmark_warmup_steps)}")
     return summary
