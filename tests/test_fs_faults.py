@@ -1,0 +1,156 @@
+"""Every writer on a file system that refuses: read-only, full, or not one files can be made on
+(/proc). The user sees one line on stderr naming the path, the cause and the fix, exit code 2;
+the previous checkpoint or output is intact and nothing half written is left beside it.
+
+Each case runs the real command line in a private mount namespace (``unshare -m``) with a small
+tmpfs of its own, seeded with the previous output, and copies out what the tmpfs held after.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+PAGE = resource.getpagesize()  # tmpfs gives every file whole pages
+DLRM = ["dlrm.scripts.main", "--synthetic_dataset_table_sizes", "100,100", "--synthetic_dataset_num_entries", "2000",
+        "--synthetic_dataset_num_test_entries", "500", "--batch_size", "500", "--test_batch_size", "500",
+        "--embedding_dim", "4", "--bottom_mlp_sizes", "8,4", "--top_mlp_sizes", "8,1", "--base_device", "cpu",
+        "--print_freq", "1"]
+
+# Mounts a tmpfs of size $1 at $FS, copies $SEED into it, remounts it read-only if $RO, runs the
+# rest of the arguments, and copies what the tmpfs then holds to $AFTER. Exit 99: no tmpfs.
+_IN_NAMESPACE = """
+mount -t tmpfs -o "size=$1" tmpfs "$FS" || exit 99
+if [ -n "$SEED" ]; then cp -a "$SEED/." "$FS/" || exit 99; fi
+if [ "$RO" = 1 ]; then mount -o remount,ro "$FS" || exit 99; fi
+shift
+"$@"
+rc=$?
+cp -a "$FS/." "$AFTER/"
+exit $rc
+"""
+
+
+def _namespaces() -> str | None:
+    """Why a private tmpfs cannot be mounted here, or None when it can."""
+    if shutil.which("unshare") is None:
+        return "needs util-linux's unshare"
+    try:
+        probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=4k tmpfs /mnt"],
+                               capture_output=True, text=True, timeout=30)
+    except OSError as e:
+        return f"unshare cannot run: {e}"
+    return None if probe.returncode == 0 else f"unshare -m and mount need root: {probe.stderr.strip()}"
+
+
+@pytest.fixture(scope="module")
+def tmpfs_ok():
+    reason = _namespaces()
+    if reason:
+        pytest.skip(reason)
+
+
+def on_tmpfs(tmp_path: Path, size: int, *args: str, seed: Path | None = None,
+             read_only: bool = False) -> tuple[subprocess.CompletedProcess, Path]:
+    """Runs ``python -m args`` (where ``{fs}`` in an argument is the tmpfs) with a tmpfs of ``size``
+    bytes seeded with a copy of ``seed``; returns the process and a copy of the tmpfs after it."""
+    fs, after = tmp_path / "fs", tmp_path / "after"
+    fs.mkdir()
+    after.mkdir()
+    command = [sys.executable, "-m", *(a.format(fs=fs) for a in args)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "FS": str(fs), "AFTER": str(after), "SEED": str(seed or ""),
+           "RO": "1" if read_only else "0"}
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", _IN_NAMESPACE, "sh", str(size), *command], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 99, proc.stderr
+    return proc, after
+
+
+def one_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
+    """Exit code 2 and a single line on stderr, no traceback, holding every needle."""
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-4000:])
+    assert len(lines) == 1 and "Traceback" not in proc.stderr + proc.stdout, proc.stderr[-4000:]
+    assert lines[0].startswith("error: cannot write"), lines[0]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` by relative path, with its bytes."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def pages(root: Path) -> int:
+    """Bytes the files under ``root`` take on a tmpfs."""
+    return sum(math.ceil(len(data) / PAGE) * PAGE for data in tree(root).values())
+
+
+FULL = ("no space left on device", "free space on that file system")
+READ_ONLY = ("read-only file system", "write to a writable file system")
+
+
+@pytest.fixture(scope="module")
+def dlrm_checkpoint(tmp_path_factory) -> Path:
+    """A good checkpoint of the DLRM of ``DLRM``, on the real disk: ``<root>/ck``."""
+    root = tmp_path_factory.mktemp("dlrm")
+    proc = subprocess.run([sys.executable, "-m", *DLRM, "--max_steps", "1", "--save_checkpoint_path", str(root / "ck")],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return root
+
+
+def test_checkpoint_on_a_read_only_file_system_fails_before_training(tmpfs_ok, dlrm_checkpoint, tmp_path):
+    proc, after = on_tmpfs(tmp_path, 1 << 20, *DLRM, "--max_steps", "2", "--save_checkpoint_path", "{fs}/ck",
+                           seed=dlrm_checkpoint, read_only=True)
+    one_line(proc, f"{tmp_path}/fs/ck", *READ_ONLY)
+    assert "Epoch:" not in proc.stdout
+    assert tree(after) == tree(dlrm_checkpoint)
+
+
+def test_checkpoint_under_proc_fails_before_training(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", *DLRM, "--max_steps", "2", "--save_checkpoint_path",
+                           "/proc/dlrm/ck"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    one_line(proc, "/proc/dlrm/ck", "nothing can be created there", "ordinary writable file system")
+    assert "Epoch:" not in proc.stdout
+
+
+def test_no_room_for_a_second_checkpoint_fails_before_training(tmpfs_ok, dlrm_checkpoint, tmp_path):
+    size = pages(dlrm_checkpoint) + 3 * PAGE  # the lock's page and not half a checkpoint more
+    proc, after = on_tmpfs(tmp_path, size, *DLRM, "--max_steps", "2", "--save_checkpoint_path", "{fs}/ck",
+                           seed=dlrm_checkpoint)
+    line = one_line(proc, f"{tmp_path}/fs/ck", *FULL)
+    needed = sum(len(data) for data in tree(dlrm_checkpoint / "ck").values())
+    assert f"({needed:,} bytes needed, {2 * PAGE:,} free)" in line
+    assert "Epoch:" not in proc.stdout
+    assert tree(after) == tree(dlrm_checkpoint)
+
+
+def test_disk_full_at_a_periodic_checkpoint_keeps_the_last_one(tmpfs_ok, dlrm_checkpoint, tmp_path):
+    """The first save fits, the second does not: torch's opaque zip-writer error is reported as the
+    full disk it is, the first checkpoint stays, and the run does not try to save again."""
+    from dlrm.model.dlrm import DLRM as Model, DLRMConfig
+    from dlrm.training.checkpoint import load_checkpoint, read_meta
+
+    size = pages(dlrm_checkpoint) + PAGE + pages(dlrm_checkpoint) // PAGE // 2 * PAGE
+    log = tmp_path / "log.json"
+    proc, after = on_tmpfs(tmp_path, size, *DLRM, "--max_steps", "4", "--checkpoint_freq", "1",
+                           "--save_checkpoint_path", "{fs}/ck", "--log_path", str(log))
+    one_line(proc, f"{tmp_path}/fs/ck", *FULL, "bytes needed")
+    assert "Saved checkpoint at step 1" in proc.stdout and "Could not save" not in proc.stdout
+    assert os.listdir(after) == ["ck"]  # no ck.tmp, ck.old or ck.lock
+    model = Model(DLRMConfig(**read_meta(str(after / "ck"))["model_config"]))
+    assert load_checkpoint(str(after / "ck"), model).step == 1  # complete: sizes and checksums hold
+    summary = [r for r in map(json.loads, open(log)) if r["type"] == "summary"]
+    assert summary[-1]["stop_reason"] == "error" and summary[-1]["error"].startswith("StorageError")
