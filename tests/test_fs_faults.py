@@ -154,3 +154,51 @@ def test_disk_full_at_a_periodic_checkpoint_keeps_the_last_one(tmpfs_ok, dlrm_ch
     assert load_checkpoint(str(after / "ck"), model).step == 1  # complete: sizes and checksums hold
     summary = [r for r in map(json.loads, open(log)) if r["type"] == "summary"]
     assert summary[-1]["stop_reason"] == "error" and summary[-1]["error"].startswith("StorageError")
+
+
+NETWORK = {"Kind": "AutoEncoder",
+           "Layers": [{"Kind": "Input", "N": "auto", "DataSet": "input", "Sparse": True},
+                      {"Kind": "Hidden", "N": 8, "Activation": "Sigmoid"},
+                      {"Kind": "Output", "N": "auto", "DataSet": "output", "Activation": "Sigmoid"}],
+           "ErrorFunction": "ScaledMarginalCrossEntropy", "Optimizer": {"Kind": "SGD", "Alpha": 0.05}}
+
+
+@pytest.fixture(scope="module")
+def recommender(tmp_path_factory) -> dict[str, Path]:
+    """A CSR dataset, a network file and a checkpoint trained one step on them (real disk)."""
+    from dlrm.data.csr_dataset import write_csr
+    from dlrm.data.user_histories import HistoryConfig, generate_user_histories
+
+    root = tmp_path_factory.mktemp("recommender")
+    histories = generate_user_histories(HistoryConfig(n_users=100, n_items=60, n_interactions=2500), seed=0)
+    write_csr(root / "input", histories.rows)
+    (root / "network.json").write_text(json.dumps(NETWORK))
+    proc = subprocess.run([sys.executable, "-m", "dlrm.scripts.recommender_train", "--network",
+                           str(root / "network.json"), "--input", str(root / "input"), "--checkpoint_path",
+                           str(root / "ck"), "--device", "cpu", "--batch_size", "50", "--max_steps", "1"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return {"input": root / "input", "network": root / "network.json", "ck": root / "ck"}
+
+
+def test_recommender_disk_full_at_a_checkpoint_keeps_the_last_one(tmpfs_ok, recommender, tmp_path):
+    from dlrm.recommender.checkpoint import read_meta
+
+    size = pages(recommender["ck"]) + PAGE + pages(recommender["ck"]) // PAGE // 2 * PAGE
+    proc, after = on_tmpfs(tmp_path, size, "dlrm.scripts.recommender_train", "--network", str(recommender["network"]),
+                           "--input", str(recommender["input"]), "--checkpoint_path", "{fs}/ck", "--device", "cpu",
+                           "--batch_size", "50", "--max_steps", "3", "--checkpoint_every_steps", "1")
+    one_line(proc, f"{tmp_path}/fs/ck", *FULL)
+    assert os.listdir(after) == ["ck"]
+    assert read_meta(str(after / "ck"))["train_state"]["step"] == 1
+
+
+def test_predictions_on_a_full_disk_keep_the_old_ones(tmpfs_ok, recommender, tmp_path):
+    seed = tmp_path / "seed"
+    seed.mkdir()
+    (seed / "recs.txt").write_text("0\t1,0.5\n")
+    proc, after = on_tmpfs(tmp_path, 2 * PAGE, "dlrm.scripts.recommender_predict", "--checkpoint",
+                           str(recommender["ck"]), "--input", str(recommender["input"]), "--output", "{fs}/recs.txt",
+                           "--device", "cpu", seed=seed)
+    one_line(proc, f"{tmp_path}/fs/recs.txt", *FULL)
+    assert tree(after) == tree(seed)
