@@ -202,3 +202,15 @@ def test_predictions_on_a_full_disk_keep_the_old_ones(tmpfs_ok, recommender, tmp
                            "--device", "cpu", seed=seed)
     one_line(proc, f"{tmp_path}/fs/recs.txt", *FULL)
     assert tree(after) == tree(seed)
+
+
+@pytest.mark.parametrize("read_only", [True, False], ids=["read_only", "full"])
+def test_export_keeps_the_old_model(tmpfs_ok, dlrm_checkpoint, tmp_path, read_only):
+    """A full disk is refused before torch.jit.save starts: a write failing inside it aborts the process."""
+    seed = tmp_path / "seed"
+    (seed / "m").mkdir(parents=True)
+    (seed / "m" / "model.pt").write_bytes(b"an older export")
+    proc, after = on_tmpfs(tmp_path, 64 * PAGE, "dlrm.scripts.export", "--checkpoint", str(dlrm_checkpoint / "ck"),
+                           "--output", "{fs}/m", "--format", "torchscript", seed=seed, read_only=read_only)
+    one_line(proc, f"{tmp_path}/fs/m/model.pt", *(READ_ONLY if read_only else FULL))
+    assert tree(after) == tree(seed)
