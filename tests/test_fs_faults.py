@@ -214,3 +214,24 @@ def test_export_keeps_the_old_model(tmpfs_ok, dlrm_checkpoint, tmp_path, read_on
                            "--output", "{fs}/m", "--format", "torchscript", seed=seed, read_only=read_only)
     one_line(proc, f"{tmp_path}/fs/m/model.pt", *(READ_ONLY if read_only else FULL))
     assert tree(after) == tree(seed)
+
+
+def test_generate_on_a_full_disk_leaves_nothing(tmpfs_ok, tmp_path):
+    proc, after = on_tmpfs(tmp_path, 6 * PAGE, "dlrm.scripts.recommender_generate", "--synthetic", "--users", "100",
+                           "--items", "60", "--interactions", "2500", "--heldout_fraction", "0.2", "--output",
+                           "{fs}/data")
+    one_line(proc, f"{tmp_path}/fs/data", *FULL)
+    assert tree(after) == {} and os.listdir(after) == []
+
+
+def test_synthetic_dataset_on_a_full_disk_keeps_the_old_one(tmpfs_ok, tmp_path):
+    from dlrm.data.synthetic import write_synthetic_dataset
+
+    seed = tmp_path / "seed"
+    write_synthetic_dataset(str(seed / "d"), 2, [10, 10], {"train": 100}, seed=1)
+    proc, after = on_tmpfs(tmp_path, pages(seed) + 4 * PAGE, "dlrm.scripts.prepare_synthetic_dataset",
+                           "--synthetic_dataset_dir", "{fs}/d", "--overwrite", "--num_numerical_features", "2",
+                           "--synthetic_dataset_table_sizes", "10,10", "--synthetic_dataset_num_entries", "20000",
+                           "--num_test_entries", "0", "--num_validation_entries", "0", seed=seed)
+    one_line(proc, f"{tmp_path}/fs/d", *FULL)
+    assert tree(after) == tree(seed)
