@@ -235,3 +235,22 @@ def test_synthetic_dataset_on_a_full_disk_keeps_the_old_one(tmpfs_ok, tmp_path):
                            "--num_test_entries", "0", "--num_validation_entries", "0", seed=seed)
     one_line(proc, f"{tmp_path}/fs/d", *FULL)
     assert tree(after) == tree(seed)
+
+
+def test_preprocessing_on_a_full_disk_keeps_the_old_dataset(tmpfs_ok, tmp_path):
+    from preproc.generate import generate_criteo_tsv, tsv_line
+
+    train, test = tmp_path / "train.tsv", tmp_path / "test.tsv"
+    generate_criteo_tsv(str(train), 3000, seed=1)
+    generate_criteo_tsv(str(test), 500, seed=2)
+    seed, old = tmp_path / "seed", [tmp_path / "old_train.tsv", tmp_path / "old_test.tsv"]
+    for path in old:
+        path.write_text(tsv_line("1", {0: "3"}, {0: "0123abcd"}) + "\n")
+    assert subprocess.run([sys.executable, "-m", "preproc", "--train", str(old[0]), "--test", str(old[1]),
+                           "--output", str(seed / "out"), "--workers", "1", "--progress", "off"], cwd=REPO,
+                          capture_output=True).returncode == 0
+    proc, after = on_tmpfs(tmp_path, pages(seed) + 32 * PAGE, "preproc", "--train", str(train), "--test", str(test),
+                           "--output", "{fs}/out", "--workers", "1", "--progress", "off", seed=seed)
+    one_line(proc, f"{tmp_path}/fs/out", *FULL)
+    assert {k: v for k, v in tree(after).items() if ".preproc_work" not in k} == tree(seed)
+    assert not [name for name in tree(after) if name.endswith(".tmp") or "/.tmp" in name]
