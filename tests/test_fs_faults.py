@@ -237,6 +237,15 @@ def test_synthetic_dataset_on_a_full_disk_keeps_the_old_one(tmpfs_ok, tmp_path):
     assert tree(after) == tree(seed)
 
 
+def test_transcode_on_a_full_disk_leaves_nothing(tmpfs_ok, tmp_path):
+    text = tmp_path / "train.tsv"
+    text.write_text("1\t0.5\t3\n" * 20_000)
+    proc, after = on_tmpfs(tmp_path, 4 * PAGE, "dlrm.scripts.transcode", "--train", str(text), "--output",
+                           "{fs}/data", "--num_numerical", "1", "--num_categorical", "1")
+    one_line(proc, f"{tmp_path}/fs/data", *FULL)
+    assert os.listdir(after) == []
+
+
 def test_preprocessing_on_a_full_disk_keeps_the_old_dataset(tmpfs_ok, tmp_path):
     from preproc.generate import generate_criteo_tsv, tsv_line
 
