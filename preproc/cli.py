@@ -7,8 +7,9 @@
 
 Both engines write the same bytes. An interrupted run resumes when rerun with the same
 arguments (finished input files are not redone). Exit status: 0 on success; 2 on bad input or
-settings, with one line ``error: <message>`` on stderr naming the file, line or flag; 1 when a
-worker process dies; 130 when interrupted. A run that fails before finishing any unit of work
+settings, or when the file system refuses a write (read-only, full, no permission: checked at the
+start where it can be), with one line ``error: <message>`` on stderr naming the file, line or flag
+and the fix; 1 when a worker process dies; 130 when interrupted. A run that fails before finishing any unit of work
 leaves nothing behind; one that fails later keeps its finished units (in the work directory) for
 the rerun.
 """
@@ -24,6 +25,7 @@ import sys
 import time
 from concurrent.futures.process import BrokenProcessPool
 
+from dlrm.data.atomic import StorageError, check_can_create, describe, fault_of, free_bytes
 from dlrm.data.errors import DatasetError
 from dlrm.extras import missing_extra
 from preproc.job import DEFAULT_MEMORY_LIMIT, WORK_DIR_NAME, Job
@@ -186,8 +188,10 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 130
     except (DatasetError, ValueError, OSError) as e:
+        refused = _refused_write(e, args.output, work_dir)  # before the clean-up: a full disk is seen full
         _clean_up(created, work_dir)
-        print(f"error: {_one_line(e)}", file=sys.stderr)
+        message = _one_line(e) if refused is None else str(describe(*refused))  # the space freed counts
+        print(f"error: {message}", file=sys.stderr)
         return USAGE_ERROR_EXIT
     except ImportError as e:
         _clean_up(created, work_dir)
@@ -205,9 +209,23 @@ def main(argv: list[str] | None = None) -> int:
         raise
 
 
+def _refused_write(e: BaseException, output: str, work_dir: str) -> tuple[int, str, str] | None:
+    """(errno, path, what) when ``e`` is the file system refusing a write to the output or the
+    work directory (a full disk's error names no file: then the fuller of the two)."""
+    if isinstance(e, StorageError) or not isinstance(e, OSError):
+        return None
+    places = [(work_dir, "the work directory"), (output, "the dataset")]
+    if getattr(e, "filename", None) is None:
+        places.sort(key=lambda place: free_bytes(place[0]) or 0)
+    for path, what in places:
+        if (code := fault_of(e, path)) is not None:
+            return code, path, what
+    return None
+
+
 def _one_line(e: BaseException) -> str:
     """The message on one line; the system's errors (no such file, no permission) with the file they name."""
-    if isinstance(e, OSError) and e.errno is not None and e.strerror:
+    if isinstance(e, OSError) and not isinstance(e, StorageError) and e.errno is not None and e.strerror:
         message = f"{e.filename}: {e.strerror}" if e.filename else e.strerror
     else:
         message = str(e)
@@ -222,6 +240,7 @@ def _check_directory(flag: str, path: str) -> None:
     if not os.path.isdir(existing):
         where = "is a file" if existing == os.path.abspath(path) else f"is under {existing}, which is a file"
         raise ValueError(f"{flag} {path} {where}; give a directory (created if missing)")
+    check_can_create(path, flag, inside=True)  # a read-only file system, no permission
 
 
 def _check_splits_have_data(job: Job) -> None:

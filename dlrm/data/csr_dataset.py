@@ -17,6 +17,7 @@ write never replaces a good dataset with a partial one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -26,7 +27,8 @@ from typing import BinaryIO, Iterator
 import numpy as np
 import torch
 
-from dlrm.data.atomic import check_writable_dir, fsync_dir, remove_stale_temporaries, replace_dir, temporary_name
+from dlrm.data.atomic import (check_writable_dir, fsync_dir, remove_stale_temporaries, replace_dir, temporary_name,
+                              writing)
 from dlrm.data.errors import DatasetError
 
 FORMAT = "dlrm-csr"
@@ -71,7 +73,8 @@ class CsrWriter:
     as ``atomic.temporary_name`` names it, so a killed writer's staging is removed by the next
     write); ``close`` writes the header last, syncs, and renames the directory into place. An
     existing dataset at ``path`` is replaced only when ``overwrite`` and only after the new
-    one is complete; an exception leaves it untouched.
+    one is complete; an exception leaves it untouched (and a write the file system refuses is a
+    ``StorageError`` naming the dataset).
     """
 
     def __init__(self, path: str | os.PathLike, n_features: int, has_values: bool, overwrite: bool = False):
@@ -79,22 +82,24 @@ class CsrWriter:
         if not 0 <= int(n_features) <= _MAX_FEATURES:
             raise ValueError(f"n_features must be in [0, {_MAX_FEATURES}] (indices are int32), got {n_features}")
         self.n_features, self.has_values, self.overwrite = int(n_features), bool(has_values), overwrite
-        check_writable_dir(self.path, overwrite)
+        check_writable_dir(self.path, overwrite, "the dataset")
         self.n_samples = 0
         self.nnz = 0
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        remove_stale_temporaries(self.path)
-        self._staging: str | None = temporary_name(self.path)
-        os.mkdir(self._staging)  # not mkdtemp: datasets are shared, so the usual permissions
+        self._staging: str | None = None
         self._files: list[BinaryIO] = []
-        try:
+        with self._writing():
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            remove_stale_temporaries(self.path)
+            self._staging = temporary_name(self.path)
+            os.mkdir(self._staging)  # not mkdtemp: datasets are shared, so the usual permissions
             self._offsets = self._open(OFFSETS)
             self._indices = self._open(INDICES)
             self._values = self._open(VALUES) if has_values else None
             self._offsets.write(np.zeros(1, OFFSETS_DTYPE).tobytes())
-        except BaseException:
-            self.abort()
-            raise
+
+    def _writing(self) -> contextlib.AbstractContextManager[None]:
+        """Any error aborts (the staging goes); the file system's refusals become a StorageError."""
+        return writing(self.path, "the dataset", cleanup=self.abort)
 
     def _open(self, name: str) -> BinaryIO:
         f = open(os.path.join(self._staging, name), "wb")
@@ -138,10 +143,11 @@ class CsrWriter:
             if not np.isfinite(values).all():
                 bad = int(np.argmax(~np.isfinite(values)))
                 raise DatasetError(f"{where}: value {values[bad]!r} at position {self.nnz + bad} is not finite")
-        self._offsets.write((offsets[1:] + self.nnz).astype(OFFSETS_DTYPE).tobytes())
-        self._indices.write(indices.astype(INDICES_DTYPE).tobytes())
-        if self._values is not None:
-            self._values.write(values.tobytes())
+        with self._writing():
+            self._offsets.write((offsets[1:] + self.nnz).astype(OFFSETS_DTYPE).tobytes())
+            self._indices.write(indices.astype(INDICES_DTYPE).tobytes())
+            if self._values is not None:
+                self._values.write(values.tobytes())
         self.n_samples += offsets.shape[0] - 1
         self.nnz += int(indices.shape[0])
 
@@ -152,7 +158,7 @@ class CsrWriter:
         """Sync the arrays, write the header last, and rename the directory into place."""
         if self._staging is None:
             return
-        try:
+        with self._writing():
             for f in self._files:
                 f.flush()
                 os.fsync(f.fileno())
@@ -171,16 +177,14 @@ class CsrWriter:
                 os.fsync(f.fileno())
             fsync_dir(self._staging)
             replace_dir(self._staging, self.path, self.overwrite)
-        except BaseException:
-            self.abort()
-            raise
         self._staging = None
 
     def abort(self) -> None:
         """Drop everything written; a previous dataset at the target stays as it was."""
         staging, self._staging = self._staging, None
         for f in self._files:
-            f.close()
+            with contextlib.suppress(OSError):  # a full disk fails the flush of a file being dropped anyway
+                f.close()
         self._files = []
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)

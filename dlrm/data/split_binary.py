@@ -12,6 +12,7 @@ and then one read of the values they span (offsets are cumulative for exactly th
 
 from __future__ import annotations
 
+import contextlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO, Sequence
@@ -240,11 +241,10 @@ class SplitBinaryWriter:
         """Drop everything written so far; the previous files (if any) stay as they were."""
         files, self._files = self._files, []
         for _, tmp, f in files:
-            try:
+            with contextlib.suppress(OSError):  # a full disk fails the flush of a file being dropped anyway
                 f.close()
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
+            if os.path.exists(tmp):
+                os.unlink(tmp)
 
     def __del__(self) -> None:
         if getattr(self, "_files", None):

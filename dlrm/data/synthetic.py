@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dlrm.data.atomic import check_writable_dir, remove_stale_temporaries, replace_dir, temporary_name
+from dlrm.data.atomic import check_writable_dir, remove_stale_temporaries, replace_dir, temporary_name, writing
 from dlrm.data.batch import Bags, Batch
 
 # NVIDIA's preprocessed Criteo 1TB with frequency threshold 15.
@@ -494,8 +494,9 @@ def write_synthetic_dataset(
 
     Split `s` holds exactly the rows of SyntheticDataset(..., split=s) on the CPU, in order. The
     dataset is built in a temporary directory beside `output_dir` and renamed into place at the
-    end, so an interrupted run never leaves half a dataset. `progress(split, rows_done, rows)` is
-    called after every batch.
+    end, so an interrupted run never leaves half a dataset, and a write the file system refuses
+    (read-only, full) is a `StorageError` naming it. `progress(split, rows_done, rows)` is called
+    after every batch.
 
     With `bag_sizes` every table is multi-hot, stored as fixed-size bags (`bag_layout="fixed"`,
     `bag_size: L` in the spec) or as values plus offsets (`bag_layout="variable"`).
@@ -508,12 +509,13 @@ def write_synthetic_dataset(
     if bag_layout not in ("fixed", "variable"):
         raise ValueError(f"`bag_layout` must be 'fixed' or 'variable', got {bag_layout!r}")
     output_dir = os.path.abspath(output_dir)
-    check_writable_dir(output_dir, overwrite)
-    os.makedirs(os.path.dirname(output_dir), exist_ok=True)
-    remove_stale_temporaries(output_dir)  # staging left by a run that was killed
-    staging = temporary_name(output_dir)
-    os.mkdir(staging)  # not mkdtemp: the dataset should get the usual permissions, not 0700
-    try:
+    check_writable_dir(output_dir, overwrite, "the dataset")
+    with writing(output_dir, "the dataset"):
+        os.makedirs(os.path.dirname(output_dir), exist_ok=True)
+        remove_stale_temporaries(output_dir)  # staging left by a run that was killed
+        staging = temporary_name(output_dir)
+        os.mkdir(staging)  # not mkdtemp: the dataset should get the usual permissions, not 0700
+    with writing(output_dir, "the dataset", cleanup=lambda: shutil.rmtree(staging, ignore_errors=True)):
         if sizes is None:
             spec = FeatureSpec.default(num_numerical, list(table_sizes), splits=tuple(samples), base_directory=staging)
         else:
@@ -533,6 +535,3 @@ def write_synthetic_dataset(
                         progress(split, writer.num_rows, rows)
         spec.to_yaml(os.path.join(staging, "feature_spec.yaml"))
         replace_dir(staging, output_dir, overwrite)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise

@@ -21,6 +21,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
+from dlrm.data.atomic import check_can_create, writing
 from dlrm.data.batch import Batch
 from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import SPEC_FILE_NAME, FeatureSpec, dtype_for_cardinality
@@ -227,6 +228,7 @@ def transcode(
         raise ValueError(f"delimiter must be one character that cannot occur in a number, got {delimiter!r}")
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    check_can_create(output_dir, "the dataset", inside=True)  # a read-only file system fails before any reading
 
     def layout(path: str, cards: np.ndarray | None) -> _Layout:
         return _Layout(os.fspath(path), delimiter, num_numerical, num_categorical, cards)
@@ -251,10 +253,16 @@ def transcode(
             raise DatasetError(f"categorical feature {j}: {e}") from None
 
     created = _missing_dirs(output_dir, tuple(inputs))  # removed again if a split fails
-    os.makedirs(output_dir, exist_ok=True)
+
+    def remove_created() -> None:
+        for d in created:  # deepest first: only directories this call made, and only if still empty
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
+
     spec = FeatureSpec.default(num_numerical, cards, splits=tuple(inputs), base_directory=os.path.abspath(output_dir))
     card_array = np.asarray(cards, dtype=np.int64)
-    try:
+    with writing(output_dir, "the dataset", cleanup=remove_created):  # a full disk: a StorageError naming it
+        os.makedirs(output_dir, exist_ok=True)
         with contextlib.ExitStack() as writers:  # all splits commit together, or none does
             for split, path in inputs.items():
                 writer = writers.enter_context(SplitBinaryWriter(spec, split))
@@ -268,11 +276,6 @@ def transcode(
                     )
                 if writer.num_rows == 0:
                     raise DatasetError(f"{path}: no data lines; each split needs at least one row")
-    except BaseException:
-        for d in created:  # deepest first: only directories this call made, and only if still empty
-            with contextlib.suppress(OSError):
-                os.rmdir(d)
-        raise
     spec.to_yaml(os.path.join(output_dir, SPEC_FILE_NAME))
     return spec
 

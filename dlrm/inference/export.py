@@ -7,7 +7,8 @@ lookups are plain gathers, never EmbeddingBag, which ONNX exporters lower to a p
 that is an order of magnitude slower in ONNX Runtime.
 
 Files are written to a temporary name in the target directory and moved into place with
-``os.replace``, so a failed export never leaves a half-written file or damages an older one.
+``os.replace``, so a failed export never leaves a half-written file or damages an older one; a
+write the file system refuses (read-only, full) is a ``StorageError`` naming the file.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from dlrm.data.atomic import write_atomically
+from dlrm.data.atomic import check_free_space, write_atomically
 from dlrm.model.dlrm import DLRM, DLRMConfig
-from dlrm.training.checkpoint import load_checkpoint, read_meta
+from dlrm.training.checkpoint import load_checkpoint, read_meta, state_bytes
 
 INPUT_NAMES = ("numerical", "categorical")
 OUTPUT_NAME = "click_probability"
 ONNX_MAX_BYTES = 2**31 - 1  # protobuf's limit for one file; beyond it ONNX needs external data
+EXPORTED = "the exported model"  # what a StorageError says could not be written
 
 
 def build_inference_model(checkpoint: str, device: torch.device | str = "cpu") -> DLRM:
@@ -97,7 +99,11 @@ def export_torchscript(model: DLRM, path: str) -> None:
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
         traced = torch.jit.trace(wrapper, example, check_trace=False)
-        write_atomically(path, lambda tmp: torch.jit.save(traced, tmp))
+        # A write that fails inside torch.jit.save aborts the process (its zip writer throws again
+        # from a destructor), so a disk without room for the weights and the code is refused first.
+        needed = state_bytes(model) + (1 << 20)
+        check_free_space(path, needed, EXPORTED)
+        write_atomically(path, lambda tmp: torch.jit.save(traced, tmp), EXPORTED, needed)
 
 
 def export_onnx(model: DLRM, path: str, opset: int = 17, numerical_dtype: torch.dtype = torch.float32) -> None:
@@ -144,7 +150,7 @@ def export_onnx(model: DLRM, path: str, opset: int = 17, numerical_dtype: torch.
                 verbose=False,
             )
 
-    write_atomically(path, write)
+    write_atomically(path, write, EXPORTED, size)
 
 
 def load_exported(

@@ -8,7 +8,8 @@ read without executing code (the DLRM checkpoint's machinery: ``dlrm.training.ch
 
 Each process writes the item rows it owns; the first one the rest and, last, ``meta.json``. A
 process of a run with another process count reads the rows of its own ranges from whichever
-files cover them (memory-mapped).
+files cover them (memory-mapped). A save the file system refuses leaves the previous checkpoint
+as it was and raises a ``StorageError`` (``staged_directory``).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ import torch
 
 from dlrm.recommender.model import SparseAutoencoder
 from dlrm.recommender.network import parse_network
-from dlrm.training.checkpoint import (META, CheckpointError, host_copy, load_tensor_file, save_tensor_file,
-                                      staged_directory, verify_checksums, write_meta)
+from dlrm.training.checkpoint import (META, CheckpointError, checkpoint_bytes, host_copy, load_tensor_file,
+                                      save_tensor_file, staged_directory, verify_checksums, write_meta)
 
 FORMAT = "dlrm-autoencoder-checkpoint"
 VERSION = 1
@@ -62,7 +63,7 @@ def save(path: str, model: SparseAutoencoder, optimizer: torch.optim.Optimizer |
     """Every process of the model's run calls this at the same step."""
     parallel = model.parallel
     collectives = parallel.collectives(model.output_weight.device)
-    with staged_directory(path, collectives) as tmp:
+    with staged_directory(path, collectives, checkpoint_bytes(path, model)) as tmp:
         checksums = {}
         for kind, params in _item_params(model).items():
             start, stop = model.input_range if kind == "input" else model.output_range

@@ -96,7 +96,7 @@ def write_predictions(path: str | os.PathLike, batches: Iterator[tuple[int, torc
                 f.writelines(format_recommendations(names, values, items, item_names, precision))
                 lines += len(names)
 
-    write_atomically(path, write)
+    write_atomically(path, write, "the predictions")
     return lines
 
 

@@ -22,7 +22,7 @@ from dlrm.recommender.checkpoint import AutoencoderState
 from dlrm.recommender.loss import batch_loss
 from dlrm.recommender.model import SparseAutoencoder
 from dlrm.recommender.network import Optimizer
-from dlrm.training.checkpoint import CheckpointLock
+from dlrm.training.checkpoint import CheckpointLock, check_can_save
 from dlrm.training.logger import RunLogger, format_eta
 
 Csr = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
@@ -144,6 +144,8 @@ def train(model: SparseAutoencoder, optimizer: torch.optim.Optimizer, inputs: Cs
         logger.record("checkpoint", path=cfg.checkpoint_path, step=state.step)
 
     with lock if lock is not None else contextlib.nullcontext():
+        if lock is not None:
+            check_can_save(cfg.checkpoint_path, model)  # before the first step, not at the first save
         model.train()
         while state.epoch < cfg.epochs:
             order = epoch_order(n, cfg.seed, state.epoch, cfg.shuffle)

@@ -13,7 +13,8 @@ What a user sees, whatever the script:
 - A bad flag (a value that does not parse or is out of bounds, an unknown flag, a required flag
   left out): ``error: <message naming the flag>`` on one line of stderr; exit 2.
 - ``app.UsageError`` from main, or an exception of a class in ``errors`` (by default the
-  dataset, checkpoint and placement-plan errors, whose messages name the file and the fix):
+  dataset, checkpoint and placement-plan errors, and the file system's refusals to write (read-only,
+  full, no permission), whose messages name the file and the fix):
   ``<prefix()>error: <message>`` on one line of stderr; exit 2.
 - A missing optional dependency (``dlrm.extras``): one line naming the pip extra; exit 2.
 - Anything else is a bug and keeps its traceback.
@@ -48,6 +49,7 @@ DEFAULT_ERRORS: tuple[type[BaseException] | str, ...] = (
     "dlrm.data.errors.DatasetError",
     "dlrm.training.checkpoint.CheckpointError",
     "dlrm.distributed.planner.PlanError",
+    "dlrm.data.atomic.StorageError",
 )
 USAGE_ERROR_EXIT = 2
 

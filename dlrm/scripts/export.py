@@ -14,7 +14,8 @@ import os
 from absl import app, flags
 from absl import logging as absl_logging
 
-from dlrm.inference.export import build_inference_model, check_export, export_onnx, export_torchscript
+from dlrm.data.atomic import check_can_create
+from dlrm.inference.export import EXPORTED, build_inference_model, check_export, export_onnx, export_torchscript
 from dlrm.scripts import cli
 
 FORMATS = {"onnx": "model.onnx", "torchscript": "model.pt"}
@@ -49,6 +50,8 @@ def main(argv: list[str]) -> int:
                                  f"{onnx.defs.onnx_opset_version()}")
     if os.path.exists(FLAGS.output) and not os.path.isdir(FLAGS.output):
         raise app.UsageError(f"--output {FLAGS.output} is a file; give a directory (created if missing)")
+    for fmt in FLAGS.format:  # a read-only or missing file system fails before the export's work
+        check_can_create(os.path.join(FLAGS.output, FORMATS[fmt]), EXPORTED)
     model = build_inference_model(FLAGS.checkpoint)  # CheckpointError: one line and exit 2 (cli.run)
     for fmt in FLAGS.format:
         path = os.path.join(FLAGS.output, FORMATS[fmt])

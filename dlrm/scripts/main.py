@@ -25,6 +25,7 @@ from typing import Any, Callable
 import torch
 from absl import app, flags
 
+from dlrm.data.atomic import StorageError
 from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import FeatureSpec
 from dlrm.data.sources import (
@@ -376,8 +377,8 @@ def main(argv: list[str]) -> int:
     env = dist_env()
     try:
         code = _main(argv, env)
-    except (app.UsageError, DatasetError, CheckpointError, PlanError):
-        raise  # bad input: cli.run prints one line naming what and how to fix, and exits 2
+    except (app.UsageError, DatasetError, CheckpointError, PlanError, StorageError):
+        raise  # bad input or a refused write: cli.run prints one line naming what and how to fix, and exits 2
     except Exception as e:
         if env is not None:  # say which process failed; the launcher stops the others
             print(f"{_rank_prefix()}failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)

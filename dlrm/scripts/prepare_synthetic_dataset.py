@@ -17,6 +17,7 @@ import time
 
 from absl import app, flags
 
+from dlrm.data.atomic import StorageError
 from dlrm.data.synthetic import (
     FL15_CARDINALITIES, MLPERF_DLRMV2_CARDINALITIES, MLPERF_MULTI_HOT_SIZES, write_synthetic_dataset,
 )
@@ -106,10 +107,12 @@ def main(argv: list[str]) -> int:
                                 bag_layout=FLAGS.bag_layout)
     except ValueError as e:  # settings the flags' own checks let through
         raise app.UsageError(str(e)) from None
+    except StorageError:
+        raise  # a read-only or full disk, no permission: its message names the path and the fix (cli.run)
     except OSError as e:
         if e.errno is None:  # the writer's own: a non-empty directory, or a file in its place
             raise app.UsageError(str(e)) from None
-        # the system's: a parent that is a file, no permission, disk full
+        # the system's, any other way
         raise app.UsageError(f"cannot write --synthetic_dataset_dir {FLAGS.synthetic_dataset_dir}: "
                              f"{e.strerror}" + (f" ({e.filename})" if e.filename else "")) from None
     seconds = time.perf_counter() - start

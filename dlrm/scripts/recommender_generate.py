@@ -136,11 +136,34 @@ def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     _check_flags()
-    from dlrm.data.csr_dataset import split_holdout, write_csr
-    from dlrm.data.dsstne_text import NameIndex
+    from dlrm.data.atomic import check_can_create, writing
 
     output = FLAGS.output
     index_path = FLAGS.features_index or os.path.join(output, FEATURES_INDEX)
+    check_can_create(output, "the output", inside=True)  # a read-only or missing file system fails now
+    check_can_create(index_path, "the features index")
+    existed = os.path.isdir(output)
+
+    def undo() -> None:
+        """A failed run into an empty or absent --output leaves it so (with --overwrite each
+        dataset and index is replaced whole, so what was done stays)."""
+        if not existed:
+            shutil.rmtree(output, ignore_errors=True)
+        elif not FLAGS.overwrite:
+            for entry in os.scandir(output):
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.remove(entry.path)
+
+    with writing(output, "the output", cleanup=undo):
+        return _generate(output, index_path)
+
+
+def _generate(output: str, index_path: str) -> int:
+    from dlrm.data.csr_dataset import split_holdout, write_csr
+    from dlrm.data.dsstne_text import NameIndex
+
     features = NameIndex.load(index_path) if os.path.exists(index_path) else NameIndex()
     known = len(features)
     if FLAGS.synthetic:

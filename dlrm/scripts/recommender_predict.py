@@ -85,9 +85,14 @@ def _main(argv: list[str], env) -> int:
             raise app.UsageError(f"--{flag} {path} is a directory; give a file name")
     for flag, path in [("input", FLAGS.input)] + [("filter", p) for p in FLAGS.filter]:
         common.check_dataset_dir(flag, path)  # before torch loads: a mistyped path fails at once
+    from dlrm.data.atomic import check_can_create, check_free_space, write_atomically
+
+    if env is None or env.rank == 0:  # the first process writes: a read-only or missing file system fails now
+        check_can_create(FLAGS.output, "the predictions")
+        if FLAGS.scores_path:
+            check_can_create(FLAGS.scores_path, "the scores")
     import numpy as np
 
-    from dlrm.data.atomic import write_atomically
     from dlrm.recommender import checkpoint
     from dlrm.recommender.item_parallel import ItemParallel
     from dlrm.recommender.predict import model_scorer, recommend, write_predictions
@@ -134,15 +139,19 @@ def _main(argv: list[str], env) -> int:
         for _ in batches():  # the collectives of the merge, in step with the first process
             pass
     elif FLAGS.scores_path:
+        check_free_space(FLAGS.scores_path, len(inputs) * network.output.n * 4, "the scores")
+
         def write_scores(tmp: str) -> None:
             nonlocal lines
             scores = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32,
                                                shape=(len(inputs), network.output.n))
+            with open(tmp, "rb+") as f:  # claim the blocks: a full disk is an error now, not a SIGBUS in the memmap
+                os.posix_fallocate(f.fileno(), 0, os.path.getsize(tmp))
             lines = write_predictions(FLAGS.output, batches(scores), user_names, item_names, FLAGS.precision)
             scores.flush()
             del scores
 
-        write_atomically(FLAGS.scores_path, write_scores)
+        write_atomically(FLAGS.scores_path, write_scores, "the scores")
     else:
         lines = write_predictions(FLAGS.output, batches(), user_names, item_names, FLAGS.precision)
     if first:

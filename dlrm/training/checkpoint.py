@@ -17,6 +17,9 @@ Layout (independent of the embedding storage and of how tables are placed on dev
 Everything is written into ``<path>.tmp`` first, ``meta.json`` last; the finished directory
 then replaces ``<path>`` by two renames. A crash leaves either the previous checkpoint at
 ``<path>``, or (between the renames) the previous one at ``<path>.old``, never a half-written one.
+A save the file system refuses (read-only, full, no permission) removes ``<path>.tmp`` and raises
+a ``StorageError`` naming the path and the cause; ``check_can_save`` meets those causes before
+training starts where it can.
 A run that saves holds ``<path>.lock`` (``CheckpointLock``), so two runs never write one path.
 
 Loading checks the size and checksum of every file it reads before unpickling anything, and turns
@@ -49,11 +52,12 @@ from typing import Any, BinaryIO, Iterator
 
 import torch
 
-from dlrm.data.atomic import fsync_dir
+from dlrm.data.atomic import check_can_create, check_free_space, fsync_dir, writing
 from dlrm.distributed.collectives import Collectives
 
 FORMAT_VERSION = 1
 META = "meta.json"
+CHECKPOINT = "the checkpoint"  # what a StorageError says could not be written
 
 
 class CheckpointError(ValueError):
@@ -214,6 +218,29 @@ def check_checkpoint_path(path: str) -> None:
         raise CheckpointError(f"{parent} is a file: a checkpoint cannot be saved under it")
 
 
+def state_bytes(model: torch.nn.Module) -> int:
+    """Bytes of this process's weights: the least a checkpoint of it takes on disk."""
+    return sum(t.numel() * t.element_size() for t in model.state_dict().values())
+
+
+def checkpoint_bytes(path: str, model: torch.nn.Module) -> int:
+    """What a save of ``model`` to ``path`` needs on disk: the size of the checkpoint already there
+    (the same model's), or at least the weights when there is none."""
+    try:
+        previous = sum(entry.stat().st_size for entry in os.scandir(path) if entry.is_file())
+    except OSError:
+        previous = 0
+    return max(previous, state_bytes(model))
+
+
+def check_can_save(path: str, model: torch.nn.Module) -> None:
+    """Before training: a checkpoint can be created at ``path`` and its file system has room for
+    one, so a run does not train for hours to fail at its first save (``StorageError``)."""
+    check_checkpoint_path(path)
+    check_can_create(path, CHECKPOINT)
+    check_free_space(path, checkpoint_bytes(path, model), CHECKPOINT)
+
+
 class CheckpointLock:
     """Held by the one process that writes checkpoints to ``path`` for as long as its run lasts,
     so a second run saving to the same path fails at its start instead of deleting the first
@@ -226,8 +253,9 @@ class CheckpointLock:
 
     def acquire(self) -> "CheckpointLock":
         check_checkpoint_path(self.path[: -len(".lock")])
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        with writing(self.path[: -len(".lock")], CHECKPOINT):  # a read-only or missing file system fails here
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -266,7 +294,7 @@ def save_checkpoint(
 ) -> None:
     """Every process of ``collectives`` calls this; each writes its own tables."""
     first = collectives.rank == 0
-    with staged_directory(path, collectives) as tmp:
+    with staged_directory(path, collectives, checkpoint_bytes(path, model)) as tmp:
         checksums = {}
         for embeddings, i in _local_tables(model):
             name = _table_file(embeddings.table_indices[i], embeddings.row_range(i) if embeddings.is_block(i) else None)
@@ -283,29 +311,28 @@ def save_checkpoint(
 
 
 @contextlib.contextmanager
-def staged_directory(path: str, collectives: Collectives = Collectives()) -> Iterator[str]:
+def staged_directory(path: str, collectives: Collectives = Collectives(), needed: int | None = None) -> Iterator[str]:
     """The directory every process of ``collectives`` writes a checkpoint into: ``<path>.tmp``,
     made fresh by the first process; when the block ends, the first process puts it at
     ``path`` (``commit_directory``), or removes it if the block failed. Processes meet before
-    and after."""
+    and after. A write the file system refuses becomes a ``StorageError`` (a full disk's message
+    says how much is free, and ``needed``, the bytes a checkpoint takes, if that is more)."""
     path = os.path.abspath(path)
     tmp = f"{path}.tmp"
     first = collectives.rank == 0
     if first:
         check_checkpoint_path(path)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        if os.path.exists(tmp):
-            shutil.rmtree(tmp)
-        os.makedirs(tmp)
+        with writing(path, CHECKPOINT, needed):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            if os.path.exists(tmp):
+                shutil.rmtree(tmp)
+            os.makedirs(tmp)
     collectives.barrier()
-    try:
+    remove_tmp = (lambda: shutil.rmtree(tmp, ignore_errors=True)) if first else None
+    with writing(path, CHECKPOINT, needed, cleanup=remove_tmp):  # the disk's free space is measured after cleanup
         yield tmp
-    except BaseException:
         if first:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if first:
-        commit_directory(tmp, path)
+            commit_directory(tmp, path)
     collectives.barrier()
 
 

@@ -15,13 +15,14 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.nn.functional as F
 
+from dlrm.data.atomic import StorageError
 from dlrm.data.batch import Batch
 from dlrm.data.errors import DatasetError
 from dlrm.data.loader import PrefetchLoader, remaining_batches
 from dlrm.data.metrics import roc_auc
 from dlrm.distributed.collectives import Collectives
 from dlrm.model.precision import Precision
-from dlrm.training.checkpoint import CheckpointError, TrainState, save_checkpoint
+from dlrm.training.checkpoint import CheckpointError, TrainState, check_can_save, save_checkpoint
 from dlrm.training.cuda_graphs import GraphedInference, GraphedTrainStep, check_cuda_graphs_supported
 from dlrm.training.grad_scaler import DeviceScalerState
 from dlrm.training.logger import RunLogger, format_eta
@@ -324,6 +325,7 @@ class _Schedule:
         self.steps_per_epoch = steps_per_epoch
         self.eval_forward = GraphedInference(model, precision) if cfg.cuda_graphs else None
         self.saved_step: int | None = None
+        self.save_refused = False  # the file system refused a save: trying again would only fail again
 
     def after_step(self, state: TrainState, epochs: float, step_epoch: int, epoch_done: bool, steps_left: int,
                    lr: float) -> str | None:
@@ -362,11 +364,15 @@ class _Schedule:
 
     def checkpoint(self, state: TrainState) -> None:
         """Saves unless this step is saved already."""
-        if not self.cfg.save_checkpoint_path or self.saved_step == state.step:
+        if not self.cfg.save_checkpoint_path or self.saved_step == state.step or self.save_refused:
             return
         with self.meter.paused():
-            save_checkpoint(self.cfg.save_checkpoint_path, self.model, self.optimizer, self.scaler, state,
-                            self.run_config, self.collectives)
+            try:
+                save_checkpoint(self.cfg.save_checkpoint_path, self.model, self.optimizer, self.scaler, state,
+                                self.run_config, self.collectives)
+            except StorageError:
+                self.save_refused = True
+                raise
         self.saved_step = state.step
         self.logger.print(f"Saved checkpoint at step {state.step} to {self.cfg.save_checkpoint_path}")
         self.logger.record("checkpoint", step=state.step, path=self.cfg.save_checkpoint_path)
@@ -402,12 +408,15 @@ def train(
     ``should_stop()`` turns true (checked between steps, so a stop never splits an update).
     Continues from ``state`` (step, epoch, sample position in the epoch) when resuming, also with
     another batch size. Whatever ends the run, the log gets a ``summary`` record with the reason;
-    an error after a step of a one-process run saves a checkpoint first."""
+    an error after a step of a one-process run saves a checkpoint first (unless the error is the
+    file system refusing a save: the last good checkpoint stays as it was)."""
     state = state or TrainState()
     batch_size, num_samples, steps_per_epoch = train_source.batch_size, train_source.num_samples, len(train_source)
     if steps_per_epoch == 0:
         raise DatasetError("the training split has no samples: add data to it")
     _check_resumable(state, batch_size, cfg)
+    if cfg.save_checkpoint_path and collectives.rank == 0:
+        check_can_save(cfg.save_checkpoint_path, model)  # now, not at the first save after hours of training
     max_steps = cfg.max_steps if cfg.max_steps is not None else math.inf
     step_fn = make_train_step(model, optimizer, scaler, precision, collectives, cfg.cuda_graphs)
     meter = Meter(device, cfg.benchmark_warmup_steps)
