@@ -17,6 +17,7 @@ from dlrm.spark.launch import local_session
 from dlrm.spark.score import OUTPUT, prepare_raw_rows, prepared_columns, read_dataset, score
 from preproc.transform import COLUMNS
 
+from conftest import env_without_this_python
 from test_preproc_transform_rows import _split_lines
 from test_preproc_transform_rows import dataset as criteo_dataset  # noqa: F401 (fixtures)
 from test_preproc_transform_rows import days  # noqa: F401
@@ -77,13 +78,18 @@ def test_scored_split_has_the_offline_auc_and_the_eager_probabilities(spark, dat
 
 
 def test_cli_writes_parquet_and_prints_the_offline_auc(dataset, trained, cli, tmp_path):  # noqa: F811
+    """Started by a python not on PATH (the tasks must run it, not the first python3 there),
+    over an older output, which the scores replace."""
     _, model_path, offline_auc = trained
-    out = str(tmp_path / "scores.parquet")
+    out = tmp_path / "scores.parquet"
+    out.mkdir()
+    (out / "old.parquet").write_bytes(b"stale")
     stdout = cli("dlrm.scripts.spark_score", "--model", model_path, "--dataset", dataset, "--split", "test",
-                 "--output", out, "--spark_master", "local[2]").stdout
+                 "--output", str(out), "--spark_master", "local[2]", env=env_without_this_python(tmp_path)).stdout
     assert "wrote 3,000 rows" in stdout
     assert float(stdout.split("auc ")[1].split()[0]) == pytest.approx(offline_auc, abs=2e-6)
-    assert len(pd.read_parquet(out)) == 3000
+    assert len(pd.read_parquet(out)) == 3000 and not (out / "old.parquet").exists()
+    assert sorted(os.listdir(tmp_path)) == ["bin", "scores.parquet"]  # nothing staged left beside it
 
 
 def test_score_refuses_rows_that_do_not_fit_the_model(spark, dataset, trained):  # noqa: F811

@@ -15,7 +15,7 @@ from __future__ import annotations
 from absl import app, flags
 
 from dlrm.scripts import cli
-from dlrm.spark.launch import local_session
+from dlrm.spark.launch import script_session
 from dlrm.spark.score import LABEL, OUTPUT, prepare_raw_rows, read_dataset, score
 
 FLAGS = flags.FLAGS
@@ -33,14 +33,7 @@ def main(argv: list[str]) -> int:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if (FLAGS.split is None) == (FLAGS.raw is None):
         raise app.UsageError("give --split (rows of --dataset) or --raw (raw TSV files), not both")
-    from pyspark import SparkConf
-    from pyspark.sql import SparkSession
-
-    master = FLAGS.spark_master
-    if master is None and not SparkConf().contains("spark.master"):
-        master = "local[*]"
-    spark = local_session(master) if master and master.startswith("local") else (
-        SparkSession.builder.master(master) if master else SparkSession.builder).appName("dlrm").getOrCreate()
+    spark = script_session(FLAGS.spark_master, "local[*]")
     if FLAGS.raw:
         rows = prepare_raw_rows(spark.read.option("lineSep", "\n").text(FLAGS.raw), FLAGS.dataset)
     else:

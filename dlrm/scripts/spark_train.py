@@ -19,7 +19,7 @@ import re
 from absl import app, flags
 
 from dlrm.scripts import cli
-from dlrm.spark.launch import check_flags, local_session, parse_flag_args, train
+from dlrm.spark.launch import check_flags, parse_flag_args, script_session, train
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_processes", None, "Training processes, one Spark task each (with --use_gpu: GPUs).",
@@ -44,21 +44,6 @@ def _conf() -> dict[str, str]:
     return conf
 
 
-def _session():
-    from pyspark import SparkConf
-    from pyspark.sql import SparkSession
-
-    master = FLAGS.spark_master
-    if master is None and not SparkConf().contains("spark.master"):  # not under spark-submit
-        master = f"local[{FLAGS.num_processes}]"
-    if master is not None and master.startswith("local"):
-        return local_session(master, _conf())
-    builder = SparkSession.builder.appName("dlrm")
-    for key, value in (({"spark.master": master} if master else {}) | _conf()).items():
-        builder = builder.config(key, value)
-    return builder.getOrCreate()
-
-
 def main(argv: list[str]) -> int:
     try:
         training_flags = parse_flag_args(argv[1:])
@@ -69,8 +54,8 @@ def main(argv: list[str]) -> int:
                              "--save_checkpoint_path /shared/ckpt --log_path /shared/log.json")
     try:
         check_flags(training_flags)  # before a session starts
-        _conf()
-        summary = train(training_flags, FLAGS.num_processes, spark=_session(), use_gpu=FLAGS.use_gpu,
+        spark = script_session(FLAGS.spark_master, f"local[{FLAGS.num_processes}]", _conf())
+        summary = train(training_flags, FLAGS.num_processes, spark=spark, use_gpu=FLAGS.use_gpu,
                         attempts=FLAGS.attempts)
     except ValueError as e:
         raise app.UsageError(re.sub(r"`(\w+)`", r"--\1", str(e))) from None  # main's flags, after --
