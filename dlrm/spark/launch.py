@@ -25,6 +25,8 @@ ENTRY_POINT = "dlrm.scripts.main"  # run by torchrun as a file in every task
 
 SHARED_PATH_FLAGS = ("save_checkpoint_path", "log_path")
 FAILED = ("error", "aborted", "interrupted")  # stop reasons of a run that did not finish
+# Errors of a run's input (main exits 2 on them, its summary names the class): another attempt fails the same way.
+USER_ERRORS = ("UsageError", "DatasetError", "FeatureSpecError", "CheckpointError", "PlanError")
 
 
 def flag_args(flags: Mapping[str, Any]) -> list[str]:
@@ -78,9 +80,11 @@ def train(
 
     ``flags`` must include ``save_checkpoint_path`` and ``log_path`` (absolute, on storage every
     executor reaches), and should include ``checkpoint_freq``: a failed attempt costs at most
-    that many steps, since each of the ``attempts`` resumes from the last checkpoint. ``spark``
-    is the session (default: the active one). On GPUs set ``spark.task.resource.gpu.amount``
-    (one task per GPU is the usual choice) and pass ``use_gpu``.
+    that many steps, since each of the ``attempts`` resumes from the last checkpoint. A run
+    stopped by its input (a flag, the dataset: what main exits 2 on) is not retried: that
+    error's message is raised as a ``ValueError``. ``spark`` is the session (default: the
+    active one). On GPUs set ``spark.task.resource.gpu.amount`` (one task per GPU is the usual
+    choice) and pass ``use_gpu``.
     """
     from pyspark.ml.torch.distributor import TorchDistributor
     from pyspark.sql import SparkSession
@@ -106,6 +110,9 @@ def train(
         new = read_summaries(log_path)[summaries:]
         if new and new[-1]["stop_reason"] not in FAILED and failure is None:
             return new[-1]
+        error_class, _, message = new[-1].get("error", "").partition(": ") if new else ("", "", "")
+        if error_class in USER_ERRORS:
+            raise ValueError(message)
         reason = (f"{new[-1]['stop_reason']}: {new[-1].get('error', '')}" if new
                   else f"{type(failure).__name__}" if failure else "no summary written")
         if attempt == attempts:
