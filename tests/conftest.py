@@ -1,4 +1,5 @@
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -14,15 +15,30 @@ if not torch.cuda.is_available():
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_cli(module: str, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
-    """Runs ``python -m module args`` as a user would, from the repository root."""
+def run_cli(module: str, *args: str, timeout: float = 300, check: bool = True,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Runs ``python -m module args`` as a user would, from the repository root (in ``env``,
+    default: this process's)."""
     proc = subprocess.run(
         [sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"},
     )
     if check and proc.returncode != 0:
         raise AssertionError(f"{module} {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def env_without_this_python(tmp_path: pathlib.Path) -> dict[str, str]:
+    """The environment of a venv's python started by its path: its folder is not on PATH, the
+    first ``python3`` on PATH is another one (here one that only fails), PYSPARK_PYTHON is unset."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text("#!/bin/sh\necho 'not the python to use' >&2\nexit 3\n")
+    (fake / "python3").chmod(0o755)
+    here = os.path.dirname(sys.executable)
+    path = os.pathsep.join([str(fake), *(d for d in os.environ["PATH"].split(os.pathsep) if d != here)])
+    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
+    return {**env, "PATH": path, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 @pytest.fixture

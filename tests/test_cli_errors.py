@@ -158,6 +158,15 @@ CASES = [
          "{file} exists and is not a directory"),
     Case("main", "--dataset={dataset} --mode=inference_benchmark --inference_benchmark_batch_sizes=0 "
          "--log_path={out}.log.json", "--inference_benchmark_batch_sizes: 0"),
+    # spark_train checks main's flags, spark_score its model, before Spark starts
+    Case("spark_train", "--num_processes=1 -- --bogus_flag 1 --save_checkpoint_path={out} --log_path={out}.log.json",
+         "Unknown command line flag 'bogus_flag'"),
+    Case("spark_train", "--num_processes=1 -- --batch_size 0 --save_checkpoint_path={out} --log_path={out}.log.json",
+         "--batch_size must be positive, got 0"),
+    Case("spark_score", "--model={missing} --dataset={dataset} --split=test --output={out}",
+         "--model {missing}: no such file"),
+    Case("spark_score", "--model={file} --dataset={dataset} --split=test --output={out}",
+         "--model {file}: not an ONNX model"),
     Case("recommender_generate", "--synthetic", "--output is required"),
     Case("recommender_generate", "--output={out}", "give exactly one source"),
     Case("recommender_generate", "--text={missing} --output={out}", "--text {missing}: no such file"),

@@ -14,6 +14,7 @@ import pytest
 
 from dlrm.spark.launch import flag_args, local_session, parse_flag_args, train
 
+from conftest import REPO, env_without_this_python
 from test_torchrun import MODEL, dataset, launch  # noqa: F401 (a fixture)
 
 pytest.importorskip("pyspark")
@@ -134,3 +135,19 @@ def test_resume_needs_its_own_checkpoint_path(cli):
     proc = cli("dlrm.scripts.main", "--resume", "--save_checkpoint_path", "/tmp/a", "--load_checkpoint_path", "/tmp/b",
                check=False)
     assert proc.returncode == 2 and "drop --load_checkpoint_path" in proc.stderr
+
+
+def test_the_tasks_run_this_python_and_an_input_error_ends_the_run_at_once(tmp_path):
+    """Started by a python not on PATH, the tasks still run it (they get as far as main's
+    dataset check), and that error, the user's, is not retried: exit 2, its line last."""
+    missing = str(tmp_path / "missing")
+    proc = subprocess.run(
+        [sys.executable, "-m", "dlrm.scripts.spark_train", "--num_processes", "1", "--", "--dataset", missing,
+         *MODEL, "--base_device", "cpu", "--save_checkpoint_path", str(tmp_path / "ckpt"),
+         "--log_path", str(tmp_path / "log.json")],
+        cwd=REPO, env=env_without_this_python(tmp_path), capture_output=True, text=True, timeout=300)
+    report = proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 2, report
+    assert proc.stderr.splitlines()[-1].startswith(f"error: feature spec {missing}/feature_spec.yaml not found"), report
+    assert "attempt 1 of 2 failed" not in proc.stdout, report
+    assert not os.path.exists(tmp_path / "ckpt")

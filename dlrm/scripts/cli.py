@@ -110,6 +110,13 @@ def flag_terms(message: str, flag_values: flags.FlagValues = FLAGS) -> str:
     return _SETTING.sub(as_flag, _UNOFFERED_HINT.sub(lambda m: "" if unoffered(m.group(1)) else m.group(0), message))
 
 
+def flags_error_message(error: flags.Error) -> str:
+    """absl's error for a bad command line, on one line (a missing required flag said plainly)."""
+    message = _one_line(error)
+    required = _REQUIRED.match(message)
+    return f"--{required.group(1)} is required (see --help)" if required else message
+
+
 def _fail(prefix: Callable[[], str], message: object) -> NoReturn:
     try:
         where = prefix()
@@ -170,11 +177,7 @@ def _parser(main: Callable, prefix: Callable[[], str]) -> Callable[[list[str]], 
         try:
             return FLAGS(argv)
         except flags.Error as e:
-            message = _one_line(e)
-            required = _REQUIRED.match(message)
-            if required:
-                message = f"--{required.group(1)} is required (see --help)"
-            _fail(prefix, message)
+            _fail(prefix, flags_error_message(e))
 
     return parse
 

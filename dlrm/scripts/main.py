@@ -12,6 +12,7 @@ Flags follow NVIDIA's DLRM example where a flag of the same name exists there.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import math
 import os
@@ -229,10 +230,10 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def _apply_preset() -> None:
-    for name, value in PRESETS.get(FLAGS.preset, {}).items():
-        if not FLAGS[name].present:
-            FLAGS[name].value = value
+def _apply_preset(values: flags.FlagValues = FLAGS) -> None:
+    for name, value in PRESETS.get(values.preset, {}).items():
+        if not values[name].present:
+            values[name].value = value
 
 
 def _multi_hot_sizes() -> list[int] | None:
@@ -254,51 +255,68 @@ def _interaction_op(flag: str, device: torch.device) -> str:
     return "cuda_dot" if device.type == "cuda" else "dot"
 
 
-def _validate_flags() -> None:
-    if FLAGS.max_table_size is not None and not FLAGS.hash_indices:
+def _validate_flags(values: flags.FlagValues = FLAGS) -> None:
+    if values.max_table_size is not None and not values.hash_indices:
         raise app.UsageError("--max_table_size needs --hash_indices (ids above the cap must be mapped somewhere)")
-    if FLAGS.mode == "test" and not FLAGS.load_checkpoint_path:
+    if values.mode == "test" and not values.load_checkpoint_path:
         raise app.UsageError("--mode test evaluates a trained model: pass --load_checkpoint_path")
-    if FLAGS.resume and not (FLAGS.mode == "train" and FLAGS.save_checkpoint_path):
+    if values.resume and not (values.mode == "train" and values.save_checkpoint_path):
         raise app.UsageError("--resume resumes a training run from its own checkpoint: pass --save_checkpoint_path "
                              "(and --checkpoint_freq to lose at most that many steps)")
-    if FLAGS.resume and FLAGS.load_checkpoint_path:
+    if values.resume and values.load_checkpoint_path:
         raise app.UsageError("--resume loads --save_checkpoint_path when it exists: drop --load_checkpoint_path")
     for name in ("batch_size", "test_batch_size", "epochs", "print_freq", "inference_benchmark_steps", "max_steps",
                  "test_freq", "checkpoint_freq", "max_table_size", "device_memory_gb", "dist_timeout"):
-        if FLAGS[name].value is not None and not FLAGS[name].value > 0:  # "not >": NaN fails too
-            raise app.UsageError(f"--{name} must be positive, got {FLAGS[name].value}")
+        if values[name].value is not None and not values[name].value > 0:  # "not >": NaN fails too
+            raise app.UsageError(f"--{name} must be positive, got {values[name].value}")
     for name in ("lr", "test_after", "decay_end_lr", "benchmark_warmup_steps",
                  "synthetic_dataset_num_entries", "synthetic_dataset_num_test_entries",
                  "synthetic_dataset_numerical_features"):
-        if not (FLAGS[name].value >= 0 and math.isfinite(FLAGS[name].value)):
-            raise app.UsageError(f"--{name} must be a finite number >= 0, got {FLAGS[name].value}")
-    if FLAGS.auc_threshold is not None and not 0 < FLAGS.auc_threshold <= 1:
-        raise app.UsageError(f"--auc_threshold must be in (0, 1], got {FLAGS.auc_threshold}")
-    if any(size < 1 for size in _ints(FLAGS.synthetic_dataset_table_sizes, "synthetic_dataset_table_sizes")):
+        if not (values[name].value >= 0 and math.isfinite(values[name].value)):
+            raise app.UsageError(f"--{name} must be a finite number >= 0, got {values[name].value}")
+    if values.auc_threshold is not None and not 0 < values.auc_threshold <= 1:
+        raise app.UsageError(f"--auc_threshold must be in (0, 1], got {values.auc_threshold}")
+    for name in ("top_mlp_sizes", "bottom_mlp_sizes", "inference_benchmark_batch_sizes"):
+        _ints(values[name].value, name)
+    if any(size < 1 for size in _ints(values.synthetic_dataset_table_sizes, "synthetic_dataset_table_sizes")):
         raise app.UsageError("--synthetic_dataset_table_sizes must be positive integers")
-    if FLAGS.dataset_type in SPLIT_BINARY_TYPES and not FLAGS.dataset:
-        raise app.UsageError(f"--dataset_type {FLAGS.dataset_type} needs --dataset")
-    config = _optimizer_config()
+    if values.dataset_type in SPLIT_BINARY_TYPES and not values.dataset:
+        raise app.UsageError(f"--dataset_type {values.dataset_type} needs --dataset")
+    config = _optimizer_config(values)
     try:
         config.validate()
-        config.validate_table_dtype(EMBEDDING_DTYPES[FLAGS.embedding_dtype])
+        config.validate_table_dtype(EMBEDDING_DTYPES[values.embedding_dtype])
     except ValueError as e:
         raise app.UsageError(str(e)) from None
-    if FLAGS.embedding_type == "joint_fused":
+    if values.embedding_type == "joint_fused":
         try:  # its kernels: sgd or rowwise_adagrad tables, an sgd or adagrad dense part
             config.validate_fused()
         except ValueError as e:
             raise app.UsageError(str(e)) from None
     try:
-        _schedule()
+        _schedule(values)
     except ValueError as e:
         raise app.UsageError(str(e)) from None
 
 
-def _schedule() -> LRSchedule:
-    return LRSchedule(FLAGS.lr, FLAGS.warmup_steps, FLAGS.warmup_factor, FLAGS.decay_start_step,
-                      FLAGS.decay_steps, FLAGS.decay_power, FLAGS.decay_end_lr)
+def _schedule(values: flags.FlagValues = FLAGS) -> LRSchedule:
+    return LRSchedule(values.lr, values.warmup_steps, values.warmup_factor, values.decay_start_step,
+                      values.decay_steps, values.decay_power, values.decay_end_lr)
+
+
+def check_args(args: list[str]) -> None:
+    """Parses ``args`` as this script's flags and validates them as a run does first, without
+    running anything, so that a launcher (dlrm.scripts.spark_train) refuses a bad flag before it
+    starts workers. Raises ``app.UsageError`` with the message this script would print."""
+    values = flags.FlagValues()  # a copy of this script's flags: the caller's FLAGS stay as they are
+    for flag in FLAGS.get_flags_for_module(__name__):
+        values[flag.name] = copy.deepcopy(flag)
+    try:
+        values([sys.argv[0], *args])
+    except flags.Error as e:
+        raise app.UsageError(cli.flags_error_message(e)) from None
+    _apply_preset(values)
+    _validate_flags(values)
 
 
 def _device(env: DistEnv | None) -> torch.device:
@@ -388,9 +406,9 @@ def main(argv: list[str]) -> int:
     return code
 
 
-def _optimizer_config() -> OptimizerConfig:
-    return OptimizerConfig(embedding=FLAGS.optimizer, dense=FLAGS.dense_optimizer, eps=FLAGS.optimizer_eps,
-                           stochastic_rounding=FLAGS.stochastic_rounding)
+def _optimizer_config(values: flags.FlagValues = FLAGS) -> OptimizerConfig:
+    return OptimizerConfig(embedding=values.optimizer, dense=values.dense_optimizer, eps=values.optimizer_eps,
+                           stochastic_rounding=values.stochastic_rounding)
 
 
 def _capacity(device: torch.device, local_world_size: int) -> int:

@@ -7,7 +7,8 @@ r"""Score rows in Spark with an exported ONNX model; write them with a click_pro
 
 Raw lines are transformed as preprocessing transformed the dataset (its vocabulary/ and
 numerical transform), so --dataset is needed with --raw too. Rows with a label also get their
-AUC printed. See docs/spark.md.
+AUC printed. --output appears only once every row is scored (a failed run leaves it as it
+was). See docs/spark.md.
 """
 
 from __future__ import annotations
@@ -15,15 +16,22 @@ from __future__ import annotations
 from absl import app, flags
 
 from dlrm.scripts import cli
-from dlrm.spark.launch import local_session
-from dlrm.spark.score import LABEL, OUTPUT, prepare_raw_rows, read_dataset, score
+from dlrm.spark.launch import script_session
+from dlrm.spark.score import (
+    LABEL, OUTPUT, model_inputs, model_maps_any_id, prepare_raw_rows, read_dataset, read_raw_lines, score,
+    task_error, write_parquet,
+)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", None, "The ONNX model (python -m dlrm.scripts.export --format onnx).")
 flags.DEFINE_string("dataset", None, "The split-binary dataset (its feature spec, and vocabulary/ for --raw).")
 flags.DEFINE_string("split", None, "Score this split of --dataset (train, test, validation).")
 flags.DEFINE_string("raw", None, "Score these raw Criteo TSV files instead (a path or glob Spark reads as text).")
-flags.DEFINE_string("output", None, "Parquet directory to write (Spark's overwrite mode).")
+flags.DEFINE_enum("on_error", "fail", ["fail", "skip"],
+                  "--raw: a malformed line stops the run naming its file and line (fail), or is left out (skip).")
+flags.DEFINE_boolean("hash_indices", False, "--split: score ids outside a feature's cardinality too; the model "
+                     "must map them (exported from a run with --hash_indices).")
+flags.DEFINE_string("output", None, "Parquet directory to write (replaced if it exists).")
 flags.DEFINE_string("spark_master", None, "Spark master URL; default: spark-submit's, else local[*].")
 flags.mark_flags_as_required(["model", "dataset", "output"])
 
@@ -33,23 +41,30 @@ def main(argv: list[str]) -> int:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if (FLAGS.split is None) == (FLAGS.raw is None):
         raise app.UsageError("give --split (rows of --dataset) or --raw (raw TSV files), not both")
-    from pyspark import SparkConf
-    from pyspark.sql import SparkSession
-
-    master = FLAGS.spark_master
-    if master is None and not SparkConf().contains("spark.master"):
-        master = "local[*]"
-    spark = local_session(master) if master and master.startswith("local") else (
-        SparkSession.builder.master(master) if master else SparkSession.builder).appName("dlrm").getOrCreate()
+    try:
+        model_inputs(FLAGS.model)  # before a session starts
+    except ValueError as e:
+        raise app.UsageError(f"--model {e}") from None
+    if FLAGS.hash_indices and not model_maps_any_id(FLAGS.model):
+        raise app.UsageError(f"--hash_indices: {FLAGS.model} does not map ids outside its tables (it was trained "
+                             "without --hash_indices); drop --hash_indices")
+    spark = script_session(FLAGS.spark_master, "local[*]")
+    spark.sparkContext.setLogLevel("FATAL")  # a failed task is reported below, once and in one line
     if FLAGS.raw:
-        rows = prepare_raw_rows(spark.read.option("lineSep", "\n").text(FLAGS.raw), FLAGS.dataset)
+        rows = prepare_raw_rows(read_raw_lines(spark, FLAGS.raw), FLAGS.dataset, on_error=FLAGS.on_error)
     else:
-        rows = read_dataset(spark, FLAGS.dataset, FLAGS.split)
+        rows = read_dataset(spark, FLAGS.dataset, FLAGS.split, hash_indices=FLAGS.hash_indices)
     try:
         scored = score(rows, FLAGS.model)
     except ValueError as e:
         raise app.UsageError(str(e)) from None
-    scored.write.mode("overwrite").parquet(FLAGS.output)
+    try:
+        write_parquet(scored, FLAGS.output)
+    except Exception as e:
+        error = task_error(e)
+        if error is None:
+            raise
+        raise error from None  # one line (cli.run), naming the file and row
     written = spark.read.parquet(FLAGS.output)
     print(f"wrote {written.count():,} rows to {FLAGS.output}")
     if LABEL in written.columns and written.select(LABEL).distinct().count() == 2:

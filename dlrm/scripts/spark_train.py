@@ -4,11 +4,14 @@ r"""Train on a Spark cluster: dlrm.scripts.main in one Spark task per process (T
         --dataset /shared/criteo_fl15 --save_checkpoint_path /shared/ckpt --checkpoint_freq 1000 \
         --log_path /shared/log.json [any other flag of dlrm.scripts.main]
 
-Everything after ``--`` goes to dlrm.scripts.main unchanged. ``--save_checkpoint_path`` and
-``--log_path`` are required, absolute, on storage every executor shares; each attempt runs with
-``--resume``, so when a task is lost (the barrier stage fails as a whole) the next attempt
-resumes from the last checkpoint. Under spark-submit the session is the cluster's; leave
-``--spark_master`` unset. See docs/spark.md.
+Everything after ``--`` goes to dlrm.scripts.main unchanged, once main's own code has parsed and
+checked it here, before Spark starts (a bad flag: main's one-line error, exit 2).
+``--save_checkpoint_path`` and ``--log_path`` are required, absolute, on storage every executor
+shares; each attempt runs with ``--resume``, so when a task is lost (the barrier stage fails as
+a whole) the next attempt resumes from the last checkpoint. An error main exits 2 on in the
+tasks (a dataset that is not there) ends the run at once, exit 2: another attempt would fail
+the same way. Under spark-submit the session is the cluster's; leave ``--spark_master`` unset.
+See docs/spark.md.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import re
 from absl import app, flags
 
 from dlrm.scripts import cli
-from dlrm.spark.launch import check_flags, local_session, parse_flag_args, train
+from dlrm.spark.launch import check_flags, flag_args, parse_flag_args, script_session, train
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_processes", None, "Training processes, one Spark task each (with --use_gpu: GPUs).",
@@ -44,21 +47,6 @@ def _conf() -> dict[str, str]:
     return conf
 
 
-def _session():
-    from pyspark import SparkConf
-    from pyspark.sql import SparkSession
-
-    master = FLAGS.spark_master
-    if master is None and not SparkConf().contains("spark.master"):  # not under spark-submit
-        master = f"local[{FLAGS.num_processes}]"
-    if master is not None and master.startswith("local"):
-        return local_session(master, _conf())
-    builder = SparkSession.builder.appName("dlrm")
-    for key, value in (({"spark.master": master} if master else {}) | _conf()).items():
-        builder = builder.config(key, value)
-    return builder.getOrCreate()
-
-
 def main(argv: list[str]) -> int:
     try:
         training_flags = parse_flag_args(argv[1:])
@@ -67,10 +55,13 @@ def main(argv: list[str]) -> int:
     if not training_flags:
         raise app.UsageError("give dlrm.scripts.main's flags after --, e.g. -- --dataset /shared/data "
                              "--save_checkpoint_path /shared/ckpt --log_path /shared/log.json")
+    from dlrm.scripts.main import check_args  # here: its flags are not this script's
+
     try:
-        check_flags(training_flags)  # before a session starts
-        _conf()
-        summary = train(training_flags, FLAGS.num_processes, spark=_session(), use_gpu=FLAGS.use_gpu,
+        check_flags(training_flags)  # these checks run before a session starts
+        check_args(flag_args({**training_flags, "resume": True}))  # what every task runs with
+        spark = script_session(FLAGS.spark_master, f"local[{FLAGS.num_processes}]", _conf())
+        summary = train(training_flags, FLAGS.num_processes, spark=spark, use_gpu=FLAGS.use_gpu,
                         attempts=FLAGS.attempts)
     except ValueError as e:
         raise app.UsageError(re.sub(r"`(\w+)`", r"--\1", str(e))) from None  # main's flags, after --

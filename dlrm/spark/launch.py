@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -23,6 +25,8 @@ ENTRY_POINT = "dlrm.scripts.main"  # run by torchrun as a file in every task
 
 SHARED_PATH_FLAGS = ("save_checkpoint_path", "log_path")
 FAILED = ("error", "aborted", "interrupted")  # stop reasons of a run that did not finish
+# Errors of a run's input (main exits 2 on them, its summary names the class): another attempt fails the same way.
+USER_ERRORS = ("UsageError", "DatasetError", "FeatureSpecError", "CheckpointError", "PlanError")
 
 
 def flag_args(flags: Mapping[str, Any]) -> list[str]:
@@ -76,9 +80,11 @@ def train(
 
     ``flags`` must include ``save_checkpoint_path`` and ``log_path`` (absolute, on storage every
     executor reaches), and should include ``checkpoint_freq``: a failed attempt costs at most
-    that many steps, since each of the ``attempts`` resumes from the last checkpoint. ``spark``
-    is the session (default: the active one). On GPUs set ``spark.task.resource.gpu.amount``
-    (one task per GPU is the usual choice) and pass ``use_gpu``.
+    that many steps, since each of the ``attempts`` resumes from the last checkpoint. A run
+    stopped by its input (a flag, the dataset: what main exits 2 on) is not retried: that
+    error's message is raised as a ``ValueError``. ``spark`` is the session (default: the
+    active one). On GPUs set ``spark.task.resource.gpu.amount`` (one task per GPU is the usual
+    choice) and pass ``use_gpu``.
     """
     from pyspark.ml.torch.distributor import TorchDistributor
     from pyspark.sql import SparkSession
@@ -104,6 +110,9 @@ def train(
         new = read_summaries(log_path)[summaries:]
         if new and new[-1]["stop_reason"] not in FAILED and failure is None:
             return new[-1]
+        error_class, _, message = new[-1].get("error", "").partition(": ") if new else ("", "", "")
+        if error_class in USER_ERRORS:
+            raise ValueError(message)
         reason = (f"{new[-1]['stop_reason']}: {new[-1].get('error', '')}" if new
                   else f"{type(failure).__name__}" if failure else "no summary written")
         if attempt == attempts:
@@ -114,15 +123,45 @@ def train(
     raise AssertionError("unreachable")
 
 
+def use_this_python(conf: Mapping[str, str] | None = None) -> None:
+    """Makes Spark's Python workers run this interpreter, the one with this project's packages,
+    unless ``spark.pyspark.python`` in ``conf`` or PYSPARK_PYTHON (which spark-submit sets from
+    its settings) names another: otherwise they run the first ``python3`` on PATH, which may lack
+    them (a venv's python started by its path). PySpark reads PYSPARK_PYTHON as a session starts."""
+    os.environ["PYSPARK_PYTHON"] = ((conf or {}).get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON")
+                                    or sys.executable)
+
+
 def local_session(master: str = "local[2]", conf: Mapping[str, str] | None = None) -> Any:
     """A Spark session in local mode (``local[N]``: N task slots, one per training process)
-    that serves its tasks on 127.0.0.1: for tests, demos and one-machine runs."""
+    that serves its tasks on 127.0.0.1 and runs them in this Python: for tests, demos and
+    one-machine runs."""
     from pyspark.sql import SparkSession
 
+    use_this_python(conf)
     builder = SparkSession.builder.master(master).appName("dlrm")
     settings = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
                 "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false", **(conf or {})}
     for key, value in settings.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def script_session(master: str | None, default_master: str, conf: Mapping[str, str] | None = None) -> Any:
+    """The session of a command: on ``master``; without one, spark-submit's (which sets the
+    master), else on ``default_master``. Local masters get ``local_session``; every session's
+    workers run this Python unless another is configured (``use_this_python``)."""
+    from pyspark.sql import SparkSession
+
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # its INFO lines at exit would follow a command's error
+    # spark-submit starts the JVM and hands it to this process (SparkConf() is empty until then)
+    if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
+        master = default_master
+    if master is not None and master.startswith("local"):
+        return local_session(master, conf)
+    use_this_python(conf)
+    builder = SparkSession.builder.appName("dlrm")
+    for key, value in (({"spark.master": master} if master else {}) | dict(conf or {})).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
 
