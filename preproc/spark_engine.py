@@ -96,6 +96,11 @@ def spark_session(master: str = "local[*]", conf: dict[str, str] | None = None, 
         cores = os.cpu_count() or 1
         settings["spark.sql.shuffle.partitions"] = str(max(4, 4 * cores))
     settings.update(conf or {})
+    # A session started from Python takes its workers' interpreter from PYSPARK_PYTHON, not from
+    # spark.pyspark.python: without it they run the first python3 on PATH, which lacks this
+    # project's packages when a venv's python was started by its path.
+    os.environ["PYSPARK_PYTHON"] = ((conf or {}).get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON")
+                                    or sys.executable)
     builder = SparkSession.builder.master(master)
     for key, value in settings.items():
         builder = builder.config(key, value)

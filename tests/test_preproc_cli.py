@@ -69,6 +69,27 @@ def test_malformed_input_exit_status_messages_and_progress(cli, tmp_path, capsys
     assert spec.splits == ["train", "test"] and not os.path.exists(out / ".preproc_work")
 
 
+def test_spark_engine_workers_run_this_python_off_path(cli, tmp_path):
+    # A venv's python started by its path: the first python3 on PATH is another one (here one
+    # that only fails). The Spark workers must still run this interpreter, and the dataset must
+    # be byte for byte the local engine's.
+    from conftest import env_without_this_python
+
+    lines = [tsv_line(str(i % 2), {0: str(i % 7)}, {0: f"{i % 5:08x}", 3: f"{i % 3:08x}"}) for i in range(40)]
+    train, test = tmp_path / "train.tsv", tmp_path / "test.tsv"
+    train.write_text("\n".join(lines[:30]) + "\n")
+    test.write_text("\n".join(lines[30:]) + "\n")
+    outputs = {}
+    for engine in ("local", "spark"):
+        outputs[engine] = tmp_path / engine
+        args = ["--train", str(train), "--test", str(test), "--output", str(outputs[engine]), "--engine", engine,
+                "--frequency_threshold", "2"]
+        cli("preproc", *args, *(["--workers", "1"] if engine == "local" else ["--spark_master", "local[1]"]),
+            env=env_without_this_python(tmp_path) if engine == "spark" else None)
+    for name in sorted(os.listdir(outputs["local"] / "train")):
+        assert (outputs["spark"] / "train" / name).read_bytes() == (outputs["local"] / "train" / name).read_bytes()
+
+
 def test_prepare_dataset_script_local(tmp_path):
     days = tmp_path / "days"
     generate_criteo_tsv(str(days), 2400, seed=2, days=24, gzip=True)
