@@ -98,7 +98,7 @@ rec=$work/rec
 step "recommender_generate" 120 "$py" -m dlrm.scripts.recommender_generate --synthetic --users 400 --items 300 \
     --interactions 12000 --output "$rec/data" --heldout_fraction 0.2
 step "recommender_train" 300 "$py" -m dlrm.scripts.recommender_train --network configs/recommender/movielens_tuned.json \
-    --input "$rec/data/input" --epochs 1 --amp --checkpoint_path "$rec/ae"
+    --input "$rec/data/input" --amp --checkpoint_path "$rec/ae" --max_epochs 4
 step "recommender_predict" 120 "$py" -m dlrm.scripts.recommender_predict --checkpoint "$rec/ae" \
     --input "$rec/data/input" --k 10 --output "$rec/recs.txt"
 step "recommender_evaluate" 300 "$py" -m dlrm.scripts.recommender_evaluate --checkpoint "$rec/ae" \

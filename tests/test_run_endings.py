@@ -35,8 +35,8 @@ def test_a_signal_after_the_last_step_changes_nothing():
     # neither print "stopping after this step" nor turn a completed run into exit 143.
     code = (
         "import os, signal\n"
-        "from dlrm.scripts.main import _StopOnSignals\n"
-        "stop = _StopOnSignals()\n"
+        "from dlrm.training.signals import StopOnSignals\n"
+        "stop = StopOnSignals()\n"
         "stop.over()\n"
         "os.kill(os.getpid(), signal.SIGTERM)\n"
         "os.kill(os.getpid(), signal.SIGINT)\n"
@@ -50,8 +50,8 @@ def test_a_signal_after_the_last_step_changes_nothing():
 def test_a_signal_during_training_still_stops_it_with_128_plus_the_signal():
     code = (
         "import os, signal\n"
-        "from dlrm.scripts.main import _StopOnSignals\n"
-        "stop = _StopOnSignals()\n"
+        "from dlrm.training.signals import StopOnSignals\n"
+        "stop = StopOnSignals()\n"
         "os.kill(os.getpid(), signal.SIGTERM)\n"
         "stop.over()\n"
         "print('exit code', stop.exit_code, stop.event.is_set())\n"
@@ -65,7 +65,7 @@ def test_torchrun_on_sigterm_saves_on_every_process_and_exits_as_documented(tmp_
     ck, log = str(tmp_path / "ck"), str(tmp_path / "log.json")
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     proc = subprocess.Popen(
-        [torchrun, "--nproc_per_node", "2", "-m", "dlrm.scripts.main", *TINY, "--base_device", "cpu",
+        [torchrun, "--standalone", "--nproc_per_node", "2", "-m", "dlrm.scripts.main", *TINY, "--base_device", "cpu",
          "--synthetic_dataset_num_entries", str(1 << 24), "--print_freq", "1", "--save_checkpoint_path", ck,
          "--log_path", log],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

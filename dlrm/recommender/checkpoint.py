@@ -40,6 +40,10 @@ class AutoencoderState:
     batch: int = 0
     step: int = 0
     samples: int = 0
+    best_metric: float | None = None  # the best validation NDCG@K so far (None: not validated)
+    best_step: int = 0
+    best_epoch: int = 0
+    stale: int = 0  # validations since the best one
 
 
 def _item_params(model: SparseAutoencoder) -> dict[str, dict[str, torch.nn.Parameter]]:
@@ -99,6 +103,34 @@ def _write_rest(tmp: str, model: SparseAutoencoder, optimizer: torch.optim.Optim
         "files": {n: {"bytes": os.path.getsize(os.path.join(tmp, n)), "crc32": c} for n, c in sorted(checksums.items())},
     }
     write_meta(tmp, meta)
+
+
+def best_path(path: str) -> str:
+    """Where a run that validates keeps its best checkpoint: beside the latest one (``PATH.best``),
+    which resuming needs and which a later save replaces."""
+    return path.rstrip(os.sep) + ".best"
+
+
+def model_path(path: str, best: bool = True) -> str:
+    """The checkpoint to predict or evaluate with, given a run's ``path``: its best validation's
+    (``best_path``) when ``best`` and the run validated, else its latest (``PATH.old`` when a save
+    was cut off between its renames); a path of a ``.best`` directory is taken as it is."""
+    from dlrm.training.checkpoint import latest_checkpoint
+
+    if best and not path.rstrip(os.sep).endswith(".best"):
+        found = latest_checkpoint(best_path(path))
+        if found is not None:
+            return found
+    return latest_checkpoint(path) or path
+
+
+def describe(path: str) -> str:
+    """``path``, and which of its run's checkpoints it is, for the line a script prints."""
+    state = read_meta(path).get("train_state", {})
+    if path.rstrip(os.sep).endswith(".best") and state.get("best_metric") is not None:
+        return (f"{path} (the best validation of its run: NDCG {state['best_metric']:.4f} after epoch "
+                f"{state['best_epoch']}, step {state['best_step']})")
+    return f"{path} (step {state.get('step', 0)}, epoch {state.get('epoch', 0)})"
 
 
 def read_meta(path: str) -> dict[str, Any]:

@@ -70,16 +70,24 @@ def recommend(score: Scorer, inputs: CsrDataset, k: int, batch_size: int, *, ite
     for first in range(start, stop, batch_size):
         ids = np.arange(first, min(first + batch_size, stop), dtype=np.int64)
         history = take_rows(inputs, ids)
-        scores = score(history).float()
         filters = ([history] if exclude_inputs else []) + [take_rows(d, ids) for d in exclude]
-        for offsets, indices, _ in filters:
-            exclude_(scores, offsets.to(scores.device), indices.to(scores.device), item_start)
-        values, items = top_k(scores, k, item_start)
-        if parallel is not None and parallel.distributed:
-            values, items = _padded(values, items, k)
-            values, items = merge_top_k(list(parallel.all_gather_same(values).cpu()),
-                                        list(parallel.all_gather_same(items).cpu()), k)
-        yield first, values.cpu(), items.cpu()
+        values, items = rank(score, history, k, filters, item_start, parallel)
+        yield first, values, items
+
+
+def rank(score: Scorer, history: Csr, k: int, filters: Sequence[Csr], item_start: int = 0,
+         parallel=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One batch: (values [B, k], global item ids [B, k]) on the CPU, best first, of the items
+    scored from ``history`` less those in each of ``filters``, merged across processes."""
+    scores = score(history).float()
+    for offsets, indices, _ in filters:
+        exclude_(scores, offsets.to(scores.device), indices.to(scores.device), item_start)
+    values, items = top_k(scores, k, item_start)
+    if parallel is not None and parallel.distributed:
+        values, items = _padded(values, items, k)
+        values, items = merge_top_k(list(parallel.all_gather_same(values).cpu()),
+                                    list(parallel.all_gather_same(items).cpu()), k)
+    return values.cpu(), items.cpu()
 
 
 def write_predictions(path: str | os.PathLike, batches: Iterator[tuple[int, torch.Tensor, torch.Tensor]],

@@ -16,10 +16,8 @@ import copy
 import logging
 import math
 import os
-import signal
 import sys
 import tempfile
-import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -47,6 +45,7 @@ from dlrm.training.checkpoint import CheckpointError, CheckpointLock, latest_che
 from dlrm.training.cuda_graphs import GraphedInference, check_cuda_graphs_supported
 from dlrm.training.logger import RunLogger
 from dlrm.training.lr_schedule import LRSchedule
+from dlrm.training.signals import StopOnSignals
 from dlrm.training.train import TrainConfig, evaluate, train
 from dlrm.training.optimizers import DENSE_OPTIMIZERS, EMBEDDING_OPTIMIZERS, OptimizerConfig, make_optimizer
 
@@ -344,36 +343,6 @@ def _our_flags() -> dict:
     }
 
 
-class _StopOnSignals:
-    """First Ctrl-C / SIGTERM: finish the step, save a checkpoint, stop; the process then exits
-    with ``exit_code`` (128 + the signal: 130, 143), so a scheduler sees a stop, not a completion.
-    A second Ctrl-C aborts at once. Once training is over (``over()``), a signal changes nothing:
-    the run completed, and the process is only ending."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.signum: int | None = None
-        self._over = False
-        signal.signal(signal.SIGINT, self._handle)
-        signal.signal(signal.SIGTERM, self._handle)
-
-    def _handle(self, signum: int, frame: object) -> None:
-        if self._over:
-            return
-        if self.event.is_set() and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        print(f"\nReceived signal {signum}: stopping after this step (Ctrl-C again to abort).", flush=True)
-        self.signum = signum
-        self.event.set()
-
-    def over(self) -> None:
-        self._over = True
-
-    @property
-    def exit_code(self) -> int:
-        return 0 if self.signum is None else 128 + self.signum
-
-
 def _exit_now(code: int) -> None:
     """Ends a finished distributed process without interpreter finalization.
 
@@ -590,15 +559,14 @@ def _run_train(run: _Run) -> int:
         train_source = run.source("train", FLAGS.batch_size)
         test_source = run.source("test", FLAGS.test_batch_size)
         _validate(run.collectives, train_source, test_source)
-        stop = _StopOnSignals()
+        stop = StopOnSignals()
         try:
             summary = train(run.model, optimizer, scaler, run.precision, train_source, test_source, train_cfg,
                             run.device, run.logger, state=state, run_config=_our_flags(),
                             should_stop=stop.event.is_set, collectives=run.collectives)
         finally:
             stop.over()
-    # A signal that came after the last step (while the run saved or summed up) stopped nothing.
-    return stop.exit_code if summary["stop_reason"] == "interrupted" else 0
+    return stop.exit_code_of(summary["stop_reason"])
 
 
 def _run_test(run: _Run) -> int:

@@ -33,6 +33,8 @@ flags.DEFINE_string("input", None, "CSR dataset of the users' histories (e.g. DI
 flags.DEFINE_string("heldout", None, "CSR dataset of their held-out items (e.g. DIR/heldout), the same users in "
                     "the same order.")
 flags.DEFINE_string("checkpoint", None, "Checkpoint of recommender_train to evaluate; default: the baselines only.")
+flags.DEFINE_boolean("best", True, "Use the checkpoint of the best validation of the training run (PATH.best, "
+                     "kept by recommender_train when it validates); --nobest: the run's last checkpoint.")
 flags.DEFINE_list("baselines", list(BASELINES), f"Baselines to evaluate, comma-separated, from "
                   f"{','.join(BASELINES)}; empty (--baselines=) for none.")
 flags.DEFINE_list("k", ["1", "5", "10", "20"], "Cut-offs K of the metrics, comma-separated.")
@@ -112,11 +114,10 @@ def _evaluate_model(inputs, heldout, ks: list[int], env) -> tuple[dict | None, b
     from dlrm.recommender import checkpoint
     from dlrm.recommender.item_parallel import ItemParallel
     from dlrm.recommender.predict import evaluate, model_scorer, recommend
-    from dlrm.training.checkpoint import latest_checkpoint
 
     device = common.device(FLAGS.device, env)
     amp_dtype = common.amp_dtype(FLAGS.amp, FLAGS.amp_dtype, device)
-    path = latest_checkpoint(FLAGS.checkpoint) or FLAGS.checkpoint
+    path = checkpoint.model_path(FLAGS.checkpoint, FLAGS.best)
     network = checkpoint.network_of(path)
     if (network.input.n, network.output.n) != (inputs.n_features, heldout.n_features):
         raise app.UsageError(f"--checkpoint {FLAGS.checkpoint} has {network.input.n:,} inputs and "
@@ -125,6 +126,8 @@ def _evaluate_model(inputs, heldout, ks: list[int], env) -> tuple[dict | None, b
     common.start_processes(env, device, FLAGS.dist_timeout)
     parallel = ItemParallel.from_process_group()
     model = checkpoint.load_model(path, parallel, device)
+    if parallel.rank == 0:
+        print(f"model: {checkpoint.describe(path)}", flush=True)
     started = time.perf_counter()
     batches = recommend(model_scorer(model, amp_dtype), inputs, max(ks), FLAGS.batch_size,
                         item_start=model.output_range[0], parallel=parallel)

@@ -29,6 +29,8 @@ from dlrm.scripts import recommender_common as common
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("checkpoint", None, "Checkpoint directory of recommender_train.")
+flags.DEFINE_boolean("best", True, "Use the checkpoint of the best validation of the training run (PATH.best, "
+                     "kept by recommender_train when it validates); --nobest: the run's last checkpoint.")
 flags.DEFINE_string("input", None, "CSR dataset of the users' histories to recommend for (e.g. DIR/input).")
 flags.DEFINE_integer("k", 10, "Recommendations per user.", lower_bound=1)
 flags.DEFINE_string("output", None, "Text file of the recommendations (DSSTNE's format), written atomically.")
@@ -96,11 +98,10 @@ def _main(argv: list[str], env) -> int:
     from dlrm.recommender import checkpoint
     from dlrm.recommender.item_parallel import ItemParallel
     from dlrm.recommender.predict import model_scorer, recommend, write_predictions
-    from dlrm.training.checkpoint import latest_checkpoint
 
     device = common.device(FLAGS.device, env)
     amp_dtype = common.amp_dtype(FLAGS.amp, FLAGS.amp_dtype, device)
-    path = latest_checkpoint(FLAGS.checkpoint) or FLAGS.checkpoint
+    path = checkpoint.model_path(FLAGS.checkpoint, FLAGS.best)
     network = checkpoint.network_of(path)
     inputs = common.dataset("input", FLAGS.input)
     if inputs.n_features != network.input.n:
@@ -117,6 +118,8 @@ def _main(argv: list[str], env) -> int:
     common.start_processes(env, device, FLAGS.dist_timeout)
     parallel = ItemParallel.from_process_group()
     model = checkpoint.load_model(path, parallel, device)
+    if parallel.rank == 0:
+        print(f"model: {checkpoint.describe(path)}", flush=True)
     score = model_scorer(model, amp_dtype)
     first = parallel.rank == 0
 

@@ -23,6 +23,7 @@ silently replaced.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from absl import app, flags
 
@@ -38,7 +39,22 @@ flags.DEFINE_string("output", None, "CSR dataset of the targets, the same users 
                     "--input (an autoencoder reconstructs its input).")
 flags.DEFINE_integer("batch_size", 256, "Users per step (the global batch, whatever the process count).",
                      lower_bound=1)
-flags.DEFINE_integer("epochs", 1, "Passes over the users.", lower_bound=1)
+flags.DEFINE_integer("epochs", None, "Passes over the users. Default: until the validation NDCG@K has not improved "
+                     "for --patience validations (at most --max_epochs); with --epochs, exactly that many (the best "
+                     "validation's checkpoint is still kept).", lower_bound=1)
+flags.DEFINE_integer("max_epochs", 200, "Without --epochs: the most passes validation may ask for.", lower_bound=1)
+flags.DEFINE_float("validation_users", 0.1, "Share of the users that lend items to a validation split (seeded by "
+                   "--seed; at most --validation_max_users); 0: no validation, then --epochs is required.",
+                   lower_bound=0, upper_bound=1)
+flags.DEFINE_integer("validation_max_users", 10_000, "At most this many validation users.", lower_bound=1)
+flags.DEFINE_float("validation_items", 0.2, "Share of each validation user's items held out of training and ranked "
+                   "(at least one item, never the whole history).", lower_bound=0, upper_bound=1)
+flags.DEFINE_integer("validation_k", 10, "K of the validation's NDCG@K (which picks the best checkpoint), P@K, R@K.",
+                     lower_bound=1)
+flags.DEFINE_integer("patience", 5, "Without --epochs: validations without a better NDCG@K before training stops.",
+                     lower_bound=1)
+flags.DEFINE_integer("validate_every_steps", 0, "Validate every this many steps; 0: at the end of every epoch.",
+                     lower_bound=0)
 flags.DEFINE_integer("seed", 0, "Seed of the weights and of every random draw (user order, denoising, dropout, "
                      "negatives).")
 flags.DEFINE_string("checkpoint_path", None, "Checkpoint directory, written during and at the end of the run.")
@@ -69,7 +85,7 @@ flags.DEFINE_float("dist_timeout", 300, "Under torchrun: seconds a collective ma
 flags.mark_flags_as_required(["network", "input", "checkpoint_path"])
 
 # Flags a resumed run must share with the checkpoint's run to draw what it would have drawn.
-_MUST_MATCH_ON_RESUME = ("seed", "batch_size")
+_MUST_MATCH_ON_RESUME = ("seed", "batch_size", "validation_users", "validation_max_users", "validation_items")
 
 
 
@@ -131,6 +147,9 @@ def _main(argv: list[str], env) -> int:
     from dlrm.recommender.model import SparseAutoencoder
     from dlrm.recommender.network import NetworkConfigError
     from dlrm.recommender.train import TrainConfig, check_datasets, make_optimizer, train
+    from dlrm.recommender.validation import ValidationConfig, make_split
+    from dlrm.recommender.validation import validate as validate_split
+    from dlrm.training.signals import StopOnSignals
     from dlrm.training.checkpoint import latest_checkpoint
     from dlrm.training.logger import RunLogger
 
@@ -150,6 +169,16 @@ def _main(argv: list[str], env) -> int:
             if name in saved and saved[name] != FLAGS[name].value:
                 raise app.UsageError(f"--resume: the checkpoint at {found} was trained with --{name} {saved[name]}, "
                                      f"this run has {FLAGS[name].value}; use the same --{name} to continue it exactly")
+    validating = FLAGS.validation_users > 0
+    if validating and FLAGS.output:
+        if FLAGS.epochs is None:
+            raise app.UsageError("--output: validation holds out items of an autoencoder's own input, which other "
+                                 "targets cannot follow; give --epochs (and --validation_users 0)")
+        validating = False
+    if not validating and FLAGS.epochs is None:
+        raise app.UsageError("--validation_users 0: without validation, give --epochs")
+    if validating and not 0 < FLAGS.validation_items < 1:
+        raise app.UsageError(f"--validation_items {FLAGS.validation_items:g}: must be in (0, 1)")
     inputs = common.dataset("input", FLAGS.input, _DATASET_HINT)
     targets = common.dataset("output", FLAGS.output, _DATASET_HINT) if FLAGS.output else inputs
     try:
@@ -166,10 +195,24 @@ def _main(argv: list[str], env) -> int:
         raise app.UsageError(f"--network {FLAGS.network}: {e}") from None
     optimizer = make_optimizer(model, network.optimizer)
     state = checkpoint.load(found, model, optimizer) if found is not None else None
-    cfg = TrainConfig(batch_size=FLAGS.batch_size, epochs=FLAGS.epochs, seed=FLAGS.seed,
+    best_path = checkpoint.best_path(path)
+    cfg = TrainConfig(batch_size=FLAGS.batch_size, epochs=FLAGS.epochs or FLAGS.max_epochs, seed=FLAGS.seed,
                       shuffle=network.shuffle_indices, negatives=FLAGS.negatives, amp_dtype=amp_dtype,
                       log_every_steps=FLAGS.log_every_steps, checkpoint_path=path,
-                      checkpoint_every_steps=FLAGS.checkpoint_every_steps, max_steps=FLAGS.max_steps)
+                      checkpoint_every_steps=FLAGS.checkpoint_every_steps, max_steps=FLAGS.max_steps,
+                      best_checkpoint_path=best_path if validating else None,
+                      patience=FLAGS.patience if FLAGS.epochs is None else None,
+                      validate_every_steps=FLAGS.validate_every_steps)
+    validate, split = None, None
+    if validating:
+        try:
+            v_cfg = ValidationConfig(user_fraction=FLAGS.validation_users, max_users=FLAGS.validation_max_users,
+                                     item_fraction=FLAGS.validation_items, k=FLAGS.validation_k,
+                                     patience=FLAGS.patience)
+            split = make_split(inputs, v_cfg, FLAGS.seed)
+        except ValueError as e:
+            raise app.UsageError(f"--validation_users: {e}") from None
+        validate = functools.partial(validate_split, model, inputs, split, v_cfg, amp_dtype)
     try:
         logger = RunLogger(FLAGS.log_path, enabled=parallel.rank == 0)
     except OSError as e:
@@ -182,12 +225,23 @@ def _main(argv: list[str], env) -> int:
                      f"{len(inputs):,} users; optimizer {network.optimizer.kind} (alpha {network.optimizer.alpha:g}); "
                      f"device {device}, {parallel.world_size} process{'es' if parallel.world_size > 1 else ''}"
                      + (f"; resuming at step {state.step} (epoch {state.epoch})" if state is not None else ""))
-        summary = train(model, optimizer, inputs, targets, cfg, logger, device, state, run_config)
+        if split is not None:
+            logger.print(f"validation: {split.n_held:,} items of {len(split.users):,} users held out of training "
+                         f"(NDCG@{FLAGS.validation_k} picks the best checkpoint, {best_path})")
+        stop = StopOnSignals()
+        try:
+            summary = train(model, optimizer, inputs, targets, cfg, logger, device, state, run_config,
+                            should_stop=stop.event.is_set, validate=validate,
+                            train_mask=None if split is None else split.train_mask)
+        finally:
+            stop.over()
+        best = (f"; best validation NDCG@{FLAGS.validation_k} {summary['best_validation_ndcg']:.4f} at epoch "
+                f"{summary['best_epoch']} ({best_path})" if "best_validation_ndcg" in summary else "")
         logger.print(f"Finished ({summary['stop_reason']}) after {summary['steps']} steps, {summary['epochs']} "
                      f"epochs: {summary['users_per_s']:,.0f} users/s over {summary['seconds']:.1f} s; checkpoint "
-                     f"{path}")
+                     f"{path}{best}")
     common.end_processes(env)
-    return 0
+    return stop.exit_code_of(summary["stop_reason"])
 
 
 if __name__ == "__main__":

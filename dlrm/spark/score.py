@@ -176,13 +176,12 @@ def _load_model(model_path: str) -> Any:
     import onnxruntime as ort
 
     if not os.path.isfile(model_path):
-        raise ValueError(f"{model_path}: no such file; give an ONNX model "
-                         "(python -m dlrm.scripts.export --format onnx)")
+        raise ValueError(f"{model_path}: no such file; give an ONNX model (as dlrm.inference.export writes)")
     try:
         return ort.InferenceSession(model_path, providers=["CPUExecutionProvider"])
     except Exception as e:  # onnxruntime's own classes: InvalidProtobuf, InvalidGraph, ...
         raise ValueError(f"{model_path}: not an ONNX model ONNX Runtime can load ({e}); give an ONNX model "
-                         "(python -m dlrm.scripts.export --format onnx)") from None
+                         "(as dlrm.inference.export writes)") from None
 
 
 def model_inputs(model_path: str) -> dict[str, list]:

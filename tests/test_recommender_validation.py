@@ -1,0 +1,204 @@
+"""Validation inside the recommender's training, and the run's endings as DLRM's: the split
+against its definition, validation metrics against a plain float64 reference, early stopping
+with the best checkpoint kept, exact resume with validation, a real SIGTERM and Ctrl-C (saved,
+exit 143 / 130, resumed exactly), and an empty dataset refused."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import REPO, run_cli
+from dlrm.data.csr_dataset import CsrDataset, write_csr
+from dlrm.data.user_histories import HistoryConfig, generate_user_histories
+from dlrm.recommender.model import SparseAutoencoder
+from dlrm.recommender.network import parse_network
+from dlrm.recommender.train import take_rows
+from dlrm.recommender.validation import ValidationConfig, make_split, validate
+
+NETWORK = {
+    "Kind": "AutoEncoder",
+    "Layers": [
+        {"Kind": "Input", "N": "auto", "DataSet": "input", "Sparse": True},
+        {"Kind": "Hidden", "N": 12, "Activation": "Tanh"},
+        {"Kind": "Output", "N": "auto", "DataSet": "output", "Activation": "SoftMax"},
+    ],
+    "ErrorFunction": "CrossEntropy",
+    "Optimizer": {"Kind": "Adam", "Alpha": 0.01},
+}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("validation")
+    h = generate_user_histories(HistoryConfig(n_users=400, n_items=50, n_interactions=6000, min_length=2,
+                                              n_clusters=5), seed=2)
+    write_csr(root / "all", h.rows)
+    (root / "network.json").write_text(json.dumps(NETWORK))
+    return str(root)
+
+
+def test_split_follows_its_definition(dataset):
+    data = CsrDataset(os.path.join(dataset, "all"))
+    cfg = ValidationConfig(user_fraction=0.25, max_users=80, item_fraction=0.3)
+    split = make_split(data, cfg, seed=5)
+    lengths = np.diff(np.asarray(data.offsets))
+    assert len(split.users) == 80 and np.all(np.diff(split.users) > 0)  # 25% of 400 capped at 80, sorted
+    held_per_user = np.add.reduceat(split.held.astype(np.int64), np.asarray(data.offsets)[:-1]) * (lengths > 0)
+    chosen = np.zeros(len(data), bool)
+    chosen[split.users] = True
+    assert not held_per_user[~chosen].any()  # only validation users lend items
+    want = np.clip(np.rint(0.3 * lengths[split.users]), 1, lengths[split.users] - 1)
+    assert np.array_equal(held_per_user[split.users], want)  # their share, at least one, never all
+    again = make_split(data, cfg, seed=5)
+    assert np.array_equal(again.users, split.users) and np.array_equal(again.held, split.held)
+    assert not np.array_equal(make_split(data, cfg, seed=6).held, split.held)
+
+
+def test_take_rows_with_a_mask_equals_a_plain_filter(dataset):
+    data = CsrDataset(os.path.join(dataset, "all"))
+    keep = np.random.default_rng(0).random(int(data.offsets[-1])) < 0.6
+    samples = np.array([7, 3, 399, 0, 3], dtype=np.int64)
+    offsets, indices, _ = take_rows(data, samples, keep)
+    offsets_all = np.asarray(data.offsets)
+    for r, s in enumerate(samples):
+        positions = range(offsets_all[s], offsets_all[s + 1])
+        want = [int(data.indices[p]) for p in positions if keep[p]]
+        assert indices[offsets[r]:offsets[r + 1]].tolist() == want
+
+
+def test_validation_metrics_equal_a_plain_float64_reference(dataset):
+    data = CsrDataset(os.path.join(dataset, "all"))
+    cfg = ValidationConfig(user_fraction=0.2, item_fraction=0.25, k=5, batch_size=7)
+    split = make_split(data, cfg, seed=1)
+    network = parse_network(NETWORK).resolve(data.n_features, data.n_features)
+    model = SparseAutoencoder(network, seed=4, dtype=torch.float64)
+    got = validate(model, data, split, cfg)
+    # Reference: a dense float64 forward per user, seen items removed, NDCG and precision by hand.
+    offsets = np.asarray(data.offsets)
+    ndcgs, precisions = [], []
+    with torch.no_grad():
+        for u in split.users:
+            positions = np.arange(offsets[u], offsets[u + 1])
+            items = np.asarray(data.indices)[positions]
+            seen, held = items[~split.held[positions]], set(items[split.held[positions]].tolist())
+            x = torch.zeros(data.n_features, dtype=torch.float64)
+            x[torch.from_numpy(seen.astype(np.int64))] = 1.0
+            h = torch.tanh(x @ model.input_weight + model.input_bias)
+            scores = (h @ model.output_weight.T + model.output_bias).numpy().copy()
+            scores[seen] = -np.inf
+            top = sorted(range(data.n_features), key=lambda i: (-scores[i], i))[:5]
+            hits = [1.0 if i in held else 0.0 for i in top]
+            ideal = sum(1 / math.log2(r + 2) for r in range(min(len(held), 5)))
+            ndcgs.append(sum(hit / math.log2(r + 2) for r, hit in enumerate(hits)) / ideal)
+            precisions.append(sum(hits) / 5)
+    assert got.users == len(split.users)
+    assert got.ndcg == pytest.approx(np.mean(ndcgs), abs=1e-12)
+    assert got.precision == pytest.approx(np.mean(precisions), abs=1e-12)
+
+
+def _train(dataset: str, ckpt: str, *args: str, log: str | None = None) -> subprocess.CompletedProcess:
+    return run_cli("dlrm.scripts.recommender_train", "--network", os.path.join(dataset, "network.json"), "--input",
+                   os.path.join(dataset, "all"), "--checkpoint_path", ckpt, "--batch_size", "50", "--device", "cpu",
+                   "--log_every_steps", "0", *(["--log_path", log] if log else []), *args, check=False)
+
+
+def _records(log: str, kind: str) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "time"} for r in map(json.loads, open(log)) if r["type"] == kind]
+
+
+def test_without_epochs_training_stops_by_validation_and_keeps_the_best(dataset, tmp_path):
+    ckpt, log = str(tmp_path / "ck"), str(tmp_path / "log.json")
+    proc = _train(dataset, ckpt, "--patience", "2", "--max_epochs", "40", "--alpha", "0.05", log=log)
+    assert proc.returncode == 0, proc.stderr
+    validations = _records(log, "validation")
+    (summary,) = _records(log, "summary")
+    ndcg = [v["ndcg"] for v in validations]
+    best = int(np.argmax(ndcg))  # the first maximum: a tie is no improvement
+    assert summary["stop_reason"] == "early_stopped" and len(ndcg) == best + 3  # 2 without a better one
+    assert summary["best_validation_ndcg"] == ndcg[best] and summary["best_epoch"] == validations[best]["epoch"]
+    best_meta = json.load(open(os.path.join(ckpt + ".best", "meta.json")))
+    assert best_meta["train_state"]["step"] == validations[best]["step"]
+    last_meta = json.load(open(os.path.join(ckpt, "meta.json")))
+    assert last_meta["train_state"]["step"] == summary["steps"]
+    # evaluate takes the best by default, the last with --nobest
+    common = ["--input", os.path.join(dataset, "all"), "--heldout", os.path.join(dataset, "all"), "--baselines", "",
+              "--k", "5"]
+    best_eval = run_cli("dlrm.scripts.recommender_evaluate", "--checkpoint", ckpt, *common)
+    assert f"{ckpt}.best (the best validation of its run" in best_eval.stdout
+    last_eval = run_cli("dlrm.scripts.recommender_evaluate", "--checkpoint", ckpt, "--nobest", *common)
+    assert f"model: {ckpt} (step {summary['steps']}" in last_eval.stdout
+
+
+def test_resume_with_validation_continues_exactly(dataset, tmp_path):
+    whole_log, half_log = str(tmp_path / "whole.json"), str(tmp_path / "half.json")
+    args = ("--epochs", "3", "--validation_users", "0.2")
+    assert _train(dataset, str(tmp_path / "whole"), *args, log=whole_log).returncode == 0
+    first = _train(dataset, str(tmp_path / "half"), *args, "--max_steps", "13", log=half_log)  # mid-epoch 2
+    assert first.returncode == 0, first.stderr
+    second = _train(dataset, str(tmp_path / "half"), *args, "--resume", log=half_log)
+    assert second.returncode == 0, second.stderr
+    assert _records(half_log, "validation") == _records(whole_log, "validation")
+    for name in ("replicated.pt", "output_rows_0_50.pt"):
+        a = torch.load(tmp_path / "whole" / name, weights_only=True)
+        b = torch.load(tmp_path / "half" / name, weights_only=True)
+        for key in a:
+            if key != "state":
+                assert torch.equal(a[key], b[key]) if torch.is_tensor(a[key]) else a[key].keys() == b[key].keys()
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_saves_and_exits_128_plus_it_and_the_run_resumes_exactly(dataset, tmp_path, sig, code):
+    ckpt, log = str(tmp_path / "ck"), str(tmp_path / "log.json")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dlrm.scripts.recommender_train", "--network", os.path.join(dataset, "network.json"),
+         "--input", os.path.join(dataset, "all"), "--checkpoint_path", ckpt, "--batch_size", "2", "--epochs", "50",
+         "--validation_users", "0", "--log_every_steps", "1", "--device", "cpu", "--log_path", log],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        for line in proc.stdout:
+            if line.startswith("epoch 0 step 3/"):
+                break
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == code, err
+    assert "stopping after this step" in out and "Traceback" not in err, err
+    (summary,) = _records(log, "summary")
+    assert summary["stop_reason"] == "interrupted" and summary["steps"] >= 3
+    assert json.load(open(os.path.join(ckpt, "meta.json")))["train_state"]["step"] == summary["steps"]
+    if sig != signal.SIGTERM:
+        return  # the same save; its resume is checked once
+    steps = summary["steps"]
+    # The saved state resumes to what an uninterrupted run of the same length reaches.
+    more = _train(dataset, ckpt, "--batch_size", "2", "--epochs", "50", "--validation_users", "0", "--resume",
+                  "--max_steps", "2")
+    assert more.returncode == 0 and f"resuming at step {steps}" in more.stdout, more.stderr
+    straight = _train(dataset, str(tmp_path / "straight"), "--batch_size", "2", "--epochs", "50",
+                      "--validation_users", "0", "--max_steps", str(steps + 2))
+    assert straight.returncode == 0, straight.stderr
+    a = torch.load(os.path.join(ckpt, "replicated.pt"), weights_only=True)["params"]
+    b = torch.load(tmp_path / "straight" / "replicated.pt", weights_only=True)["params"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_an_empty_dataset_is_refused_in_one_line(tmp_path):
+    from dlrm.data.csr_dataset import CsrRows
+
+    write_csr(tmp_path / "empty", CsrRows(np.zeros(1, np.int64), np.zeros(0, np.int32), None, 30))
+    (tmp_path / "network.json").write_text(json.dumps(NETWORK))
+    proc = run_cli("dlrm.scripts.recommender_train", "--network", str(tmp_path / "network.json"), "--input",
+                   str(tmp_path / "empty"), "--checkpoint_path", str(tmp_path / "ck"), "--epochs", "1",
+                   "--validation_users", "0", check=False)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "has no users" in lines[0], proc.stderr
+    assert not os.path.exists(tmp_path / "ck" / "meta.json")
