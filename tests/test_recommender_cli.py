@@ -153,14 +153,15 @@ def test_predict_recommends_k_unseen_items_per_user_best_first(cli, data, traine
         np.testing.assert_allclose(scores, raw[row, ids], atol=6e-5)
 
 
-def test_evaluate_reports_the_model_and_three_baselines(cli, data, trained):
+def test_evaluate_reports_the_model_and_four_baselines(cli, data, trained):
     out = data["out"]
     metrics = str(data["root"] / "metrics.json")
     proc = cli("dlrm.scripts.recommender_evaluate", "--input", os.path.join(out, "input"), "--heldout",
                os.path.join(out, "heldout"), "--checkpoint", trained["ckpt"], "--k", "1,5", "--output", metrics,
-               "--mf_factors", "4", "--mf_iterations", "2", "--knn_neighbours", "10", "--device", "cpu")
+               "--mf_factors", "4", "--mf_iterations", "2", "--knn_neighbours", "10", "--ease_lambda", "20",
+               "--device", "cpu")
     report = json.load(open(metrics))
-    assert report["k"] == [1, 5] and list(report["results"]) == ["model", "popularity", "itemknn", "mf"]
+    assert report["k"] == [1, 5] and list(report["results"]) == ["model", "popularity", "itemknn", "mf", "ease"]
     for name, row in report["results"].items():
         for k in (1, 5):
             for metric in ("precision", "recall", "ndcg", "coverage"):
@@ -168,6 +169,17 @@ def test_evaluate_reports_the_model_and_three_baselines(cli, data, trained):
         assert row["users"] == USERS
         assert proc.stdout.count(f"\n{name} ") == 1, proc.stdout
     assert "P@5" in proc.stdout and "NDCG@5" in proc.stdout and "cov@5" in proc.stdout
+
+
+def test_evaluate_refuses_ease_above_its_memory_bound_in_one_line(cli, data):
+    out = data["out"]
+    proc = cli("dlrm.scripts.recommender_evaluate", "--input", os.path.join(out, "input"), "--heldout",
+               os.path.join(out, "heldout"), "--baselines", "popularity,ease", "--ease_max_memory_gb", "0", check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and not proc.stdout, (proc.stdout, proc.stderr)
+    assert lines[0] == (f"error: --baselines ease: a catalogue of {ITEMS} items needs 42.2 KiB for EASE (items^2 x 12 "
+                        f"bytes), over --ease_max_memory_gb 0; raise --ease_max_memory_gb if the machine has the "
+                        f"memory, leave ease out (--baselines popularity), or evaluate a smaller catalogue"), lines
 
 
 def test_resume_continues_exactly(cli, data, trained):
