@@ -131,11 +131,32 @@ def test_format_recommendations():
     values = torch.tensor([[0.5, 0.25], [1.0, NEG]])
     items = torch.tensor([[2, 0], [1, -1]])
     names = ["a", "b", "c"]
-    assert format_recommendations(["u1", "u2"], values, items, names) == ["u1\tc,0.500:a,0.250\n", "u2\tb,1.000\n"]
-    assert format_recommendations(["u1", "u2"], values, items, names, precision=1) == \
-        ["u1\tc,0.5:a,0.2\n", "u2\tb,1.0\n"]
+    assert format_recommendations(["u1", "u2"], values, items, names) == ["u1\tc,0.5:a,0.25\n", "u2\tb,1\n"]
+    for dsstne in ("%4.3f", "4.3f"):  # DSSTNE's predict -p takes the format without its %
+        assert format_recommendations(["u1", "u2"], values, items, names, dsstne) == \
+            ["u1\tc,0.500:a,0.250\n", "u2\tb,1.000\n"]
     with pytest.raises(ValueError, match="`sample_names`"):
         format_recommendations(["u1"], values, items, names)
+    for bad in ("%d", "%s", "%.3f,", "x%f", "%f%f", "", "%"):
+        with pytest.raises(ValueError, match="`score_format`"):
+            format_recommendations(["u1", "u2"], values, items, names, bad)
+
+
+def test_default_score_format_keeps_apart_what_three_decimals_tie():
+    # A softmax's top scores over a large catalogue: a few thousandths, apart in the 4th digit.
+    values = torch.tensor([[0.0041837, 0.0041226, 0.0040511, 0.0035]], dtype=torch.float32)
+    items = torch.arange(4).unsqueeze(0)
+    names = ["a", "b", "c", "d"]
+
+    def scores(score_format):
+        line = format_recommendations(["u"], values, items, names, score_format)[0]
+        return [field.split(",")[1] for field in line.rstrip("\n").split("\t")[1].split(":")]
+
+    assert scores("%4.3f") == ["0.004", "0.004", "0.004", "0.004"]  # DSSTNE's: every place tied
+    default = scores(topk_module.DEFAULT_SCORE_FORMAT)
+    assert default == ["0.0041837", "0.0041226", "0.0040511", "0.0035"]
+    assert len(set(default)) == 4
+    np.testing.assert_allclose([float(s) for s in default], values[0].numpy(), rtol=1e-6)
 
 
 # ---------------------------------------------------------------------------- metrics
