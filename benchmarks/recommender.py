@@ -1,7 +1,7 @@
 """The sparse autoencoder recommender end to end on MovieLens-20M-size synthetic histories:
-quality (P@K, R@K, NDCG@K, coverage) of the model against popularity, item-kNN and matrix
-factorisation on one held-out split, and throughput in users/s of training (fp32 and AMP in the
-same run) and of predict + exclusion + top-10.
+quality (P@K, R@K, NDCG@K, coverage) of the model against popularity, item-kNN, matrix
+factorisation and EASE on one held-out split, and throughput in users/s of training (fp32 and
+AMP in the same run) and of predict + exclusion + top-10.
 
     python benchmarks/recommender.py                                   # 138,493 users x 27,278 items
     python benchmarks/recommender.py --network configs/recommender/movielens_autoencoder.json
@@ -33,6 +33,7 @@ from dlrm.recommender.train import TrainConfig, make_optimizer, train
 from dlrm.training.logger import RunLogger
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+BASELINES = ("popularity", "itemknn", "mf", "ease")
 
 
 def main() -> None:
@@ -47,11 +48,17 @@ def main() -> None:
     p.add_argument("--batch_size", type=int, default=256)
     p.add_argument("--amp_dtype", choices=sorted(DTYPES), default="bf16", help="precision of the training run")
     p.add_argument("--speed_steps", type=int, default=30, help="steps timed per precision for the fp32/AMP comparison")
-    p.add_argument("--baselines", default="popularity,itemknn,mf")
+    p.add_argument("--baselines", default="popularity,itemknn,mf,ease",
+                   help=f"comma-separated, from {','.join(BASELINES)} (ease: items^2 x 12 bytes, 8.3 GiB at 27,278 "
+                        f"items)")
+    p.add_argument("--ease_lambda", type=float, default=250.0)
     p.add_argument("--k", default="1,5,10,20")
     p.add_argument("--device", default="cpu")
     p.add_argument("--workdir", default=None, help="where the datasets go (default: a temporary directory)")
     args = p.parse_args()
+    baselines = [b for b in args.baselines.split(",") if b]
+    if set(baselines) - set(BASELINES):
+        p.error(f"--baselines: unknown {sorted(set(baselines) - set(BASELINES))}; choose from {','.join(BASELINES)}")
     device = torch.device(args.device)
     ks = [int(k) for k in args.k.split(",")]
     workdir = args.workdir or tempfile.mkdtemp(prefix="recommender-bench-")
@@ -68,9 +75,9 @@ def main() -> None:
 
     results = {}
     rows = inputs.rows()
-    for name in [b for b in args.baselines.split(",") if b]:
+    for name in baselines:
         t = time.perf_counter()
-        baseline = fit_baseline(name, rows)
+        baseline = fit_baseline(name, rows, **({"regularization": args.ease_lambda} if name == "ease" else {}))
         fit_s = time.perf_counter() - t
         t = time.perf_counter()
         results[name] = evaluate(recommend(lambda csr, b=baseline: b.scores(csr[0], csr[1]), inputs, max(ks), 1024),

@@ -186,6 +186,8 @@ CASES = [
     Case("recommender_evaluate", "--heldout={dir}", "--input is required"),
     Case("recommender_evaluate", "--input={dir} --heldout={dir} --k=5,0 --output={out}", "every K must be >= 1"),
     Case("recommender_evaluate", "--input={dir} --heldout={dir} --baselines= --output={out}", "nothing to evaluate"),
+    Case("recommender_evaluate", "--input={dir} --heldout={dir} --ease_lambda=0 --output={out}",
+         "--ease_lambda 0: must be > 0"),
 ]
 
 

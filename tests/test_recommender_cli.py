@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -127,15 +128,17 @@ def test_predict_recommends_k_unseen_items_per_user_best_first(cli, data, traine
     scores_path = str(data["root"] / "scores.npy")
     proc = cli("dlrm.scripts.recommender_predict", "--checkpoint", trained["ckpt"], "--input", os.path.join(out, "input"),
                "--k", str(K), "--output", recs, "--features_index", os.path.join(out, "features_index.txt"),
-               "--samples_index", os.path.join(out, "samples_index.txt"), "--precision", "4",
+               "--samples_index", os.path.join(out, "samples_index.txt"),
                "--scores_path", scores_path, "--device", "cpu")
     assert f"wrote {recs}: {USERS} users" in proc.stdout, proc.stdout
+    assert re.search(rf"\npredicted {USERS} users in [0-9.]+ s \([0-9,]+ users/s\)\n$", proc.stdout), proc.stdout
     items, users = read_index(os.path.join(out, "features_index.txt")), read_index(os.path.join(out, "samples_index.txt"))
     history, _, _ = read_csr(os.path.join(out, "input"))
     raw = np.load(scores_path)
     assert raw.shape == (USERS, ITEMS) and raw.dtype == np.float32
     lines = open(recs, encoding="utf-8").read().splitlines()
-    assert len(lines) == USERS
+    assert len(lines) == USERS and "predicted" not in open(recs, encoding="utf-8").read()
+    tied_at_3_decimals = 0
     for row, line in enumerate(lines):
         user, _, fields = line.partition("\t")
         assert users[user] == row
@@ -145,22 +148,43 @@ def test_predict_recommends_k_unseen_items_per_user_best_first(cli, data, traine
         scores = [float(s) for _, s in pairs]
         assert len(set(ids)) == K and not set(ids) & set(history[row].tolist()), line
         assert all(a >= b for a, b in zip(scores, scores[1:])), line
-        assert all(len(s.split(".")[1]) == 4 for _, s in pairs)
+        # 6 significant digits by default: a user's top K apart on paper where DSSTNE's %.3f ties them.
+        assert len({s for _, s in pairs}) == K, line
+        tied_at_3_decimals += len({f"{v:.3f}" for v in raw[row, ids]}) < K
         # The best unseen items by the dumped raw scores (ties aside).
         unseen = np.setdiff1d(np.arange(ITEMS), history[row])
         best = unseen[np.argsort(-raw[row, unseen], kind="stable")[:K]]
         np.testing.assert_allclose(np.sort(raw[row, ids]), np.sort(raw[row, best]), atol=1e-6)
-        np.testing.assert_allclose(scores, raw[row, ids], atol=6e-5)
+        np.testing.assert_allclose(scores, raw[row, ids], rtol=6e-6)
+    assert tied_at_3_decimals > 0  # 23 users of 300 here: the case the default format is for
 
 
-def test_evaluate_reports_the_model_and_three_baselines(cli, data, trained):
+def test_predict_writes_dsstne_score_format_on_request(cli, data, trained):
+    out = data["out"]
+    recs, scores_path = str(data["root"] / "recs_dsstne.txt"), str(data["root"] / "scores_dsstne.npy")
+    args = ("dlrm.scripts.recommender_predict", "--checkpoint", trained["ckpt"], "--input", os.path.join(out, "input"),
+            "--k", str(K), "--output", recs, "--device", "cpu")
+    cli(*args, "--score_format", "4.3f", "--scores_path", scores_path)  # as DSSTNE's predict -p 4.3f
+    raw = np.load(scores_path)
+    for row, line in enumerate(open(recs, encoding="utf-8").read().splitlines()):
+        pairs = [field.split(",") for field in line.partition("\t")[2].split(":")]
+        assert [s for _, s in pairs] == [f"{raw[row, int(i)]:.3f}" for i, _ in pairs], line
+    refused = cli(*args, "--score_format", "%.3f:", check=False)
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and len(lines) == 1, refused.stderr
+    assert lines[0] == "error: --score_format '%.3f:': give a printf format of one float, e.g. %.6g (the default) or " \
+                       "%4.3f (DSSTNE's)", lines
+
+
+def test_evaluate_reports_the_model_and_four_baselines(cli, data, trained):
     out = data["out"]
     metrics = str(data["root"] / "metrics.json")
     proc = cli("dlrm.scripts.recommender_evaluate", "--input", os.path.join(out, "input"), "--heldout",
                os.path.join(out, "heldout"), "--checkpoint", trained["ckpt"], "--k", "1,5", "--output", metrics,
-               "--mf_factors", "4", "--mf_iterations", "2", "--knn_neighbours", "10", "--device", "cpu")
+               "--mf_factors", "4", "--mf_iterations", "2", "--knn_neighbours", "10", "--ease_lambda", "20",
+               "--device", "cpu")
     report = json.load(open(metrics))
-    assert report["k"] == [1, 5] and list(report["results"]) == ["model", "popularity", "itemknn", "mf"]
+    assert report["k"] == [1, 5] and list(report["results"]) == ["model", "popularity", "itemknn", "mf", "ease"]
     for name, row in report["results"].items():
         for k in (1, 5):
             for metric in ("precision", "recall", "ndcg", "coverage"):
@@ -168,6 +192,17 @@ def test_evaluate_reports_the_model_and_three_baselines(cli, data, trained):
         assert row["users"] == USERS
         assert proc.stdout.count(f"\n{name} ") == 1, proc.stdout
     assert "P@5" in proc.stdout and "NDCG@5" in proc.stdout and "cov@5" in proc.stdout
+
+
+def test_evaluate_refuses_ease_above_its_memory_bound_in_one_line(cli, data):
+    out = data["out"]
+    proc = cli("dlrm.scripts.recommender_evaluate", "--input", os.path.join(out, "input"), "--heldout",
+               os.path.join(out, "heldout"), "--baselines", "popularity,ease", "--ease_max_memory_gb", "0", check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and not proc.stdout, (proc.stdout, proc.stderr)
+    assert lines[0] == (f"error: --baselines ease: a catalogue of {ITEMS} items needs 42.2 KiB for EASE (items^2 x 12 "
+                        f"bytes), over --ease_max_memory_gb 0; raise --ease_max_memory_gb if the machine has the "
+                        f"memory, leave ease out (--baselines popularity), or evaluate a smaller catalogue"), lines
 
 
 def test_resume_continues_exactly(cli, data, trained):

@@ -11,8 +11,9 @@ import torch
 
 from dlrm.data.csr_dataset import CsrRows, holdout_mask
 from dlrm.data.user_histories import HistoryConfig, generate_user_histories
+from dlrm.recommender import baselines as baselines_module
 from dlrm.recommender import topk as topk_module
-from dlrm.recommender.baselines import ImplicitMF, ItemKNN, Popularity, fit_baseline
+from dlrm.recommender.baselines import EASE, ImplicitMF, ItemKNN, Popularity, ease_memory_bytes, fit_baseline
 from dlrm.recommender.metrics import MetricsAccumulator, RankingMetrics, ranking_metrics
 from dlrm.recommender.topk import exclude_, format_recommendations, merge_top_k, top_k
 
@@ -130,11 +131,32 @@ def test_format_recommendations():
     values = torch.tensor([[0.5, 0.25], [1.0, NEG]])
     items = torch.tensor([[2, 0], [1, -1]])
     names = ["a", "b", "c"]
-    assert format_recommendations(["u1", "u2"], values, items, names) == ["u1\tc,0.500:a,0.250\n", "u2\tb,1.000\n"]
-    assert format_recommendations(["u1", "u2"], values, items, names, precision=1) == \
-        ["u1\tc,0.5:a,0.2\n", "u2\tb,1.0\n"]
+    assert format_recommendations(["u1", "u2"], values, items, names) == ["u1\tc,0.5:a,0.25\n", "u2\tb,1\n"]
+    for dsstne in ("%4.3f", "4.3f"):  # DSSTNE's predict -p takes the format without its %
+        assert format_recommendations(["u1", "u2"], values, items, names, dsstne) == \
+            ["u1\tc,0.500:a,0.250\n", "u2\tb,1.000\n"]
     with pytest.raises(ValueError, match="`sample_names`"):
         format_recommendations(["u1"], values, items, names)
+    for bad in ("%d", "%s", "%.3f,", "x%f", "%f%f", "", "%"):
+        with pytest.raises(ValueError, match="`score_format`"):
+            format_recommendations(["u1", "u2"], values, items, names, bad)
+
+
+def test_default_score_format_keeps_apart_what_three_decimals_tie():
+    # A softmax's top scores over a large catalogue: a few thousandths, apart in the 4th digit.
+    values = torch.tensor([[0.0041837, 0.0041226, 0.0040511, 0.0035]], dtype=torch.float32)
+    items = torch.arange(4).unsqueeze(0)
+    names = ["a", "b", "c", "d"]
+
+    def scores(score_format):
+        line = format_recommendations(["u"], values, items, names, score_format)[0]
+        return [field.split(",")[1] for field in line.rstrip("\n").split("\t")[1].split(":")]
+
+    assert scores("%4.3f") == ["0.004", "0.004", "0.004", "0.004"]  # DSSTNE's: every place tied
+    default = scores(topk_module.DEFAULT_SCORE_FORMAT)
+    assert default == ["0.0041837", "0.0041226", "0.0040511", "0.0035"]
+    assert len(set(default)) == 4
+    np.testing.assert_allclose([float(s) for s in default], values[0].numpy(), rtol=1e-6)
 
 
 # ---------------------------------------------------------------------------- metrics
@@ -284,8 +306,57 @@ def test_baselines_beat_popularity(split):
     popularity = precision_at_10(fit_baseline("popularity", train), train, heldout)
     knn = precision_at_10(fit_baseline("itemknn", train, neighbours=50), train, heldout)
     mf = precision_at_10(fit_baseline("mf", train, factors=32, iterations=6), train, heldout)
+    ease = precision_at_10(fit_baseline("ease", train), train, heldout)  # the default lambda
     assert knn > popularity * 1.2, (knn, popularity)
     assert mf > popularity * 1.2, (mf, popularity)
+    assert ease > popularity * 1.2, (ease, popularity)
+
+
+def reference_ease(dense: np.ndarray, regularization: float) -> np.ndarray:
+    """Steck's closed form in plain float64 numpy: B = -P / diag(P) with a zero diagonal."""
+    p = np.linalg.inv(dense.T @ dense + regularization * np.eye(dense.shape[1]))
+    b = -p / np.diag(p)[None, :]
+    np.fill_diagonal(b, 0.0)
+    return b
+
+
+@pytest.mark.parametrize("block", [None, 40])  # 40 elements: 3 items per block, the fit's block loops at work
+def test_ease_against_dense_reference(monkeypatch, block):
+    if block is not None:
+        monkeypatch.setattr(baselines_module, "_BLOCK_ELEMENTS", block)
+    rng = np.random.default_rng(5)
+    n_users, n_items, regularization = 50, 13, 3.0
+    dense = (rng.random((n_users, n_items)) < 0.35).astype(np.float64)
+    dense[:, 12] = 0  # an item nobody saw
+    dense[7] = 0  # a user with no history
+    rows = [list(rng.permutation(np.nonzero(d)[0])) for d in dense]
+    rows[3] = rows[3] + rows[3][:2]  # a repeated item counts once
+    offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
+    indices = np.array([i for r in rows for i in r], dtype=np.int64)
+    model = fit_baseline("ease", CsrRows(offsets, indices, None, n_items), regularization=regularization)
+    assert isinstance(model, EASE) and model.weights.dtype == torch.float32
+    want = reference_ease(dense, regularization)
+    np.testing.assert_allclose(model.weights.numpy(), want, rtol=1e-5, atol=1e-7)
+    scores = model.scores(offsets, indices)
+    assert scores.dtype == torch.float32 and scores.shape == (n_users, n_items)
+    np.testing.assert_allclose(scores.numpy(), dense @ want, rtol=0, atol=1e-6)
+    assert not scores[7].any() and not scores[:, 12].any()
+
+
+def test_ease_refuses_a_catalogue_above_its_memory_bound(split):
+    train, _ = split
+    need = ease_memory_bytes(train.n_features)
+    assert need == 12 * 500 ** 2
+    with pytest.raises(ValueError) as refused:
+        fit_baseline("ease", train, max_memory_bytes=need // 2)
+    message = str(refused.value)
+    assert "500 items needs 2.9 MiB" in message and "limit of 1.4 MiB (`max_memory_bytes`)" in message, message
+    assert "leave EASE out" in message and "smaller catalogue" in message, message
+    assert EASE().fit(train, max_memory_bytes=need).weights.shape == (500, 500)  # at the bound: fitted
+    with pytest.raises(ValueError, match="`regularization`"):
+        fit_baseline("ease", train, regularization=0.0)
+    with pytest.raises(RuntimeError, match="not fitted"):
+        EASE().scores(np.array([0, 1]), np.array([0]))
 
 
 def test_mf_scores_users_outside_the_fit(split):

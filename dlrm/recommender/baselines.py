@@ -1,5 +1,5 @@
-"""Baselines for the sparse autoencoder recommender: item popularity, item-item kNN and implicit
-matrix factorisation (ALS), fitted on the input part of a held-out split.
+"""Baselines for the sparse autoencoder recommender: item popularity, item-item kNN, implicit
+matrix factorisation (ALS) and EASE, fitted on the input part of a held-out split.
 
 Why: an autoencoder's precision@K means little alone; these are the standard yardsticks for
 top-K recommendation from implicit feedback. Each baseline turns a batch of user histories
@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 import torch
+from scipy.linalg import lapack
 
 from dlrm.data.csr_dataset import CsrRows
 from dlrm.recommender.topk import top_k
@@ -249,13 +250,107 @@ class ImplicitMF:
         return self.user_factors_for(offsets, indices) @ self.item_factors.T
 
 
-Baseline = Popularity | ItemKNN | ImplicitMF
+# EASE's default bound on its item x item matrices: 12 GiB is a catalogue of up to 32,768 items,
+# which covers MovieLens-20M (27,278 items, 8.3 GiB).
+EASE_MAX_MEMORY_BYTES = 12 << 30
+
+
+def ease_memory_bytes(n_items: int) -> int:
+    """Peak bytes of ``EASE.fit``'s dense matrices for ``n_items``: the float64 Gram matrix,
+    inverted in place, and the float32 B built from it, n_items^2 x (8 + 4). (Beside them: the
+    sparse histories and block temporaries, a few hundred MB.)"""
+    return 12 * int(n_items) ** 2
+
+
+def memory_size(size: float) -> str:
+    """``size`` bytes for a message, in the largest binary unit it reaches (8.3 GiB, 2.9 MiB)."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size:.0f} bytes"
+
+
+class EASE:
+    """Steck's EASE ("Embarrassingly Shallow Autoencoders for Sparse Data", WWW 2019): an item x
+    item weight matrix B with a zero diagonal, the minimiser of |X - X B|^2 + lambda |B|^2, in
+    closed form:
+
+        G = X^T X + lambda I,  P = G^-1,  B = -P / diag(P) (column j divided by P_jj),  diag(B) = 0
+
+    and a user's scores are their history (0/1) @ B. ``regularization`` is lambda.
+
+    G is built from sparse products in blocks of items and held in float64: its condition number
+    grows as lambda shrinks, and float32 loses the inverse first. It is factorised (Cholesky) and
+    inverted in place by LAPACK, so the inverse costs no second float64 matrix; B is kept in
+    float32 (the scores are float32 anyway, and ranking reads a row of B per history item: half
+    the bytes of float64). Memory: ``ease_memory_bytes`` (n_items^2 x 12 bytes at the peak, n_items^2 x 4 after
+    the fit); ``fit`` refuses a catalogue above ``max_memory_bytes``. Time: the inverse is about
+    n_items^3 flops, the Gram matrix about the sum over users of |history|^2.
+    """
+
+    def __init__(self) -> None:
+        self.weights: torch.Tensor | None = None  # B, float32 [n_items, n_items]
+        self.n_items = 0
+
+    def fit(self, rows: CsrRows, regularization: float = 250.0,
+            max_memory_bytes: int = EASE_MAX_MEMORY_BYTES) -> "EASE":
+        _check_rows(rows)
+        _check_number("regularization", regularization, 0.0, strict=True)
+        _check_number("max_memory_bytes", max_memory_bytes, 0.0)
+        n = rows.n_features
+        need = ease_memory_bytes(n)
+        if need > max_memory_bytes:
+            raise ValueError(f"EASE on a catalogue of {n:,} items needs {memory_size(need)} (n_items^2 x 12 bytes: a "
+                             f"float64 and a float32 item x item matrix), over the limit of "
+                             f"{memory_size(max_memory_bytes)} (`max_memory_bytes`); raise the limit if the machine "
+                             f"has the memory, leave EASE out, or use a smaller catalogue")
+        users = _binary_csr(rows.offsets, rows.indices, n)
+        by_item = users.T.tocsr()
+        gram = np.empty((n, n), np.float64)
+        block = max(1, _BLOCK_ELEMENTS // n)
+        for lo in range(0, n, block):
+            gram[lo:lo + block] = (by_item[lo:lo + block] @ users).toarray()  # co-occurrence counts
+        gram.flat[::n + 1] += regularization
+        # LAPACK works on the column-major view gram.T, the same symmetric matrix without a copy;
+        # its upper triangle, gram's lower one (row >= column), ends up holding P.
+        factor, info = lapack.dpotrf(gram.T, lower=False, clean=False, overwrite_a=True)
+        if info == 0:
+            factor, info = lapack.dpotri(factor, lower=False, overwrite_c=True)
+        if info != 0:
+            raise ValueError(f"EASE: X^T X + `regularization` I is not positive definite in float64 (LAPACK info "
+                             f"{info}); raise `regularization` (now {regularization})")
+        inverse = factor.T  # gram itself (LAPACK worked in place)
+        del gram, factor
+        diagonal = inverse.diagonal().copy()
+        weights = np.empty((n, n), np.float32)
+        column = np.arange(n)
+        for lo in range(0, n, block):
+            hi = min(lo + block, n)
+            lower = column[None, :] <= np.arange(lo, hi)[:, None]
+            p_rows = np.where(lower, inverse[lo:hi], inverse[:, lo:hi].T)  # rows lo..hi of the symmetric P
+            weights[lo:hi] = p_rows / -diagonal
+            weights[np.arange(lo, hi), np.arange(lo, hi)] = 0.0
+        del inverse
+        self.n_items, self.weights = n, torch.from_numpy(weights)
+        return self
+
+    def scores(self, offsets: np.ndarray | torch.Tensor, indices: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """[B, n_items]: history (0/1) @ B, as a sum of B's rows per user (``embedding_bag``)."""
+        if self.weights is None:
+            raise RuntimeError("EASE is not fitted; call `fit(rows)` first")
+        history = _binary_csr(offsets, indices, self.n_items)
+        return torch.nn.functional.embedding_bag(torch.from_numpy(history.indices.astype(np.int64)), self.weights,
+                                                 torch.from_numpy(history.indptr[:-1].astype(np.int64)), mode="sum")
+
+
+Baseline = Popularity | ItemKNN | ImplicitMF | EASE
 
 
 def fit_baseline(name: str, rows: CsrRows, **kwargs) -> Baseline:
-    """A fitted baseline by name: "popularity", "itemknn" (kwargs: neighbours, shrink) or "mf"
-    (kwargs: factors, iterations, regularization, alpha, seed)."""
-    kinds = {"popularity": Popularity, "itemknn": ItemKNN, "mf": ImplicitMF}
+    """A fitted baseline by name: "popularity", "itemknn" (kwargs: neighbours, shrink), "mf"
+    (kwargs: factors, iterations, regularization, alpha, seed) or "ease" (kwargs:
+    regularization, max_memory_bytes)."""
+    kinds = {"popularity": Popularity, "itemknn": ItemKNN, "mf": ImplicitMF, "ease": EASE}
     if name not in kinds:
         raise ValueError(f"`name` must be one of {', '.join(repr(k) for k in kinds)}, got {name!r}")
     return kinds[name]().fit(rows, **kwargs)

@@ -19,7 +19,7 @@ from dlrm.data.atomic import write_atomically
 from dlrm.data.csr_dataset import CsrDataset
 from dlrm.recommender.metrics import MetricsAccumulator, RankingMetrics
 from dlrm.recommender.model import SparseAutoencoder, activation
-from dlrm.recommender.topk import exclude_, format_recommendations, merge_top_k, top_k
+from dlrm.recommender.topk import DEFAULT_SCORE_FORMAT, exclude_, format_recommendations, merge_top_k, top_k
 from dlrm.recommender.train import take_rows
 
 Csr = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
@@ -91,9 +91,10 @@ def rank(score: Scorer, history: Csr, k: int, filters: Sequence[Csr], item_start
 
 
 def write_predictions(path: str | os.PathLike, batches: Iterator[tuple[int, torch.Tensor, torch.Tensor]],
-                      sample_names: list[str], item_names: list[str], precision: int = 3) -> int:
-    """DSSTNE's predict output, ``sample\titem,score:item,score:...`` per line, written under a
-    temporary name and renamed when complete. Returns the number of lines."""
+                      sample_names: list[str], item_names: list[str], score_format: str = DEFAULT_SCORE_FORMAT) -> int:
+    """DSSTNE's predict output, ``sample\titem,score:item,score:...`` per line (scores in
+    ``score_format``), written under a temporary name and renamed when complete. Returns the
+    number of lines."""
     lines = 0
 
     def write(tmp: str) -> None:
@@ -101,7 +102,7 @@ def write_predictions(path: str | os.PathLike, batches: Iterator[tuple[int, torc
         with open(tmp, "w", encoding="utf-8") as f:
             for first, values, items in batches:
                 names = sample_names[first:first + values.shape[0]]
-                f.writelines(format_recommendations(names, values, items, item_names, precision))
+                f.writelines(format_recommendations(names, values, items, item_names, score_format))
                 lines += len(names)
 
     write_atomically(path, write, "the predictions")

@@ -15,7 +15,16 @@ exact; no oversampling (DSSTNE took K * c candidates and filtered afterwards) is
 
 from __future__ import annotations
 
+import re
+
 import torch
+
+# Scores in predict's output: 6 significant digits, so that a user's top K rarely tie on paper (a
+# softmax over 27,278 items gives top scores of a few thousandths, which 3 decimals write as
+# 0.004, 0.004, 0.003, ...). DSSTNE's predict wrote 3 decimals (its ``-p`` option, default "4.3f").
+DEFAULT_SCORE_FORMAT = "%.6g"
+DSSTNE_SCORE_FORMAT = "%4.3f"
+_SCORE_FORMAT = re.compile(r"%?[-+ #0]*[0-9]*(?:\.[0-9]+)?[eEfFgG]")
 
 # Rows of scores processed at once by ``top_k``: bounds its temporaries (two bool masks and,
 # only when a tie straddles the k-th place, an int32 running count) to about this many elements.
@@ -165,17 +174,26 @@ def merge_top_k(values: list[torch.Tensor], items: list[torch.Tensor], k: int) -
     return out_values, out_ids.masked_fill_(out_values == float("-inf"), -1)
 
 
+def check_score_format(spec: str) -> str:
+    """``spec`` as a printf format of one float (``%.6g``, ``%4.3f``, ``%.8e``), with its ``%``
+    added if left out as in DSSTNE's ``-p 4.3f``. Anything else is refused: text beside the
+    number could break the ``item,score:`` fields."""
+    if not isinstance(spec, str) or not _SCORE_FORMAT.fullmatch(spec):
+        raise ValueError(f"`score_format` must be a printf format of one float such as {DEFAULT_SCORE_FORMAT!r} or "
+                         f"{DSSTNE_SCORE_FORMAT!r} (DSSTNE's), got {spec!r}")
+    return spec if spec.startswith("%") else "%" + spec
+
+
 def format_recommendations(sample_names: list[str], values: torch.Tensor, items: torch.Tensor,
-                           item_names: list[str], precision: int = 3) -> list[str]:
+                           item_names: list[str], score_format: str = DEFAULT_SCORE_FORMAT) -> list[str]:
     """DSSTNE's predict output: one line per sample, ``sample\\titem,score:item,score:...\\n``, best
-    first, scores with ``precision`` decimals; entries with id -1 are left out (a sample with
-    none gives ``sample\\t\\n``)."""
+    first, scores written with ``score_format`` (``check_score_format``); entries with id -1 are
+    left out (a sample with none gives ``sample\\t\\n``)."""
     if values.dim() != 2 or values.shape != items.shape:
         raise ValueError(f"`values` and `items` must both be [B, k], got {list(values.shape)} and {list(items.shape)}")
     if len(sample_names) != values.shape[0]:
         raise ValueError(f"`sample_names` has {len(sample_names)} names for {values.shape[0]} rows; pass one per row")
-    if isinstance(precision, bool) or not isinstance(precision, int) or precision < 0:
-        raise ValueError(f"`precision` must be an integer >= 0, got {precision!r}")
+    score_format = check_score_format(score_format)
     ids = items.detach().to("cpu", torch.int64).tolist()
     scores = values.detach().to("cpu", torch.float64).tolist()
     n_names = len(item_names)
@@ -187,6 +205,6 @@ def format_recommendations(sample_names: list[str], values: torch.Tensor, items:
                 continue
             if i >= n_names:
                 raise ValueError(f"item id {i} has no name (`item_names` has {n_names}); pass the full features index")
-            fields.append(f"{item_names[i]},{s:.{precision}f}")
+            fields.append(f"{item_names[i]},{score_format % s}")
         lines.append(f"{name}\t{':'.join(fields)}\n")
     return lines

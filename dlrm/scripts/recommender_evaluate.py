@@ -8,8 +8,10 @@ users in the same order, from recommender_generate's held-out split) are what it
 The model (--checkpoint) and each of --baselines rank every item the user has not seen, through
 the same exclusion and top-K path, and are scored with precision, recall and NDCG at each K and
 catalogue coverage (dlrm.recommender.metrics defines them). Baselines, fitted on the --input rows:
-popularity (item counts), itemknn (item-item cosine kNN, --knn_neighbours) and mf (implicit ALS
-matrix factorisation, --mf_factors, --mf_iterations).
+popularity (item counts), itemknn (item-item cosine kNN, --knn_neighbours), mf (implicit ALS
+matrix factorisation, --mf_factors, --mf_iterations) and ease (Steck's closed-form linear
+autoencoder, --ease_lambda; its items x items matrices need items^2 x 12 bytes, refused above
+--ease_max_memory_gb).
 
 Under torchrun the model is evaluated with its item layers split across the processes; the
 baselines then run on the first process alone.
@@ -26,7 +28,7 @@ from absl import app, flags
 from dlrm.scripts import cli
 from dlrm.scripts import recommender_common as common
 
-BASELINES = ("popularity", "itemknn", "mf")
+BASELINES = ("popularity", "itemknn", "mf", "ease")
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("input", None, "CSR dataset of the users' histories (e.g. DIR/input of recommender_generate).")
@@ -44,6 +46,10 @@ flags.DEFINE_integer("mf_factors", 64, "mf: latent factors.", lower_bound=1)
 flags.DEFINE_integer("mf_iterations", 10, "mf: ALS iterations.", lower_bound=0)
 flags.DEFINE_integer("knn_neighbours", 100, "itemknn: neighbours kept per item.", lower_bound=1)
 flags.DEFINE_integer("seed", 0, "mf: seed of the initial item factors.")
+flags.DEFINE_float("ease_lambda", 250.0, "ease: L2 regularization lambda (> 0). Common choices are a few hundred "
+                   "(250 is RecBole's default); pick it on a validation split, not on --heldout.")
+flags.DEFINE_float("ease_max_memory_gb", 12.0, "ease: refuse a catalogue whose items x items matrices need more "
+                   "GiB than this (items^2 x 12 bytes; 12 GiB: up to 32,768 items).", lower_bound=0)
 flags.DEFINE_enum("device", None, ["cpu", "cuda"], "Device of the model; default: cuda if available, else cpu. "
                   "Under torchrun each process takes cuda:LOCAL_RANK.")
 flags.DEFINE_boolean("amp", False, "Model: automatic mixed precision (torch.autocast, see --amp_dtype).")
@@ -76,11 +82,31 @@ def _check_flags() -> tuple[list[int], list[str]]:
         raise app.UsageError(f"--baselines: unknown {', '.join(map(repr, unknown))}; choose from "
                              f"{','.join(BASELINES)}")
     baselines = list(dict.fromkeys(FLAGS.baselines))
+    if "ease" in baselines and not FLAGS.ease_lambda > 0:
+        raise app.UsageError(f"--ease_lambda {FLAGS.ease_lambda:g}: must be > 0, so that X^T X + lambda I is "
+                             f"invertible")
     if not baselines and not FLAGS.checkpoint:
         raise app.UsageError("nothing to evaluate: give --checkpoint, or baselines with --baselines")
     if FLAGS.output and os.path.isdir(FLAGS.output):
         raise app.UsageError(f"--output {FLAGS.output} is a directory; give a file name")
     return ks, baselines
+
+
+def _ease_limit() -> int:
+    return int(FLAGS.ease_max_memory_gb * 2**30)
+
+
+def _check_ease_memory(n_items: int, baselines: list[str]) -> None:
+    """Refuses EASE above --ease_max_memory_gb before anything is evaluated, not after the model."""
+    from dlrm.recommender.baselines import ease_memory_bytes, memory_size
+
+    need = ease_memory_bytes(n_items)
+    if need > _ease_limit():
+        others = ",".join(b for b in baselines if b != "ease") or ",".join(b for b in BASELINES if b != "ease")
+        raise app.UsageError(f"--baselines ease: a catalogue of {n_items:,} items needs {memory_size(need)} for "
+                             f"EASE (items^2 x 12 bytes), over --ease_max_memory_gb {FLAGS.ease_max_memory_gb:g}; "
+                             f"raise --ease_max_memory_gb if the machine has the memory, leave ease out "
+                             f"(--baselines {others}), or evaluate a smaller catalogue")
 
 
 def _row(metrics) -> dict:
@@ -149,6 +175,8 @@ def _main(argv: list[str], env) -> int:
         raise app.UsageError(f"--input has {len(inputs):,} users and {inputs.n_features:,} items, --heldout "
                              f"{len(heldout):,} and {heldout.n_features:,}: give the two halves of one held-out "
                              f"split (DIR/input and DIR/heldout of recommender_generate)")
+    if "ease" in baselines:
+        _check_ease_memory(inputs.n_features, baselines)
     results: dict[str, dict] = {}
     if FLAGS.checkpoint:
         results["model"], first = _evaluate_model(inputs, heldout, ks, env)
@@ -160,7 +188,8 @@ def _main(argv: list[str], env) -> int:
 
         rows = inputs.rows()
         settings = {"popularity": {}, "itemknn": {"neighbours": FLAGS.knn_neighbours},
-                    "mf": {"factors": FLAGS.mf_factors, "iterations": FLAGS.mf_iterations, "seed": FLAGS.seed}}
+                    "mf": {"factors": FLAGS.mf_factors, "iterations": FLAGS.mf_iterations, "seed": FLAGS.seed},
+                    "ease": {"regularization": FLAGS.ease_lambda, "max_memory_bytes": _ease_limit()}}
         for name in baselines:
             started = time.perf_counter()
             baseline = fit_baseline(name, rows, **settings[name])

@@ -9,9 +9,13 @@ Writes DSSTNE's output, one line per user of --input, best first:
 
     <user>\t<item>,<score>:<item>,<score>:...
 
-Scores are the Output layer's activations. Items of the user's own history (--input) are never
-recommended (--noexclude_inputs keeps them), nor those of the --filter datasets (the same users in
-the same order, e.g. items already bought). Names come from the index files of
+Scores are the Output layer's activations, with 6 significant digits (--score_format %.6g), so
+that a user's top K rarely tie on paper; --score_format %4.3f writes them as DSSTNE did (its
+-p 4.3f). The run ends with its speed on stdout: "predicted N users in S s (U users/s)".
+
+Items of the user's own history (--input) are never recommended (--noexclude_inputs keeps
+them), nor those of the --filter datasets (the same users in the same order, e.g. items already
+bought). Names come from the index files of
 recommender_generate; without them users and items are shown as their row and column numbers.
 Under torchrun each process scores its own item range and the lists are merged exactly; the
 first process writes the file. --scores_path also writes every score before exclusion, a float32
@@ -21,6 +25,7 @@ first process writes the file. --scores_path also writes every score before excl
 from __future__ import annotations
 
 import os
+import time
 
 from absl import app, flags
 
@@ -40,7 +45,9 @@ flags.DEFINE_list("filter", [], "CSR datasets (comma-separated) of further items
                   "user r of --input.")
 flags.DEFINE_boolean("exclude_inputs", True, "Never recommend the items of a user's own history "
                      "(--noexclude_inputs: allow them).")
-flags.DEFINE_integer("precision", 3, "Decimals of the scores.", lower_bound=0)
+flags.DEFINE_string("score_format", "%.6g", "printf format of the scores (one float conversion; the % may be left "
+                    "out): %.6g, 6 significant digits, so that a user's top K rarely tie; %4.3f is DSSTNE's (its "
+                    "-p 4.3f), which ties scores that differ after the 3rd decimal.")
 flags.DEFINE_integer("batch_size", 1024, "Users scored at once.", lower_bound=1)
 flags.DEFINE_string("scores_path", None, "Also write every raw score, before exclusion, as a float32 .npy "
                     "[users, items] (one process only).")
@@ -98,6 +105,13 @@ def _main(argv: list[str], env) -> int:
     from dlrm.recommender import checkpoint
     from dlrm.recommender.item_parallel import ItemParallel
     from dlrm.recommender.predict import model_scorer, recommend, write_predictions
+    from dlrm.recommender.topk import check_score_format
+
+    try:
+        score_format = check_score_format(FLAGS.score_format)
+    except ValueError:
+        raise app.UsageError(f"--score_format {FLAGS.score_format!r}: give a printf format of one float, e.g. %.6g "
+                             f"(the default) or %4.3f (DSSTNE's)") from None
 
     device = common.device(FLAGS.device, env)
     amp_dtype = common.amp_dtype(FLAGS.amp, FLAGS.amp_dtype, device)
@@ -137,6 +151,7 @@ def _main(argv: list[str], env) -> int:
         return recommend(scored, inputs, FLAGS.k, FLAGS.batch_size, item_start=model.output_range[0],
                          exclude=filters, exclude_inputs=FLAGS.exclude_inputs, parallel=parallel)
 
+    started = time.perf_counter()
     lines = 0
     if not first:
         for _ in batches():  # the collectives of the merge, in step with the first process
@@ -150,13 +165,14 @@ def _main(argv: list[str], env) -> int:
                                                shape=(len(inputs), network.output.n))
             with open(tmp, "rb+") as f:  # claim the blocks: a full disk is an error now, not a SIGBUS in the memmap
                 os.posix_fallocate(f.fileno(), 0, os.path.getsize(tmp))
-            lines = write_predictions(FLAGS.output, batches(scores), user_names, item_names, FLAGS.precision)
+            lines = write_predictions(FLAGS.output, batches(scores), user_names, item_names, score_format)
             scores.flush()
             del scores
 
         write_atomically(FLAGS.scores_path, write_scores, "the scores")
     else:
-        lines = write_predictions(FLAGS.output, batches(), user_names, item_names, FLAGS.precision)
+        lines = write_predictions(FLAGS.output, batches(), user_names, item_names, score_format)
+    seconds = time.perf_counter() - started
     if first:
         print(f"wrote {FLAGS.output}: {lines:,} users, top {FLAGS.k} items each from {network.output.n:,} "
               f"(inputs {'excluded' if FLAGS.exclude_inputs else 'allowed'}"
@@ -164,6 +180,8 @@ def _main(argv: list[str], env) -> int:
               f"process{'es' if parallel.world_size > 1 else ''}")
         if FLAGS.scores_path:
             print(f"wrote {FLAGS.scores_path}: float32 [{len(inputs):,}, {network.output.n:,}] scores")
+        # Scoring, exclusion, top K and writing; loading the model and the data is not counted.
+        print(f"predicted {lines:,} users in {seconds:.2f} s ({lines / max(seconds, 1e-9):,.0f} users/s)")
     common.end_processes(env)
     return 0
 
