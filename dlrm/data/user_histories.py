@@ -273,10 +273,16 @@ def _tastes(n_users: int, n_clusters: int, max_tastes: int, rng: np.random.Gener
     """1..max_tastes distinct clusters per user (-1 in the unused slots) and their weights (Dirichlet(1))."""
     n_tastes = min(max_tastes, n_clusters)
     used = rng.integers(1, n_tastes + 1, n_users)
-    tastes = np.argpartition(rng.random((n_users, n_clusters)), n_tastes - 1, axis=1)[:, :n_tastes]
+    tastes = np.empty((n_users, n_tastes), np.int64)
+    for j in range(n_tastes):  # each slot redrawn where it repeats an earlier one
+        tastes[:, j] = rng.integers(0, n_clusters, n_users)
+        clash = np.flatnonzero((tastes[:, :j] == tastes[:, j:j + 1]).any(axis=1))
+        while clash.size:
+            tastes[clash, j] = rng.integers(0, n_clusters, clash.size)
+            clash = clash[(tastes[clash, :j] == tastes[clash, j:j + 1]).any(axis=1)]
     weights = rng.gamma(1.0, 1.0, (n_users, n_tastes)) * (np.arange(n_tastes) < used[:, None])
     weights /= weights.sum(axis=1, keepdims=True)
-    return np.where(weights > 0, tastes, -1).astype(np.int64), weights
+    return np.where(weights > 0, tastes, -1), weights
 
 
 # ----------------------------------------------------------- calibration of the draw weights
