@@ -3,7 +3,7 @@ quality (P@K, R@K, NDCG@K, coverage) of the model against popularity, item-kNN, 
 factorisation and EASE on one held-out split, and throughput in users/s of training (fp32 and
 AMP in the same run) and of predict + exclusion + top-10.
 
-    python benchmarks/recommender.py                                   # 138,493 users x 27,278 items
+    python benchmarks/recommender.py                                   # 138,493 users x 26,744 items
     python benchmarks/recommender.py --network configs/recommender/movielens_autoencoder.json
     python benchmarks/recommender.py --users 20000 --items 4000 --interactions 2000000 --epochs 3
     python benchmarks/recommender.py --device cuda --amp_dtype bf16

@@ -2,8 +2,9 @@
 DSSTNE text, and realistic synthetic histories for tests and benchmarks when no real data
 may be used.
 
-The synthetic generator models what makes recommendation learnable and hard: item popularity
-is power-law (a few blockbusters, a long tail), history lengths are log-normal above a minimum
+The synthetic generator models what makes recommendation learnable and hard, calibrated to
+MovieLens-20M: item popularity follows its curve (a few blockbusters in half the histories, a
+long tail of movies rated a handful of times), history lengths are log-normal above a minimum
 (MovieLens keeps users with >= 20 ratings; a few users rate thousands), and users have tastes:
 each draws most items from a few latent clusters, weighted by popularity, so held-out items are
 predictable from the rest of a history, as they are in real data.
@@ -14,7 +15,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Iterator, TextIO
+from typing import Callable, Iterator, TextIO
 
 import numpy as np
 
@@ -209,19 +210,29 @@ def _write_users(chunk: _Chunk, out: TextIO, path: str, with_ratings: bool, min_
 
 @dataclass
 class HistoryConfig:
-    """Shape of a synthetic set; defaults match MovieLens-20M (138,493 users, 27,278 items,
-    20,000,263 ratings, >= 20 per user, median ~68, mean ~144)."""
+    """Shape of a synthetic set. The defaults reproduce MovieLens-20M with every rating as an
+    interaction: its size, its history lengths and how concentrated its item popularity is
+    (sources, tolerances and measured figures: docs/recommender.md, "Synthetic histories")."""
 
     n_users: int = 138_493
-    n_items: int = 27_278
+    n_items: int = 26_744  # the movies rated at least once (movies.csv lists 27,278)
     n_interactions: int = 20_000_263  # target total; the result is within a few percent
     min_length: int = 20
-    max_length: int | None = None  # default: n_items // 3 (MovieLens's longest history is ~9,300)
-    length_sigma: float = 1.4  # log-normal sigma of (length - min_length); 1.4 gives MovieLens's median/mean
-    popularity_exponent: float = 1.0  # Zipf: item of popularity rank r has weight (r + 1) ** -exponent
+    max_length: int | None = None  # default: n_items // 3 (8,914 here; MovieLens's longest history is 9,254)
+    length_sigma: float = 1.37  # log-normal sigma of (length - min_length): MovieLens-20M's median with its mean
+    # The item of popularity rank r (0: the most popular) gets a share of the interactions
+    # proportional to (q + offset) ** -exponent * exp(-q / cutoff), q = (r + 0.5) / max(n_items,
+    # popularity_items): a power law over the blockbusters that falls faster in the long tail,
+    # fitted to MovieLens-20M's item statistics. A smaller catalogue is its most popular part (as
+    # if MovieLens were cut to its top movies); a larger one stretches the curve over its items.
+    popularity_exponent: float = 0.896
+    popularity_offset: float = 0.0026
+    popularity_cutoff: float = 0.150
+    popularity_items: int = 26_744
     n_clusters: int = 40  # latent tastes (genres)
-    max_tastes: int = 3  # each user likes 1..max_tastes clusters
-    noise: float = 0.1  # share of a user's draws from global popularity instead of their tastes
+    max_tastes: int = 3  # each user likes 1..max_tastes distinct clusters
+    noise: float = 0.2  # share of a user's draws from global popularity instead of their tastes (not fitted
+    # to data: the lower, the further personal methods get ahead of popularity)
 
 
 @dataclass
@@ -231,16 +242,23 @@ class UserHistories:
     rows: CsrRows  # one row per user, items in "time" order, no values
     user_names: list[str]
     item_names: list[str]
-    item_popularity: np.ndarray  # float64 [n_items], sums to 1
+    item_popularity: np.ndarray  # float64 [n_items]: the item's expected share of the interactions (sums to 1)
     item_cluster: np.ndarray  # int64 [n_items]
-    user_tastes: np.ndarray  # int64 [n_users, max_tastes], -1 where unused
-    user_taste_weights: np.ndarray  # float64 [n_users, max_tastes]
+    user_tastes: np.ndarray  # int64 [n_users, min(max_tastes, n_clusters)], -1 where unused
+    user_taste_weights: np.ndarray  # float64, same shape
+
+
+def _popularity_curve(config: HistoryConfig) -> np.ndarray:
+    """Each popularity rank's expected share of the interactions, most popular first."""
+    q = (np.arange(config.n_items) + 0.5) / max(config.n_items, config.popularity_items)
+    share = (q + config.popularity_offset) ** -config.popularity_exponent * np.exp(-q / config.popularity_cutoff)
+    return share / share.sum()
 
 
 def _lengths(config: HistoryConfig, cap: int, rng: np.random.Generator) -> np.ndarray:
     """Log-normal excess over the minimum, rescaled so the total meets the target."""
     n, lo = config.n_users, config.min_length
-    mean_excess = config.n_interactions / n - lo
+    mean_excess = config.n_interactions / max(n, 1) - lo
     if mean_excess <= 0:
         return np.full(n, lo, np.int64)
     s = config.length_sigma
@@ -251,25 +269,152 @@ def _lengths(config: HistoryConfig, cap: int, rng: np.random.Generator) -> np.nd
     return lo + np.floor(np.minimum(excess, cap - lo)).astype(np.int64)
 
 
-def _draw(rng: np.random.Generator, user: np.ndarray, round_: int, noise: float, taste_cdf: np.ndarray,
-          tastes: np.ndarray, cdf: np.ndarray, by_cluster: np.ndarray, mass_begin: np.ndarray, mass: np.ndarray,
+def _tastes(n_users: int, n_clusters: int, max_tastes: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """1..max_tastes distinct clusters per user (-1 in the unused slots) and their weights (Dirichlet(1))."""
+    n_tastes = min(max_tastes, n_clusters)
+    used = rng.integers(1, n_tastes + 1, n_users)
+    tastes = np.empty((n_users, n_tastes), np.int64)
+    for j in range(n_tastes):  # each slot redrawn where it repeats an earlier one
+        tastes[:, j] = rng.integers(0, n_clusters, n_users)
+        clash = np.flatnonzero((tastes[:, :j] == tastes[:, j:j + 1]).any(axis=1))
+        while clash.size:
+            tastes[clash, j] = rng.integers(0, n_clusters, clash.size)
+            clash = clash[(tastes[clash, :j] == tastes[clash, j:j + 1]).any(axis=1)]
+    weights = rng.gamma(1.0, 1.0, (n_users, n_tastes)) * (np.arange(n_tastes) < used[:, None])
+    weights /= weights.sum(axis=1, keepdims=True)
+    return np.where(weights > 0, tastes, -1), weights
+
+
+# ----------------------------------------------------------- calibration of the draw weights
+
+_GRID = 256  # points of the log grids the calibration interpolates on
+
+
+def _lookup(log_table: np.ndarray, rows: np.ndarray, log_x: np.ndarray, log_x0: float, step: float) -> np.ndarray:
+    """log_table[rows] at log_x on the uniform grid log_x0 + step * j: linear between points, slope 1
+    below the grid (where the tabled counts are proportional to x), flat above it."""
+    pos = (log_x - log_x0) / step
+    below = np.minimum(pos, 0.0) * step
+    pos = np.clip(pos, 0.0, log_table.shape[1] - 1.000001)
+    i = pos.astype(np.int64)
+    f = pos - i
+    return log_table[rows, i] * (1.0 - f) + log_table[rows, i + 1] * f + below
+
+
+def _occupancy(weights: np.ndarray, item_cluster: np.ndarray, n_clusters: int, x: np.ndarray) -> np.ndarray:
+    """log of the distinct items of each cluster (last row: of all) expected among x draws by
+    ``weights`` alone, the sum over its items of 1 - exp(-x w), for each x: [n_clusters + 1, len(x)].
+    Items are pooled in bins 1 % wide in weight (no matrix product: BLAS threads crawl on a busy CPU)."""
+    log_w = np.log(weights)
+    bins = np.round((log_w - log_w.min()) / 0.01).astype(np.int64)
+    n_bins = int(bins.max()) + 1
+    counts = np.bincount(item_cluster * n_bins + bins, minlength=n_clusters * n_bins).reshape(n_clusters, n_bins)
+    present = np.flatnonzero(counts.any(axis=0))
+    seen = -np.expm1(-np.outer(np.exp(log_w.min() + 0.01 * present), x))
+    table = np.einsum("kb,bg->kg", counts[:, present].astype(np.float64), seen)
+    return np.log(np.maximum(np.vstack([table, table.sum(axis=0)]), 1e-300))
+
+
+def _draws_needed(lengths: np.ndarray, tastes: np.ndarray, boost: np.ndarray, noise: float, log_f: np.ndarray,
+                  log_x0: float, step: float) -> np.ndarray:
+    """The draws D after which a user expects `length` distinct items: the root of
+    sum_i 1 - exp(-D w_i b_i) = length, b_i the user's boost of item i's cluster (noise outside
+    their tastes), by bisection on log D."""
+    n_clusters = log_f.shape[0] - 1
+    used = tastes >= 0
+    rows = np.where(used, tastes, n_clusters)
+    everyone = np.full(lengths.shape, n_clusters)
+    lo = np.log(np.maximum(lengths, 1.0))  # a distinct item takes a draw at least
+    hi = np.full(lengths.shape, log_x0 + step * log_f.shape[1] - math.log(noise))  # all items saturated
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        base = mid + math.log(noise)
+        found = np.exp(_lookup(log_f, everyone, base, log_x0, step))
+        found += ((np.exp(_lookup(log_f, rows, mid[:, None] + np.log(boost), log_x0, step))
+                   - np.exp(_lookup(log_f, rows, np.repeat(base[:, None], rows.shape[1], 1), log_x0, step)))
+                  * used).sum(axis=1)
+        more = found < lengths
+        lo, hi = np.where(more, mid, lo), np.where(more, hi, mid)
+    return np.exp(hi)
+
+
+def _feasible(target: np.ndarray, n_users: int) -> np.ndarray:
+    """Targets capped at 90 % of the users (an item is in a history once), the rest scaled up to keep the total."""
+    total, cap = target.sum(), 0.9 * n_users
+    for _ in range(8):
+        over = target >= cap
+        if not over.any() or over.all():
+            break
+        target = np.where(over, cap, target * (total - cap * over.sum()) / target[~over].sum())
+    return target
+
+
+def _calibrate(target: np.ndarray, item_cluster: np.ndarray, n_clusters: int, lengths: np.ndarray,
+               tastes: np.ndarray, taste_w: np.ndarray, noise: float) -> tuple[np.ndarray, np.ndarray]:
+    """Draw weights that give each item its `target` count in expectation, and the draws each user needs.
+
+    A history draws with replacement until it has its length in distinct items, so a popular item
+    drawn twice counts once: drawing by the target shares would flatten the head. With D draws
+    item i is in a history with probability 1 - exp(-D p_i) (the occupancy approximation, close
+    for thousands of items); the weights are the fixed point of "solve each user's D, then invert
+    each item's expected count in its weight", on a length-stratified sample of the users.
+    """
+    n_users, noise = lengths.shape[0], max(noise, 1e-12)
+    n_sample = min(n_users, 4096)
+    sample = np.argsort(lengths, kind="stable")[((np.arange(n_sample) + 0.5) * n_users / n_sample).astype(np.int64)]
+    s_len, s_tastes, s_w = lengths[sample].astype(np.float64), tastes[sample], taste_w[sample]
+    used = s_tastes >= 0
+    pairs = np.flatnonzero(used.ravel())  # (user, taste) slots in use, by cluster
+    pairs = pairs[np.argsort(s_tastes.ravel()[pairs], kind="stable")]
+    pair_user = pairs // s_tastes.shape[1]
+    pair_bounds = np.searchsorted(s_tastes.ravel()[pairs], np.arange(n_clusters + 1))
+    by_cluster = np.argsort(item_cluster, kind="stable")
+    bounds = np.searchsorted(item_cluster[by_cluster], np.arange(n_clusters + 1))
+    target = _feasible(target, n_users)
+    weights = target / target.sum()
+    for _ in range(50):
+        mass = np.bincount(item_cluster, weights, n_clusters)
+        boost = np.where(used, noise + (1 - noise) * s_w / mass[np.maximum(s_tastes, 0)], 1.0)
+        log_x = np.linspace(math.log(1e-3 / weights.max()), math.log(30 / weights.min()), _GRID)
+        step = log_x[1] - log_x[0]
+        draws = _draws_needed(s_len, s_tastes, boost, noise, _occupancy(weights, item_cluster, n_clusters,
+                                                                        np.exp(log_x)), log_x[0], step)
+        # Expected count of an item of weight w, per cluster, on a grid of w.
+        w = np.exp(np.linspace(math.log(weights.min() / 30), math.log(min(weights.max() * 30, 1.0)), _GRID))
+        anyone = -np.expm1(-np.outer(draws * noise, w)).sum(axis=0)
+        fans = np.cumsum(np.exp(-np.outer(draws[pair_user] * noise, w))
+                         - np.exp(-np.outer(draws[pair_user] * boost.ravel()[pairs], w)), axis=0)
+        fans = np.vstack([np.zeros(_GRID), fans])  # fans[j]: the first j pairs' extra counts
+        expected = n_users / n_sample * (anyone + fans[pair_bounds[1:]] - fans[pair_bounds[:-1]])
+        expected = np.maximum.accumulate(expected, axis=1) * (1 + 1e-9 * np.arange(_GRID))  # strictly increasing
+        new = np.empty_like(weights)
+        for k in range(n_clusters):
+            items = by_cluster[bounds[k]:bounds[k + 1]]
+            new[items] = np.exp(np.interp(np.log(target[items]), np.log(expected[k]), np.log(w)))
+        new /= new.sum()
+        change = float(np.abs(np.log(new / weights)).max())
+        weights = new
+        if change < 1e-3:
+            break
+    return weights, np.interp(lengths, s_len, draws / s_len)
+
+
+# ---------------------------------------------------------------------------- sampling
+
+
+def _draw(rng: np.random.Generator, user: np.ndarray, noise: float, taste_cdf: np.ndarray, tastes: np.ndarray,
+          cdf: np.ndarray, by_cluster: np.ndarray, mass_begin: np.ndarray, mass: np.ndarray,
           cluster_begin: np.ndarray, cluster_end: np.ndarray) -> np.ndarray:
-    """One item per entry of ``user``: from one of the user's clusters by popularity within it,
-    or (probability ``noise``) from all items by popularity. Later rounds only fill up long
-    histories that their clusters and the popular items cannot: more noise, and from round 3
-    items uniformly, so every round fills most of what is missing."""
+    """One item per entry of ``user``: from one of the user's clusters by weight within it, or
+    (probability ``noise``) from all items by weight."""
     n = user.shape[0]
-    if round_ >= 3:
-        return rng.integers(0, cdf.shape[0], n)
-    if round_:
-        noise = min(1.0, max(noise, 0.05) * 4 ** round_)
     u = rng.random(n)
     from_taste = rng.random(n) >= noise
     pick = rng.random(n)
     slot = np.zeros(n, np.int64)
     for j in range(taste_cdf.shape[1] - 1):
         slot += pick > taste_cdf[user, j]
-    cluster = tastes[user, slot]
+    cluster = np.maximum(tastes[user, slot], 0)
     lo = np.where(from_taste, mass_begin[cluster], 0.0)
     width = np.where(from_taste, mass[cluster], 1.0)
     pos = np.searchsorted(cdf, lo + u * width, side="right")
@@ -311,15 +456,67 @@ def _merge_distinct(old_user: np.ndarray, old_item: np.ndarray, user: np.ndarray
     return merged_user[order], np.concatenate([old_item, item])[order], have
 
 
-def generate_user_histories(config: HistoryConfig = HistoryConfig(), seed: int = 0) -> UserHistories:
-    """Synthetic histories, the same for the same (config, seed); vectorised numpy throughout.
+def _fill(draw: Callable[[np.ndarray, bool], np.ndarray], lengths: np.ndarray, need: np.ndarray,
+          n_items: int) -> np.ndarray:
+    """The items of users with these ``lengths``, concatenated in user order: each draws until it has
+    its length in distinct items (first ``need`` draws, then as many as the rate of new items in its
+    last round suggests), keeping them in draw order. Past round 16, draws are uniform, so even
+    histories that their clusters cannot fill end."""
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    out = np.empty(int(offsets[-1]), np.int32)
+    work_user, work_item = np.zeros(0, np.int64), np.zeros(0, np.int64)
+    have = np.zeros(lengths.shape[0], np.int64)
+    short = np.arange(lengths.shape[0])
+    for round_ in range(64):
+        if not short.size:
+            return out
+        before = have[short]
+        user = np.repeat(short, need[short])
+        work_user, work_item, have = _merge_distinct(work_user, work_item, user, draw(user, round_ >= 16), have,
+                                                     lengths, n_items)
+        done = have[work_user] >= lengths[work_user]
+        users, items = work_user[done], work_item[done]
+        if users.size:  # complete users, user-sorted: scatter into place
+            first = np.concatenate([[True], users[1:] != users[:-1]])
+            run_start = np.maximum.accumulate(np.where(first, np.arange(users.shape[0]), 0))
+            out[offsets[users] + np.arange(users.shape[0]) - run_start] = items
+        work_user, work_item = work_user[~done], work_item[~done]
+        rate = np.maximum((have[short] - before) / need[short], 0.1)
+        need[short] = np.ceil(1.5 * (lengths[short] - have[short]) / rate).astype(np.int64) + 2
+        short = np.flatnonzero(have < lengths)
+    raise RuntimeError("synthetic histories did not fill up; lower max_length or min_length")
 
-    Items get Zipf popularity (in a random id order) and one of ``n_clusters`` clusters
-    (balanced). A user gets 1..max_tastes clusters with random weights and a log-normal length;
-    each draw comes, with probability 1 - noise, from one of their clusters by popularity
-    within it, otherwise from all items by popularity. Repeats are dropped and users short of
-    their length draw again (later rounds with more noise, so even long histories fill), so
-    every history has distinct items and at least ``min_length`` of them.
+
+def _race(rng: np.random.Generator, lengths: np.ndarray, tastes: np.ndarray, taste_w: np.ndarray, noise: float,
+          weights: np.ndarray, item_cluster: np.ndarray) -> list[np.ndarray]:
+    """Each user's ``length`` items without replacement, with the probabilities of ``_draw``: the
+    smallest of Exponential(1) / probability, in order (Efraimidis and Spirakis). The same law as
+    drawing until the history is full, for one key per item instead of the many repeats of a long
+    history."""
+    n_clusters = int(item_cluster.max()) + 1
+    mass = np.bincount(item_cluster, weights, n_clusters)
+    boost = np.full((lengths.shape[0], n_clusters), max(noise, 1e-12))  # the user's factor on each cluster
+    used = tastes >= 0
+    np.add.at(boost, (np.nonzero(used)[0], tastes[used]), (1 - noise) * taste_w[used] / mass[tastes[used]])
+    keys = rng.standard_exponential((lengths.shape[0], weights.shape[0])) / (boost[:, item_cluster] * weights)
+    out = []
+    for key, length in zip(keys, lengths.tolist()):
+        top = np.argpartition(key, length - 1)[:length] if length else np.zeros(0, np.int64)
+        out.append(top[np.argsort(key[top])])
+    return out
+
+
+def generate_user_histories(config: HistoryConfig = HistoryConfig(), seed: int = 0) -> UserHistories:
+    """Synthetic histories, the same for the same (config, seed); vectorised numpy throughout,
+    in chunks of users so that memory stays bounded.
+
+    Items get a rank on the popularity curve (in a random id order) and one of ``n_clusters``
+    clusters (balanced). A user gets 1..max_tastes distinct clusters with random weights and a
+    log-normal length; each draw comes, with probability 1 - noise, from one of their clusters by
+    weight within it, otherwise from all items by weight, until the history has its length in
+    distinct items. The weights are calibrated (``_calibrate``) so that each item's expected count
+    follows the curve despite the repeats a history drops. Histories that would need many draws
+    per item (the longest) are drawn without replacement directly (``_race``), in the same law.
     """
     c = config
     if c.n_users < 0 or c.n_items < 1:
@@ -328,63 +525,64 @@ def generate_user_histories(config: HistoryConfig = HistoryConfig(), seed: int =
         raise ValueError(f"n_clusters must be in [1, n_items = {c.n_items}], got {c.n_clusters}")
     if c.max_tastes < 1 or not 0.0 <= c.noise <= 1.0 or c.min_length < 0:
         raise ValueError("need max_tastes >= 1, noise in [0, 1] and min_length >= 0")
+    if c.popularity_offset <= 0 or c.popularity_cutoff <= 0 or c.popularity_items < 1:
+        raise ValueError("need popularity_offset > 0, popularity_cutoff > 0 and popularity_items >= 1")
     cap = c.n_items // 3 if c.max_length is None else c.max_length
     cap = max(cap, c.min_length)
     if cap > c.n_items:
         raise ValueError(f"histories of {cap} distinct items need at least that many items, have {c.n_items}")
     rng = np.random.default_rng(seed)
-    n_users, n_items, n_clusters, n_tastes = c.n_users, c.n_items, c.n_clusters, c.max_tastes
+    n_users, n_items, n_clusters = c.n_users, c.n_items, c.n_clusters
 
-    rank = rng.permutation(n_items)
-    weight = (rank + 1.0) ** -c.popularity_exponent
-    popularity = weight / weight.sum()
+    popularity = _popularity_curve(c)[rng.permutation(n_items)]
     item_cluster = rng.permutation(np.arange(n_items) % n_clusters)
-    by_cluster = np.argsort(item_cluster, kind="stable")  # items grouped by cluster
-    cdf = np.cumsum(popularity[by_cluster])
-    cdf[-1] = 1.0
-    cluster_end = np.cumsum(np.bincount(item_cluster, minlength=n_clusters))
-    cluster_begin = cluster_end - np.bincount(item_cluster, minlength=n_clusters)
-    mass_begin = np.where(cluster_begin > 0, cdf[np.maximum(cluster_begin - 1, 0)], 0.0)
-    mass = cdf[cluster_end - 1] - mass_begin
-
-    used = rng.integers(1, n_tastes + 1, n_users)
-    tastes = rng.integers(0, n_clusters, (n_users, n_tastes))
-    taste_w = rng.gamma(1.0, 1.0, (n_users, n_tastes)) * (np.arange(n_tastes) < used[:, None])
-    taste_w /= taste_w.sum(axis=1, keepdims=True)
-    tastes = np.where(taste_w > 0, tastes, -1)
-    taste_cdf = np.cumsum(taste_w, axis=1)
-    taste_cdf[:, -1] = 1.0
-
+    tastes, taste_w = _tastes(n_users, n_clusters, c.max_tastes, rng)
     lengths = _lengths(c, cap, rng)
-    # Working set: the users still short of their length, user-sorted, items in draw order.
-    work_user, work_item = np.zeros(0, np.int64), np.zeros(0, np.int64)
-    have = np.zeros(n_users, np.int64)
-    done: list[tuple[np.ndarray, np.ndarray]] = []
-    short = np.arange(n_users)
-    for round_ in range(64):
-        if not short.size:
-            break
-        deficit = lengths[short] - have[short]
-        user = np.repeat(short, np.ceil(deficit * (1.15 if round_ == 0 else 2.0)).astype(np.int64) + 2)
-        item = _draw(rng, user, round_, c.noise, taste_cdf, tastes, cdf, by_cluster, mass_begin, mass,
-                     cluster_begin, cluster_end)
-        work_user, work_item, have = _merge_distinct(work_user, work_item, user, item, have, lengths, n_items)
-        finished = have[work_user] >= lengths[work_user]
-        done.append((work_user[finished], work_item[finished]))
-        work_user, work_item = work_user[~finished], work_item[~finished]
-        short = np.flatnonzero(have < lengths)
-    else:
-        raise RuntimeError("synthetic histories did not fill up; lower max_length or min_length")
-    offsets = np.concatenate([[0], np.cumsum(have)]).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     indices = np.empty(int(offsets[-1]), np.int32)
-    for users, items in done:  # each block user-sorted, its users complete: scatter into place
-        if users.size:
-            first = np.concatenate([[True], users[1:] != users[:-1]])
-            run_start = np.maximum.accumulate(np.where(first, np.arange(users.shape[0]), 0))
-            indices[offsets[users] + np.arange(users.shape[0]) - run_start] = items
+    if n_users:
+        weights, draw_ratio = _calibrate(popularity * offsets[-1], item_cluster, n_clusters, lengths, tastes,
+                                         taste_w, c.noise)
+        need = np.ceil(1.1 * draw_ratio * lengths).astype(np.int64) + 2  # first-round draws
+        racing = np.flatnonzero(need > n_items / 8)  # cheaper as one key per item
+        block = max(1, (1 << 22) // n_items)  # users per ~4M keys
+        race_rng = np.random.default_rng([seed, 0])
+        for a in range(0, racing.shape[0], block):
+            users = racing[a:a + block]
+            for u, items in zip(users.tolist(), _race(race_rng, lengths[users], tastes[users], taste_w[users],
+                                                      c.noise, weights, item_cluster)):
+                indices[offsets[u]:offsets[u + 1]] = items
+
+        by_cluster = np.argsort(item_cluster, kind="stable")  # items grouped by cluster
+        cdf = np.cumsum(weights[by_cluster])
+        cdf[-1] = 1.0
+        cluster_end = np.cumsum(np.bincount(item_cluster, minlength=n_clusters))
+        cluster_begin = cluster_end - np.bincount(item_cluster, minlength=n_clusters)
+        mass_begin = np.where(cluster_begin > 0, cdf[np.maximum(cluster_begin - 1, 0)], 0.0)
+        mass = cdf[cluster_end - 1] - mass_begin
+        taste_cdf = np.cumsum(taste_w, axis=1)
+        taste_cdf[:, -1] = 1.0
+        drawing = np.flatnonzero(need <= n_items / 8)
+        # Chunks of about 4M first-round draws, each with its own random stream.
+        ends = np.searchsorted(np.cumsum(need[drawing]), np.arange(1 << 22, int(need[drawing].sum()), 1 << 22),
+                               side="right")
+        for chunk, (a, b) in enumerate(zip([0, *ends], [*ends, drawing.shape[0]])):
+            users = drawing[a:b]
+            chunk_rng = np.random.default_rng([seed, 1, chunk])
+
+            def draw(local: np.ndarray, uniform: bool, users: np.ndarray = users,
+                     chunk_rng: np.random.Generator = chunk_rng) -> np.ndarray:
+                if uniform:
+                    return chunk_rng.integers(0, n_items, local.shape[0])
+                return _draw(chunk_rng, users[local], c.noise, taste_cdf, tastes, cdf, by_cluster, mass_begin, mass,
+                             cluster_begin, cluster_end)
+
+            items = _fill(draw, lengths[users], need[users], n_items)
+            start = np.concatenate([[0], np.cumsum(lengths[users])[:-1]])  # of each user in ``items``
+            indices[np.repeat(offsets[users] - start, lengths[users]) + np.arange(items.shape[0])] = items
     rows = CsrRows(offsets, indices, None, n_items)
     return UserHistories(rows, [f"user{u}" for u in range(n_users)], [f"item{i}" for i in range(n_items)],
-                         popularity, item_cluster.astype(np.int64), tastes.astype(np.int64), taste_w)
+                         popularity, item_cluster.astype(np.int64), tastes, taste_w)
 
 
 def write_user_histories(histories: UserHistories, csr_path: str | os.PathLike, *,

@@ -41,9 +41,10 @@ flags.DEFINE_string("movielens_ratings", None, "MovieLens ratings.csv (userId,mo
                     "each user's items in time order.")
 flags.DEFINE_float("min_rating", None, "With --movielens_ratings: keep ratings >= this only (e.g. 4: 'liked').")
 flags.DEFINE_boolean("synthetic", False, "Generate synthetic user histories (--users, --items, --interactions, "
-                     "--seed) instead of reading files.")
+                     "--seed) instead of reading files; the defaults have MovieLens-20M's size, history lengths and "
+                     "popularity curve.")
 flags.DEFINE_integer("users", 138_493, "With --synthetic: users (rows).", lower_bound=1)
-flags.DEFINE_integer("items", 27_278, "With --synthetic: items (columns).", lower_bound=1)
+flags.DEFINE_integer("items", 26_744, "With --synthetic: items (columns).", lower_bound=1)
 flags.DEFINE_integer("interactions", 20_000_263, "With --synthetic: total interactions aimed at (every user gets "
                      "at least 20 distinct items, MovieLens's minimum, so --items must be >= 20).", lower_bound=1)
 flags.DEFINE_integer("seed", 0, "With --synthetic: random seed.")
