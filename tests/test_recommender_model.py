@@ -18,7 +18,7 @@ from dlrm.data.user_histories import HistoryConfig, generate_user_histories
 from dlrm.recommender import checkpoint
 from dlrm.recommender.item_parallel import ItemParallel, item_bounds
 from dlrm.recommender.loss import batch_loss
-from dlrm.recommender.model import SparseAutoencoder
+from dlrm.recommender.model import NOISE_INPUT_DROPOUT, SparseAutoencoder, batch_noise
 from dlrm.recommender.network import parse_network
 from dlrm.recommender.train import TrainConfig, make_optimizer, take_rows, train
 from dlrm.training.logger import RunLogger
@@ -27,8 +27,9 @@ from test_distributed import free_port
 N_ITEMS = 37
 
 
-def network(error="ScaledMarginalCrossEntropy", output="Sigmoid", hidden=(6, 5), optimizer="Adam", extra=None):
-    layers = [{"Kind": "Input", "N": "auto", "DataSet": "input", "Sparse": True}]
+def network(error="ScaledMarginalCrossEntropy", output="Sigmoid", hidden=(6, 5), optimizer="Adam", extra=None,
+            input_dropout=0.0):
+    layers = [{"Kind": "Input", "N": "auto", "DataSet": "input", "Sparse": True, "pDropout": input_dropout}]
     for i, n in enumerate(hidden):
         layers.append({"Kind": "Hidden", "N": n, "Activation": ["Sigmoid", "Tanh", "Relu"][i % 3], "Sparse": i == 0,
                        "pDropout": 0.2 if i == 1 else 0.0})
@@ -52,15 +53,24 @@ def random_batch(batch=9, seed=0, values=True):
     return offsets, indices, vals
 
 
-def dense_reference_loss(model, inputs, targets):
-    """DSSTNE's definitions over a dense float64 target matrix, from a forward written plainly."""
+def dense_reference_loss(model, inputs, targets, seed=None):
+    """DSSTNE's definitions over a dense float64 target matrix, from a forward written plainly.
+    With ``seed`` (training), the dropout masks the model draws from it, applied by hand."""
     cfg = model.config
     offsets, indices, values = inputs
     batch = offsets.numel() - 1
     x = torch.zeros(batch, N_ITEMS, dtype=torch.float64)
+    keep = torch.ones(batch, N_ITEMS, dtype=torch.float64)
+    p_in = cfg.input.p_dropout if seed is not None else 0.0
+    u = batch_noise(seed, NOISE_INPUT_DROPOUT, (indices.numel(),), torch.device("cpu")) if p_in else None
     for b in range(batch):
-        for j in range(offsets[b], offsets[b + 1]):
+        for j in range(offsets[b], offsets[b + 1]):  # the batch's items are distinct in a row
             x[b, indices[j]] += 1.0 if values is None else values[j]
+            if p_in:
+                keep[b, indices[j]] = float(u[j] >= p_in) / (1 - p_in)
+    if cfg.input_normalization == "l2":
+        x = x / torch.sqrt((x * x).sum(1, keepdim=True)).clamp_min(1e-12)
+    x = x * keep  # Liang et al.: normalise, then drop out
     h = x @ model.input_weight + model.input_bias
     acts = {"sigmoid": torch.sigmoid, "tanh": torch.tanh, "relu": torch.relu}
     kept = []
@@ -69,6 +79,9 @@ def dense_reference_loss(model, inputs, targets):
             h = h @ model.hidden[i - 1].weight.T + model.hidden[i - 1].bias
         h = acts[layer.activation](h)
         kept.append(h)
+        if seed is not None and layer.p_dropout:
+            mask = batch_noise(seed, i, (batch, layer.n), torch.device("cpu")) >= layer.p_dropout
+            h = h * mask.double() / (1 - layer.p_dropout)
     z = h @ model.output_weight.T + model.output_bias
     t = torch.zeros(batch, N_ITEMS, dtype=torch.float64)
     o, ind, val = targets
@@ -104,6 +117,24 @@ def test_sparse_loss_equals_dense_reference(error, output):
     inputs, targets = random_batch(seed=1), random_batch(seed=2, values=error in ("L2", "L1"))
     got = batch_loss(model, inputs, targets)
     want = dense_reference_loss(model, inputs, targets)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    got.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    want.backward()
+    for g, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(g, p.grad, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", [None, 11])  # inference (no noise), training (dropout masks from the seed)
+def test_multinomial_loss_equals_dense_reference(seed):
+    """The multinomial likelihood (SoftMax + CrossEntropy) with L2-normalised input and input
+    dropout (Mult-DAE)."""
+    cfg = network("CrossEntropy", "SoftMax", hidden=(6, 4, 5), input_dropout=0.3, extra={"InputNormalization": "L2"})
+    model = SparseAutoencoder(cfg, seed=3, dtype=torch.float64)
+    inputs, targets = random_batch(seed=1), random_batch(seed=2, values=False)
+    got = batch_loss(model, inputs, targets, dropout_seed=seed)
+    want = dense_reference_loss(model, inputs, targets, seed=seed)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
     got.backward()
     grads = [p.grad.clone() for p in model.parameters()]
@@ -154,11 +185,20 @@ def run_training(model, data, steps=STEPS, checkpoint_path=None, optimizer=None,
     return losses, optimizer
 
 
-def _worker(rank, world, port, data, out, ckpt):
+NETWORKS = {
+    "dsstne": network,
+    # Liang et al.'s Mult-DAE: multinomial likelihood over every process's items, L2-normalised
+    # input with dropout.
+    "mult_dae": lambda: network("CrossEntropy", "SoftMax", hidden=(6, 4, 5), input_dropout=0.3,
+                                extra={"InputNormalization": "L2"}),
+}
+
+
+def _worker(rank, world, port, data, out, ckpt, name):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     torch.set_num_threads(1)
     try:
-        model = SparseAutoencoder(network(), ItemParallel.from_process_group(), seed=3, dtype=torch.float64)
+        model = SparseAutoencoder(NETWORKS[name](), ItemParallel.from_process_group(), seed=3, dtype=torch.float64)
         losses, _ = run_training(model, data, checkpoint_path=ckpt)
         torch.save({"losses": losses, "input": model.input_weight.detach(), "output": model.output_weight.detach(),
                     "bias": model.output_bias.detach(), "hidden": [p.detach() for p in model.hidden.parameters()],
@@ -167,13 +207,14 @@ def _worker(rank, world, port, data, out, ckpt):
         dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("name", sorted(NETWORKS))
 @pytest.mark.parametrize("world", [3])  # uneven user and item shares
-def test_item_parallel_training_equals_one_process(tmp_path, histories, world):
+def test_item_parallel_training_equals_one_process(tmp_path, histories, world, name):
     torch.manual_seed(0)
-    reference = SparseAutoencoder(network(), seed=3, dtype=torch.float64)
+    reference = SparseAutoencoder(NETWORKS[name](), seed=3, dtype=torch.float64)
     ref_losses, ref_optimizer = run_training(reference, histories, checkpoint_path=str(tmp_path / "one"))
     ckpt = str(tmp_path / "many")
-    mp.spawn(_worker, args=(world, free_port(), histories, str(tmp_path), ckpt), nprocs=world)
+    mp.spawn(_worker, args=(world, free_port(), histories, str(tmp_path), ckpt, name), nprocs=world)
     bounds = item_bounds(N_ITEMS, world)
     for rank in range(world):
         got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
@@ -190,7 +231,7 @@ def test_item_parallel_training_equals_one_process(tmp_path, histories, world):
     assert meta["world_size"] == world and sum(n.startswith("output_rows_") for n in meta["files"]) == world
     continued = []
     for path in (ckpt, str(tmp_path / "one")):
-        model = SparseAutoencoder(network(), seed=3, dtype=torch.float64)
+        model = SparseAutoencoder(NETWORKS[name](), seed=3, dtype=torch.float64)
         optimizer = make_optimizer(model, model.config.optimizer)
         state = checkpoint.load(path, model, optimizer)
         assert (state.step, state.epoch, state.samples) == (STEPS, 1, 103)  # one epoch: 4 x 25 + 3
@@ -200,12 +241,13 @@ def test_item_parallel_training_equals_one_process(tmp_path, histories, world):
     torch.testing.assert_close(continued[0][1], continued[1][1], rtol=1e-9, atol=1e-11)
 
 
-def test_resume_equals_an_uninterrupted_run(tmp_path, histories):
-    whole = SparseAutoencoder(network(), seed=3, dtype=torch.float64)
+@pytest.mark.parametrize("name", sorted(NETWORKS))
+def test_resume_equals_an_uninterrupted_run(tmp_path, histories, name):
+    whole = SparseAutoencoder(NETWORKS[name](), seed=3, dtype=torch.float64)
     whole_losses, _ = run_training(whole, histories, steps=7)
-    first = SparseAutoencoder(network(), seed=3, dtype=torch.float64)
+    first = SparseAutoencoder(NETWORKS[name](), seed=3, dtype=torch.float64)
     losses, _ = run_training(first, histories, steps=3, checkpoint_path=str(tmp_path / "ck"))
-    second = SparseAutoencoder(network(), seed=9, dtype=torch.float64)  # other weights: all must come from the file
+    second = SparseAutoencoder(NETWORKS[name](), seed=9, dtype=torch.float64)  # other weights: from the file
     optimizer = make_optimizer(second, second.config.optimizer)
     state = checkpoint.load(str(tmp_path / "ck"), second, optimizer)
     more, _ = run_training(second, histories, steps=4, optimizer=optimizer, state=state)

@@ -74,6 +74,12 @@ def test_sample_config_every_field():
                                activation="sigmoid")
 
 
+def test_input_normalization_values():
+    assert parse_network(minimal(InputNormalization="l2")).input_normalization == "l2"
+    assert parse_network(minimal(InputNormalization="None")).input_normalization == "none"
+    assert "`InputNormalization`" in (m := error_of(minimal(InputNormalization="L1"))) and "None, L2" in m
+
+
 def test_contract_constants():
     assert ACTIVATIONS == ("sigmoid", "tanh", "relu", "lrelu", "elu", "selu", "softplus", "linear", "softmax")
     assert ERROR_FUNCTIONS == ("l1", "l2", "crossentropy", "scaledmarginalcrossentropy")

@@ -12,6 +12,11 @@ one process would (``dlrm.nn.init`` does the same for embedding tables).
 Losses are DSSTNE's, summed over items and averaged over the batch's users, computed as a dense
 term for "every item is a zero target" plus a correction at the user's few target items: the
 sparse targets never become a dense ``[B, n_items]`` matrix.
+
+``InputNormalization`` L2 (Liang et al.'s Mult-DAE) divides each user's input row by its L2 norm
+before the first layer. Every random draw of training (dropout masks) is made for the whole
+batch from a generator keyed by the step, so it does not depend on the process count and a
+resumed run repeats it.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ from dlrm.recommender.network import NetworkConfig
 
 LRELU_SLOPE = 0.01  # DSSTNE's leaky-ReLU slope
 _KEY_OUTPUT = 1_000  # generator keys: hidden layer i (incoming weights) is i, the output layer this
+# Training-noise key beside hidden layer i's dropout (key i): the input's dropout.
+NOISE_INPUT_DROPOUT = 10_001
+_NORM_EPS = 1e-12  # an empty or all-zero row stays zero
 
 
 def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -141,12 +149,34 @@ class SparseAutoencoder(nn.Module):
         """Weights every process holds whole (their gradients are summed across processes)."""
         return [self.input_bias, *self.hidden.parameters()]
 
+    def input_values(self, offsets: torch.Tensor, indices: torch.Tensor, values: torch.Tensor | None,
+                     dropout_seed: int | None = None) -> torch.Tensor | None:
+        """The weights the input table's rows are summed with: the CSR's values (None: ones),
+        L2-normalised per user under ``InputNormalization`` L2, then with the Input layer's
+        ``pDropout`` (inverted, each entry kept with probability 1 - p, for the whole batch) when
+        ``dropout_seed`` is given. Every process reads the whole batch, so the norms are the whole
+        rows' and the masks the same everywhere."""
+        p = self.config.input.p_dropout if dropout_seed is not None else 0.0
+        if self.config.input_normalization == "none" and p == 0:
+            return values
+        dtype = self.input_weight.dtype
+        v = torch.ones(indices.numel(), dtype=dtype, device=indices.device) if values is None else values.to(dtype)
+        if self.config.input_normalization == "l2":
+            rows = torch.repeat_interleave(torch.arange(offsets.numel() - 1, device=indices.device), offsets.diff())
+            squares = torch.zeros(offsets.numel() - 1, dtype=dtype, device=indices.device).index_add_(0, rows, v * v)
+            v = v / squares.sqrt().clamp_min(_NORM_EPS)[rows]
+        if p > 0:
+            keep = batch_noise(dropout_seed, NOISE_INPUT_DROPOUT, (indices.numel(),), indices.device) >= p
+            v = v * keep.to(dtype) / (1.0 - p)
+        return v
+
     def encode(self, offsets: torch.Tensor, indices: torch.Tensor, values: torch.Tensor | None,
                dropout_seed: int | None = None, keep_hidden: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Global batch CSR -> every user's last hidden activations ``[B, H_last]``. With
         ``dropout_seed``, the layers' ``pDropout`` apply (training); ``keep_hidden`` collects each
         hidden layer's activations of this process's users (for the sparseness penalty)."""
         batch = offsets.numel() - 1
+        values = self.input_values(offsets, indices, values, dropout_seed)
         lo, hi = self.input_range
         bag_offsets, bag_ids, bag_values = local_bags(offsets, indices, values, lo, hi, self.n_input)
         weight = self.input_weight
@@ -179,10 +209,17 @@ class SparseAutoencoder(nn.Module):
         return self.score(self.encode(offsets, indices, values, dropout_seed))
 
 
+def batch_noise(seed: int, key: int, shape: tuple[int, ...], device: torch.device, normal: bool = False) -> torch.Tensor:
+    """Float32 noise (uniform in [0, 1), or standard normal) for the whole batch from a
+    generator keyed by ``(seed, key)``, alike on every process: the caller slices its users'."""
+    generator = torch.Generator(device=device)
+    generator.manual_seed((seed * 1_000_003 + key) % (2**63 - 1))
+    draw = torch.randn if normal else torch.rand
+    return draw(shape, generator=generator, device=device)
+
+
 def _dropout(x: torch.Tensor, p: float, seed: int, layer: int, batch: int, users: tuple[int, int]) -> torch.Tensor:
     """Inverted dropout with a mask drawn for the whole batch from a generator every process
     seeds alike, sliced to this process's users: the mask does not depend on the process count."""
-    generator = torch.Generator(device=x.device)
-    generator.manual_seed((seed * 1_000_003 + layer) % (2**63 - 1))
-    keep = torch.rand(batch, x.shape[1], generator=generator, device=x.device)[users[0]:users[1]] >= p
+    keep = batch_noise(seed, layer, (batch, x.shape[1]), x.device)[users[0]:users[1]] >= p
     return x * keep.to(x.dtype) / (1.0 - p)

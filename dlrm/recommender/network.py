@@ -12,7 +12,7 @@ What is accepted (keys case-insensitive, as DSSTNE's files mix ``pDropout``, ``o
   ``FeedForward``, DSSTNE's default), ``ShuffleIndices``, ``SparsenessPenalty {p, beta}``,
   ``Denoising {p}``, ``ScaledMarginalCrossEntropy {oneTarget, zeroTarget, oneScale, zeroScale}``,
   ``Layers``, ``ErrorFunction`` (``L1``, ``L2``, ``CrossEntropy``, ``ScaledMarginalCrossEntropy``
-  or its alias ``SMCE``).
+  or its alias ``SMCE``); this project's ``InputNormalization`` (below).
 - ``Layers``: a chain of one ``Input`` (``Name, DataSet, N, Sparse, pDropout``), any number of
   ``Hidden`` and one ``Output`` (``Name, Source, Type, N, Activation, WeightInit {Scheme, Scale,
   Bias}, pDropout, Sparse, SparsenessPenalty``; an Output also takes ``DataSet``). ``N`` is a
@@ -28,6 +28,9 @@ What differs from DSSTNE:
   ``Beta2``, ``Epsilon``). DSSTNE took these on its ``train`` command line, which a config file
   cannot carry. ``Mu`` is the momentum of Momentum/Nesterov and, as in DSSTNE's RMSProp kernel,
   the decay rate of RMSProp's mean square; SGD, AdaGrad and Adam ignore it.
+- This project adds ``InputNormalization`` (``None`` or ``L2``: each user's input row divided by
+  its L2 norm before the first layer, as in Liang et al.'s Mult-DAE and Mult-VAE, "Variational
+  Autoencoders for Collaborative Filtering", 2018), which DSSTNE has no key for.
 - Only fully connected chains. DSSTNE settings this engine does not implement (WeightData,
   LocalResponseNormalization, DeltaBoost, convolution and pooling, Kernel, KernelStride, Target
   layers, recurrent layers, SharedWeights, BatchNormalization, WeightNorm, DeltaNorm, L1Penalty,
@@ -69,6 +72,7 @@ ACTIVATIONS = ("sigmoid", "tanh", "relu", "lrelu", "elu", "selu", "softplus", "l
 ERROR_FUNCTIONS = ("l1", "l2", "crossentropy", "scaledmarginalcrossentropy")
 WEIGHT_SCHEMES = ("xavier", "caffexavier", "gaussian", "uniform", "unitball", "constant")
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adagrad", "rmsprop", "adam")
+INPUT_NORMALIZATIONS = ("none", "l2")
 
 # Spellings written back by to_json (DSSTNE's capitalisation), and accepted aliases.
 _ACTIVATION_NAMES = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu", "lrelu": "LRelu", "elu": "Elu",
@@ -88,6 +92,7 @@ _OPTIMIZER_UNSUPPORTED = ("AdaDelta",)
 _NETWORK_KINDS = {"autoencoder": "AutoEncoder", "feedforward": "FeedForward"}
 _LAYER_KINDS = {"input": "Input", "hidden": "Hidden", "output": "Output"}
 _LAYER_KINDS_UNSUPPORTED = ("Pooling", "Target")
+_NORMALIZATION_NAMES = {"none": "None", "l2": "L2"}
 
 
 class NetworkConfigError(ValueError):
@@ -152,6 +157,7 @@ class NetworkConfig:
     sparseness_beta: float = 0.0
     shuffle_indices: bool = True
     optimizer: Optimizer = Optimizer()
+    input_normalization: str = "none"
     source: str | None = field(default=None, compare=False)
 
     @property
@@ -222,6 +228,7 @@ class NetworkConfig:
             "ErrorFunction": _ERROR_NAMES[self.error_function],
             "Optimizer": {"Kind": _OPTIMIZER_NAMES[opt.kind], "Alpha": opt.alpha, "Mu": opt.mu,
                           "Lambda": opt.lambda_, "Beta1": opt.beta1, "Beta2": opt.beta2, "Epsilon": opt.epsilon},
+            "InputNormalization": _NORMALIZATION_NAMES[self.input_normalization],
         }
 
 
@@ -308,7 +315,7 @@ _LAYER_UNSUPPORTED: _Unsupported = {
 _NO_UNSUPPORTED: _Unsupported = {}
 
 _TOP_KEYS = ("Version", "Name", "Kind", "ShuffleIndices", "SparsenessPenalty", "Denoising",
-             "ScaledMarginalCrossEntropy", "Layers", "ErrorFunction", "Optimizer")
+             "ScaledMarginalCrossEntropy", "Layers", "ErrorFunction", "Optimizer", "InputNormalization")
 _INPUT_KEYS = ("Kind", "Name", "DataSet", "N", "Sparse", "pDropout")
 _HIDDEN_KEYS = ("Kind", "Name", "Source", "N", "Activation", "WeightInit", "pDropout", "Sparse", "SparsenessPenalty")
 _OUTPUT_KEYS = _HIDDEN_KEYS + ("DataSet",)
@@ -608,6 +615,9 @@ def parse_network(source: str | os.PathLike | dict) -> NetworkConfig:
                        f"an AutoEncoder reconstructs its input, but the input has N = {layers[0].n} and the output "
                        f"N = {layers[-1].n}; make them equal (or \"auto\")")
 
+    normalization = (_enum(ctx, top["InputNormalization"], "InputNormalization", _NORMALIZATION_NAMES)
+                     if "InputNormalization" in top else "none")
+
     return NetworkConfig(
         name=name, kind=kind, layers=tuple(layers), error_function=error,
         one_target=smce["oneTarget"], zero_target=smce["zeroTarget"],
@@ -615,5 +625,6 @@ def parse_network(source: str | os.PathLike | dict) -> NetworkConfig:
         denoising_p=denoising_p, sparseness_p=sparseness_p, sparseness_beta=sparseness_beta,
         shuffle_indices=shuffle,
         optimizer=_parse_optimizer(ctx, top["Optimizer"]) if "Optimizer" in top else Optimizer(),
+        input_normalization=normalization,
         source=ctx.source,
     )
