@@ -4,6 +4,7 @@ process groups equal to one process step by step, checkpoints across process cou
 resume, and the sampled-negatives estimate."""
 
 import copy
+import dataclasses
 import json
 import os
 
@@ -17,8 +18,8 @@ from dlrm.data.csr_dataset import CsrDataset, write_csr
 from dlrm.data.user_histories import HistoryConfig, generate_user_histories
 from dlrm.recommender import checkpoint
 from dlrm.recommender.item_parallel import ItemParallel, item_bounds
-from dlrm.recommender.loss import batch_loss
-from dlrm.recommender.model import NOISE_INPUT_DROPOUT, SparseAutoencoder, batch_noise
+from dlrm.recommender.loss import batch_loss, kl_weight_at
+from dlrm.recommender.model import NOISE_INPUT_DROPOUT, NOISE_LATENT, SparseAutoencoder, batch_noise
 from dlrm.recommender.network import parse_network
 from dlrm.recommender.train import TrainConfig, make_optimizer, take_rows, train
 from dlrm.training.logger import RunLogger
@@ -28,10 +29,12 @@ N_ITEMS = 37
 
 
 def network(error="ScaledMarginalCrossEntropy", output="Sigmoid", hidden=(6, 5), optimizer="Adam", extra=None,
-            input_dropout=0.0):
+            latent=None, input_dropout=0.0):
+    """A small network using every setting; ``latent``: that hidden layer is a VAE's latent."""
     layers = [{"Kind": "Input", "N": "auto", "DataSet": "input", "Sparse": True, "pDropout": input_dropout}]
     for i, n in enumerate(hidden):
-        layers.append({"Kind": "Hidden", "N": n, "Activation": ["Sigmoid", "Tanh", "Relu"][i % 3], "Sparse": i == 0,
+        act = "Linear" if i == latent else ["Sigmoid", "Tanh", "Relu"][i % 3]
+        layers.append({"Kind": "Hidden", "N": n, "Activation": act, "Sparse": i == 0,
                        "pDropout": 0.2 if i == 1 else 0.0})
     layers.append({"Kind": "Output", "N": "auto", "DataSet": "output", "Activation": output,
                    "WeightInit": {"Scheme": "Gaussian", "Scale": 0.3}})
@@ -39,6 +42,8 @@ def network(error="ScaledMarginalCrossEntropy", output="Sigmoid", hidden=(6, 5),
             "SparsenessPenalty": {"p": 0.3, "beta": 0.5},
             "ScaledMarginalCrossEntropy": {"oneTarget": 0.8, "zeroTarget": 0.05, "oneScale": 2.0, "zeroScale": 0.5},
             "Optimizer": {"Kind": optimizer, "Alpha": 0.05, "Mu": 0.9, "Lambda": 0.001}}
+    if latent is not None:
+        spec["Variational"] = {"Layer": f"Hidden{latent + 1}", "Beta": 0.5, "AnnealSteps": 3}
     spec.update(extra or {})
     return parse_network(spec).resolve(N_ITEMS, N_ITEMS)
 
@@ -53,9 +58,10 @@ def random_batch(batch=9, seed=0, values=True):
     return offsets, indices, vals
 
 
-def dense_reference_loss(model, inputs, targets, seed=None):
+def dense_reference_loss(model, inputs, targets, seed=None, kl_weight=0.0):
     """DSSTNE's definitions over a dense float64 target matrix, from a forward written plainly.
-    With ``seed`` (training), the dropout masks the model draws from it, applied by hand."""
+    With ``seed`` (training), the noise the model draws from it, applied by hand: input and
+    hidden dropout masks, the latent's standard normal draw; and the KL term of a latent."""
     cfg = model.config
     offsets, indices, values = inputs
     batch = offsets.numel() - 1
@@ -72,11 +78,20 @@ def dense_reference_loss(model, inputs, targets, seed=None):
         x = x / torch.sqrt((x * x).sum(1, keepdim=True)).clamp_min(1e-12)
     x = x * keep  # Liang et al.: normalise, then drop out
     h = x @ model.input_weight + model.input_bias
-    acts = {"sigmoid": torch.sigmoid, "tanh": torch.tanh, "relu": torch.relu}
+    acts = {"sigmoid": torch.sigmoid, "tanh": torch.tanh, "relu": torch.relu, "linear": lambda v: v}
     kept = []
+    kl = 0.0
     for i, layer in enumerate(cfg.hidden):
         if i:
             h = h @ model.hidden[i - 1].weight.T + model.hidden[i - 1].bias
+        if cfg.variational is not None and layer.name == cfg.variational.layer:
+            n = layer.n
+            mean, log_var = h[:, :n], h[:, n:]
+            kl = 0.5 * (mean ** 2 + torch.exp(log_var) - 1 - log_var).sum() / batch
+            h = mean
+            if seed is not None:
+                eps = batch_noise(seed, NOISE_LATENT, (batch, n), torch.device("cpu"), normal=True).double()
+                h = mean + torch.exp(log_var / 2) * eps
         h = acts[layer.activation](h)
         kept.append(h)
         if seed is not None and layer.p_dropout:
@@ -106,7 +121,7 @@ def dense_reference_loss(model, inputs, targets, seed=None):
         if layer.sparse or layer.sparseness_penalty:
             rho = a.mean(0)
             loss = loss + cfg.sparseness_beta * (p * torch.log(p / rho) + (1 - p) * torch.log((1 - p) / (1 - rho))).sum()
-    return loss
+    return loss + kl_weight * kl
 
 
 @pytest.mark.parametrize("error,output", [("ScaledMarginalCrossEntropy", "Sigmoid"), ("CrossEntropy", "Sigmoid"),
@@ -126,15 +141,20 @@ def test_sparse_loss_equals_dense_reference(error, output):
         torch.testing.assert_close(g, p.grad, rtol=1e-9, atol=1e-12)
 
 
-@pytest.mark.parametrize("seed", [None, 11])  # inference (no noise), training (dropout masks from the seed)
-def test_multinomial_loss_equals_dense_reference(seed):
+@pytest.mark.parametrize("seed", [None, 11])  # inference (no noise; a latent's mean), training (noise from the seed)
+@pytest.mark.parametrize("latent", [None, 1])
+def test_multinomial_loss_equals_dense_reference(latent, seed):
     """The multinomial likelihood (SoftMax + CrossEntropy) with L2-normalised input and input
-    dropout (Mult-DAE)."""
-    cfg = network("CrossEntropy", "SoftMax", hidden=(6, 4, 5), input_dropout=0.3, extra={"InputNormalization": "L2"})
+    dropout (Mult-DAE); with a latent (Mult-VAE), the reparameterised forward with the model's
+    noise and the weighted KL term."""
+    cfg = network("CrossEntropy", "SoftMax", hidden=(6, 4, 5), latent=latent, input_dropout=0.3,
+                  extra={"InputNormalization": "L2"})
     model = SparseAutoencoder(cfg, seed=3, dtype=torch.float64)
+    if latent is not None:  # the latent's weights give a mean and a log-variance
+        assert model.hidden[0].weight.shape == (2 * 4, 6)
     inputs, targets = random_batch(seed=1), random_batch(seed=2, values=False)
-    got = batch_loss(model, inputs, targets, dropout_seed=seed)
-    want = dense_reference_loss(model, inputs, targets, seed=seed)
+    got = batch_loss(model, inputs, targets, dropout_seed=seed, kl_weight=0.3)
+    want = dense_reference_loss(model, inputs, targets, seed=seed, kl_weight=0.3)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
     got.backward()
     grads = [p.grad.clone() for p in model.parameters()]
@@ -142,6 +162,13 @@ def test_multinomial_loss_equals_dense_reference(seed):
     want.backward()
     for g, p in zip(grads, model.parameters()):
         torch.testing.assert_close(g, p.grad, rtol=1e-9, atol=1e-12)
+
+
+def test_kl_weight_rises_linearly_to_beta():
+    vae = network(hidden=(6, 4), latent=1).variational
+    assert [kl_weight_at(vae, s) for s in (0, 1, 3, 10)] == [0.0, 0.5 / 3, 0.5, 0.5]
+    assert kl_weight_at(None, 7) == 0.0
+    assert kl_weight_at(dataclasses.replace(vae, anneal_steps=0), 0) == 0.5
 
 
 def test_initial_rows_do_not_depend_on_the_item_split():
@@ -187,9 +214,9 @@ def run_training(model, data, steps=STEPS, checkpoint_path=None, optimizer=None,
 
 NETWORKS = {
     "dsstne": network,
-    # Liang et al.'s Mult-DAE: multinomial likelihood over every process's items, L2-normalised
-    # input with dropout.
-    "mult_dae": lambda: network("CrossEntropy", "SoftMax", hidden=(6, 4, 5), input_dropout=0.3,
+    # Liang et al.'s Mult-VAE: multinomial likelihood over every process's items, L2-normalised
+    # input with dropout, a latent with its noise and the annealed KL term (3 steps to beta).
+    "mult_vae": lambda: network("CrossEntropy", "SoftMax", hidden=(6, 4, 5), latent=1, input_dropout=0.3,
                                 extra={"InputNormalization": "L2"}),
 }
 
@@ -276,6 +303,8 @@ def test_checkpoint_of_another_network_is_refused(tmp_path, histories):
     other = SparseAutoencoder(network(hidden=(8,)), seed=3)
     with pytest.raises(ValueError, match=r"hidden layers \[6, 5\].*this model has .*\[8\]"):
         checkpoint.load(str(tmp_path / "ck"), other)
+    with pytest.raises(ValueError, match="with no latent, this model has the latent 'Hidden2'"):
+        checkpoint.load(str(tmp_path / "ck"), SparseAutoencoder(network(latent=1), seed=3))
     with open(tmp_path / "ck" / "output_rows_0_37.pt", "r+b") as f:
         f.seek(100)
         f.write(b"\x00\x01\x02")

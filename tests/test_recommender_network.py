@@ -16,6 +16,7 @@ from dlrm.recommender.network import (
     NetworkConfig,
     NetworkConfigError,
     Optimizer,
+    Variational,
     WeightInit,
     parse_network,
 )
@@ -72,6 +73,28 @@ def test_sample_config_every_field():
                            p_dropout=0.0, weight_init=WeightInit("xavier", 1.0, 0.0), sparseness_penalty=False)
     assert cfg.output == Layer(kind="output", name="Output", n=None, sparse=True, dataset="gl_output",
                                activation="sigmoid")
+
+
+def test_variational_block_defaults_and_errors():
+    net = minimal(Variational={})
+    net["Layers"][1:1] = [{"Kind": "Hidden", "N": 32, "Activation": "Tanh"}]
+    net["Layers"][2]["Activation"] = "Linear"  # the 16-unit layer: the narrowest is the latent by default
+    cfg = parse_network(net)
+    assert cfg.variational == Variational("Hidden2", beta=1.0, anneal_steps=0)
+    assert parse_network(cfg.to_json()) == cfg
+    assert parse_network(minimal()).variational is None and parse_network(minimal()).input_normalization == "none"
+    net["Layers"][2]["Activation"] = "Tanh"
+    assert "`Layers[2].Activation`" in (m := error_of(net)) and '"Activation": "Linear"' in m
+    for block, path, needle in [({"Layer": "Input"}, "Variational.Layer", "not a Hidden layer; use one of Hidden1"),
+                                ({"AnnealSteps": -1}, "Variational.AnnealSteps", "integer >= 0"),
+                                ({"AnnealSteps": 2.5}, "Variational.AnnealSteps", "integer >= 0"),
+                                ({"Beta": -0.1}, "Variational.Beta", ">= 0"),
+                                ({"Beta": 0.2, "Anneal": 5}, "Variational.Anneal", "did you mean 'AnnealSteps'")]:
+        linear = minimal(Variational=block)
+        linear["Layers"][1]["Activation"] = "Linear"
+        assert f"`{path}`" in (m := error_of(linear)) and needle in m
+    no_hidden = {"Layers": [{"Kind": "Input", "N": 5, "DataSet": "d"}, {"Kind": "Output", "N": 5}], "Variational": {}}
+    assert "needs a Hidden layer" in error_of(no_hidden)
 
 
 def test_input_normalization_values():

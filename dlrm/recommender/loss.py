@@ -17,6 +17,9 @@ Definitions (y = the output activation of z; t = the target value, 1 for plain i
 - ``l2``: (y - t)^2 / 2;  ``l1``: |y - t|.
 
 Losses are summed over items and users; the caller divides by the global batch size.
+
+A ``Variational`` network adds ``kl_weight`` times the KL divergence of the latent's Gaussian
+to N(0, I), summed over latent units, averaged over the batch (Liang et al.'s annealed beta).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import torch.nn.functional as F
 
 from dlrm.recommender.item_parallel import ItemParallel
 from dlrm.recommender.model import SparseAutoencoder, activation
-from dlrm.recommender.network import NetworkConfig
+from dlrm.recommender.network import NetworkConfig, Variational
 
 _EPS = 1e-7
 
@@ -114,12 +117,32 @@ def sparseness_penalty(config: NetworkConfig, hidden: list[torch.Tensor], batch:
     return config.sparseness_beta * total / parallel.world_size
 
 
+def kl_weight_at(variational: Variational | None, step: int) -> float:
+    """The KL term's weight for training step ``step`` (the count of steps done before it):
+    ``Beta`` reached linearly over ``AnnealSteps`` steps, then held; 0 without a latent. A
+    function of the step alone, so a resumed run weighs as the uninterrupted one."""
+    if variational is None:
+        return 0.0
+    if variational.anneal_steps == 0:
+        return variational.beta
+    return variational.beta * min(1.0, step / variational.anneal_steps)
+
+
+def kl_divergence(mean: torch.Tensor, log_var: torch.Tensor, batch: int) -> torch.Tensor:
+    """KL(N(mean, exp(log_var)) || N(0, I)) summed over latent units and this process's users,
+    divided by the global batch size: summed over processes, the batch's mean KL."""
+    mean, log_var = _wide(mean), _wide(log_var)
+    return 0.5 * (mean * mean + log_var.exp() - 1.0 - log_var).sum() / batch
+
+
 def batch_loss(model: SparseAutoencoder, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
                targets: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], dropout_seed: int | None = None,
-               negatives: int | None = None, sample_seed: int = 0) -> torch.Tensor:
+               negatives: int | None = None, sample_seed: int = 0, kl_weight: float = 0.0) -> torch.Tensor:
     """This process's share of the batch objective (sum over its items, divided by the global
-    batch size; plus its share of the sparseness penalty). Summed over processes it is the loss
-    of one process on the whole network, so its gradients are the global ones.
+    batch size; plus its share of the sparseness penalty and of ``kl_weight`` times the latent's
+    KL term). Summed over processes it is the loss of one process on the whole network, so its
+    gradients are the global ones. ``dropout_seed`` (training) switches dropout and the latent's
+    sampling on; without it the latent passes on its mean.
 
     ``negatives``: estimate the zero-target term from that many items drawn uniformly per step
     (shared by the batch's users; this process draws its share of them from its own items) and
@@ -129,7 +152,8 @@ def batch_loss(model: SparseAutoencoder, inputs: tuple[torch.Tensor, torch.Tenso
     offsets = inputs[0]
     batch = offsets.numel() - 1
     hidden_kept: list[torch.Tensor] = []
-    hidden = model.encode(*inputs, dropout_seed=dropout_seed, keep_hidden=hidden_kept)
+    latent: list[torch.Tensor] = []
+    hidden = model.encode(*inputs, dropout_seed=dropout_seed, keep_hidden=hidden_kept, keep_latent=latent)
     start, stop = model.output_range
     users, items, t = target_pairs(*targets, start, stop)
     if negatives is None:
@@ -156,4 +180,8 @@ def batch_loss(model: SparseAutoencoder, inputs: tuple[torch.Tensor, torch.Tenso
     correction = (elementwise_loss(config, z_pos, t, lse_pos) - elementwise_loss(config, z_pos, 0.0, lse_pos)).sum()
     loss = (dense + correction) / batch
     penalty = sparseness_penalty(config, hidden_kept, batch, parallel)
-    return loss if penalty is None else loss + penalty
+    if penalty is not None:
+        loss = loss + penalty
+    if latent and kl_weight:
+        loss = loss + kl_weight * kl_divergence(*latent, batch)
+    return loss
