@@ -23,6 +23,8 @@ from dlrm.recommender.network import (
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(REPO, "configs", "recommender", "movielens_autoencoder.json")
+MULT_DAE = os.path.join(REPO, "configs", "recommender", "mult_dae.json")
+MULT_VAE = os.path.join(REPO, "configs", "recommender", "mult_vae.json")
 
 
 def minimal(**top) -> dict:
@@ -73,6 +75,24 @@ def test_sample_config_every_field():
                            p_dropout=0.0, weight_init=WeightInit("xavier", 1.0, 0.0), sparseness_penalty=False)
     assert cfg.output == Layer(kind="output", name="Output", n=None, sparse=True, dataset="gl_output",
                                activation="sigmoid")
+
+
+@pytest.mark.parametrize("path", [MULT_DAE, MULT_VAE])
+def test_mult_dae_and_mult_vae_configs(path):
+    """Liang et al.'s architectures: I -> 600 -> 200 -> 600 -> I, tanh, a multinomial likelihood
+    over the catalogue, L2-normalised input with dropout 0.5, Adam 1e-3."""
+    cfg = parse_network(path)
+    assert cfg.kind == "autoencoder" and cfg.input_normalization == "l2" and cfg.input.p_dropout == 0.5
+    assert [layer.n for layer in cfg.hidden] == [600, 200, 600]
+    assert (cfg.output.activation, cfg.error_function) == ("softmax", "crossentropy")
+    assert (cfg.optimizer.kind, cfg.optimizer.alpha) == ("adam", 0.001)
+    assert parse_network(cfg.to_json()) == cfg
+    if path == MULT_DAE:
+        assert [layer.activation for layer in cfg.hidden] == ["tanh"] * 3 and cfg.variational is None
+        assert cfg.optimizer.lambda_ == 0.00004  # the authors' code: 2 x 0.01 / batch 500 on the weights
+    else:
+        assert [layer.activation for layer in cfg.hidden] == ["tanh", "linear", "tanh"]
+        assert cfg.variational == Variational("Latent", beta=0.2, anneal_steps=40000) and cfg.optimizer.lambda_ == 0
 
 
 def test_variational_block_defaults_and_errors():
