@@ -10,7 +10,10 @@ matrix, and with sampled negatives the dense term becomes an estimate from a sam
 
 Definitions (y = the output activation of z; t = the target value, 1 for plain items):
 
-- ``crossentropy``: -t log y - (1 - t) log(1 - y); with SoftMax output, -t log y.
+- ``crossentropy``: -t log y - (1 - t) log(1 - y); with SoftMax output, -t log y: summed over
+  the catalogue, -sum_i t_i log softmax(z)_i, the multinomial log-likelihood of Liang et al.'s
+  Mult-DAE and Mult-VAE (with raw 0/1 or count targets). Its zero targets cost nothing, so only
+  the targets' terms are computed; the normaliser spans every process's items.
 - ``scaledmarginalcrossentropy``: targets > 0 cost ``oneScale * -log y`` while y < ``oneTarget``;
   zero targets cost ``zeroScale * -log(1 - y)`` while y > ``zeroTarget``; nothing beyond the
   margins (DSSTNE's ScaledMarginalCrossEntropy).
@@ -53,6 +56,8 @@ def elementwise_loss(config: NetworkConfig, z: torch.Tensor, t: torch.Tensor | f
     kind, act = config.error_function, config.output.activation
     if act == "softmax":
         log_y = z - lse
+        if kind == "crossentropy":
+            return -t * log_y
         y = log_y.exp()
         log_1my = torch.log1p(-y.clamp(max=1 - _EPS))
     elif act == "sigmoid":
@@ -62,8 +67,6 @@ def elementwise_loss(config: NetworkConfig, z: torch.Tensor, t: torch.Tensor | f
         clamped = y.clamp(_EPS, 1 - _EPS)
         log_y, log_1my = clamped.log(), torch.log1p(-clamped)
     if kind == "crossentropy":
-        if act == "softmax":
-            return -t * log_y
         return -t * log_y - (1 - t) * log_1my
     if kind == "scaledmarginalcrossentropy":
         if act == "sigmoid":  # the margins compared on logits: exact and no sigmoid to evaluate
@@ -159,7 +162,8 @@ def batch_loss(model: SparseAutoencoder, inputs: tuple[torch.Tensor, torch.Tenso
     if negatives is None:
         z = _wide(model.score(hidden))
         lse = _log_normaliser(z, parallel) if config.output.activation == "softmax" else None
-        dense = elementwise_loss(config, z, 0.0, lse).sum()
+        multinomial = lse is not None and config.error_function == "crossentropy"
+        dense = 0.0 if multinomial else elementwise_loss(config, z, 0.0, lse).sum()  # zero targets cost 0 there
         z_pos = z[users, items]
         lse_pos = None if lse is None else lse[users, 0]
     else:
