@@ -6,6 +6,7 @@ AMP in the same run) and of predict + exclusion + top-10.
     python benchmarks/recommender.py                                   # 138,493 users x 26,744 items
     python benchmarks/recommender.py --network configs/recommender/movielens_autoencoder.json
     python benchmarks/recommender.py --users 20000 --items 4000 --interactions 2000000 --epochs 3
+    python benchmarks/recommender.py --network configs/recommender/mult_vae.json --batch_size 500 --epochs 5,10,20
     python benchmarks/recommender.py --device cuda --amp_dtype bf16
     python benchmarks/recommender.py --baselines "" --epochs 0                # speed only
 
@@ -26,6 +27,7 @@ import torch
 from dlrm.data.csr_dataset import CsrDataset, split_holdout, write_csr
 from dlrm.data.user_histories import HistoryConfig, generate_user_histories
 from dlrm.recommender.baselines import fit_baseline
+from dlrm.recommender.checkpoint import AutoencoderState
 from dlrm.recommender.model import SparseAutoencoder
 from dlrm.recommender.network import parse_network
 from dlrm.recommender.predict import evaluate, model_scorer, recommend
@@ -44,7 +46,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--heldout_fraction", type=float, default=0.2)
     p.add_argument("--network", default="configs/recommender/movielens_tuned.json")
-    p.add_argument("--epochs", type=int, default=2, help="0: speed figures only (the model stays untrained)")
+    p.add_argument("--epochs", default="2", help="epoch counts to evaluate at, e.g. 5,10,20: one run trained on "
+                   "from each count to the next (resume is exact); 0: speed figures only (the model stays untrained)")
     p.add_argument("--batch_size", type=int, default=256)
     p.add_argument("--amp_dtype", choices=sorted(DTYPES), default="bf16", help="precision of the training run")
     p.add_argument("--speed_steps", type=int, default=30, help="steps timed per precision for the fp32/AMP comparison")
@@ -99,24 +102,25 @@ def main() -> None:
               f"{args.speed_steps} steps)")
 
     model = SparseAutoencoder(network, seed=args.seed, device=device)
-    if args.epochs:
-        cfg = TrainConfig(batch_size=args.batch_size, epochs=args.epochs, seed=args.seed, shuffle=True,
+    optimizer, state = make_optimizer(model, network.optimizer), AutoencoderState()
+    for epochs in sorted({int(e) for e in args.epochs.split(",")} - {0}):
+        cfg = TrainConfig(batch_size=args.batch_size, epochs=epochs, seed=args.seed, shuffle=True,
                           amp_dtype=DTYPES[args.amp_dtype], log_every_steps=100)
-        summary = train(model, make_optimizer(model, network.optimizer), inputs, inputs, cfg, RunLogger(), device)
-        print(f"train {args.epochs} epochs ({args.amp_dtype}): {summary['seconds']:.0f} s, "
+        first = state.epoch
+        summary = train(model, optimizer, inputs, inputs, cfg, RunLogger(), device, state)
+        print(f"train epochs {first}-{epochs} ({args.amp_dtype}): {summary['seconds']:.0f} s, "
               f"{summary['users_per_s']:,.0f} users/s")
+        results[f"autoencoder@{epochs}"] = evaluate(recommend(model_scorer(model, DTYPES[args.amp_dtype]), inputs,
+                                                              max(ks), args.batch_size * 4), heldout, ks)
     t = time.perf_counter()
     for _ in recommend(model_scorer(model, DTYPES[args.amp_dtype]), inputs, 10, args.batch_size * 4):
         pass
     print(f"predict + exclusion + top-10: {len(inputs) / (time.perf_counter() - t):,.0f} users/s")
-    if args.epochs:
-        results["autoencoder"] = evaluate(recommend(model_scorer(model, DTYPES[args.amp_dtype]), inputs, max(ks),
-                                                    args.batch_size * 4), heldout, ks)
 
-    print(f"\n{'':12}" + "".join(f"{f'P@{k}':>8}{f'R@{k}':>8}{f'NDCG@{k}':>9}" for k in ks) + f"{'cov@' + str(max(ks)):>9}")
+    print(f"\n{'':16}" + "".join(f"{f'P@{k}':>8}{f'R@{k}':>8}{f'NDCG@{k}':>9}" for k in ks) + f"{'cov@' + str(max(ks)):>9}")
     for name, metrics in results.items():
         line = "".join(f"{m.precision:8.4f}{m.recall:8.4f}{m.ndcg:9.4f}" for m in metrics)
-        print(f"{name:12}{line}{metrics[-1].coverage:9.4f}")
+        print(f"{name:16}{line}{metrics[-1].coverage:9.4f}")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ process groups equal to one process step by step, checkpoints across process cou
 resume, and the sampled-negatives estimate."""
 
 import copy
+import dataclasses
 import json
 import os
 
@@ -17,8 +18,8 @@ from dlrm.data.csr_dataset import CsrDataset, write_csr
 from dlrm.data.user_histories import HistoryConfig, generate_user_histories
 from dlrm.recommender import checkpoint
 from dlrm.recommender.item_parallel import ItemParallel, item_bounds
-from dlrm.recommender.loss import batch_loss
-from dlrm.recommender.model import SparseAutoencoder
+from dlrm.recommender.loss import batch_loss, kl_weight_at
+from dlrm.recommender.model import NOISE_INPUT_DROPOUT, NOISE_LATENT, SparseAutoencoder, batch_noise
 from dlrm.recommender.network import parse_network
 from dlrm.recommender.train import TrainConfig, make_optimizer, take_rows, train
 from dlrm.training.logger import RunLogger
@@ -27,10 +28,13 @@ from test_distributed import free_port
 N_ITEMS = 37
 
 
-def network(error="ScaledMarginalCrossEntropy", output="Sigmoid", hidden=(6, 5), optimizer="Adam", extra=None):
-    layers = [{"Kind": "Input", "N": "auto", "DataSet": "input", "Sparse": True}]
+def network(error="ScaledMarginalCrossEntropy", output="Sigmoid", hidden=(6, 5), optimizer="Adam", extra=None,
+            latent=None, input_dropout=0.0):
+    """A small network using every setting; ``latent``: that hidden layer is a VAE's latent."""
+    layers = [{"Kind": "Input", "N": "auto", "DataSet": "input", "Sparse": True, "pDropout": input_dropout}]
     for i, n in enumerate(hidden):
-        layers.append({"Kind": "Hidden", "N": n, "Activation": ["Sigmoid", "Tanh", "Relu"][i % 3], "Sparse": i == 0,
+        act = "Linear" if i == latent else ["Sigmoid", "Tanh", "Relu"][i % 3]
+        layers.append({"Kind": "Hidden", "N": n, "Activation": act, "Sparse": i == 0,
                        "pDropout": 0.2 if i == 1 else 0.0})
     layers.append({"Kind": "Output", "N": "auto", "DataSet": "output", "Activation": output,
                    "WeightInit": {"Scheme": "Gaussian", "Scale": 0.3}})
@@ -38,6 +42,8 @@ def network(error="ScaledMarginalCrossEntropy", output="Sigmoid", hidden=(6, 5),
             "SparsenessPenalty": {"p": 0.3, "beta": 0.5},
             "ScaledMarginalCrossEntropy": {"oneTarget": 0.8, "zeroTarget": 0.05, "oneScale": 2.0, "zeroScale": 0.5},
             "Optimizer": {"Kind": optimizer, "Alpha": 0.05, "Mu": 0.9, "Lambda": 0.001}}
+    if latent is not None:
+        spec["Variational"] = {"Layer": f"Hidden{latent + 1}", "Beta": 0.5, "AnnealSteps": 3}
     spec.update(extra or {})
     return parse_network(spec).resolve(N_ITEMS, N_ITEMS)
 
@@ -52,23 +58,45 @@ def random_batch(batch=9, seed=0, values=True):
     return offsets, indices, vals
 
 
-def dense_reference_loss(model, inputs, targets):
-    """DSSTNE's definitions over a dense float64 target matrix, from a forward written plainly."""
+def dense_reference_loss(model, inputs, targets, seed=None, kl_weight=0.0):
+    """DSSTNE's definitions over a dense float64 target matrix, from a forward written plainly.
+    With ``seed`` (training), the noise the model draws from it, applied by hand: input and
+    hidden dropout masks, the latent's standard normal draw; and the KL term of a latent."""
     cfg = model.config
     offsets, indices, values = inputs
     batch = offsets.numel() - 1
     x = torch.zeros(batch, N_ITEMS, dtype=torch.float64)
+    keep = torch.ones(batch, N_ITEMS, dtype=torch.float64)
+    p_in = cfg.input.p_dropout if seed is not None else 0.0
+    u = batch_noise(seed, NOISE_INPUT_DROPOUT, (indices.numel(),), torch.device("cpu")) if p_in else None
     for b in range(batch):
-        for j in range(offsets[b], offsets[b + 1]):
+        for j in range(offsets[b], offsets[b + 1]):  # the batch's items are distinct in a row
             x[b, indices[j]] += 1.0 if values is None else values[j]
+            if p_in:
+                keep[b, indices[j]] = float(u[j] >= p_in) / (1 - p_in)
+    if cfg.input_normalization == "l2":
+        x = x / torch.sqrt((x * x).sum(1, keepdim=True)).clamp_min(1e-12)
+    x = x * keep  # Liang et al.: normalise, then drop out
     h = x @ model.input_weight + model.input_bias
-    acts = {"sigmoid": torch.sigmoid, "tanh": torch.tanh, "relu": torch.relu}
+    acts = {"sigmoid": torch.sigmoid, "tanh": torch.tanh, "relu": torch.relu, "linear": lambda v: v}
     kept = []
+    kl = 0.0
     for i, layer in enumerate(cfg.hidden):
         if i:
             h = h @ model.hidden[i - 1].weight.T + model.hidden[i - 1].bias
+        if cfg.variational is not None and layer.name == cfg.variational.layer:
+            n = layer.n
+            mean, log_var = h[:, :n], h[:, n:]
+            kl = 0.5 * (mean ** 2 + torch.exp(log_var) - 1 - log_var).sum() / batch
+            h = mean
+            if seed is not None:
+                eps = batch_noise(seed, NOISE_LATENT, (batch, n), torch.device("cpu"), normal=True).double()
+                h = mean + torch.exp(log_var / 2) * eps
         h = acts[layer.activation](h)
         kept.append(h)
+        if seed is not None and layer.p_dropout:
+            mask = batch_noise(seed, i, (batch, layer.n), torch.device("cpu")) >= layer.p_dropout
+            h = h * mask.double() / (1 - layer.p_dropout)
     z = h @ model.output_weight.T + model.output_bias
     t = torch.zeros(batch, N_ITEMS, dtype=torch.float64)
     o, ind, val = targets
@@ -93,7 +121,7 @@ def dense_reference_loss(model, inputs, targets):
         if layer.sparse or layer.sparseness_penalty:
             rho = a.mean(0)
             loss = loss + cfg.sparseness_beta * (p * torch.log(p / rho) + (1 - p) * torch.log((1 - p) / (1 - rho))).sum()
-    return loss
+    return loss + kl_weight * kl
 
 
 @pytest.mark.parametrize("error,output", [("ScaledMarginalCrossEntropy", "Sigmoid"), ("CrossEntropy", "Sigmoid"),
@@ -111,6 +139,36 @@ def test_sparse_loss_equals_dense_reference(error, output):
     want.backward()
     for g, p in zip(grads, model.parameters()):
         torch.testing.assert_close(g, p.grad, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", [None, 11])  # inference (no noise; a latent's mean), training (noise from the seed)
+@pytest.mark.parametrize("latent", [None, 1])
+def test_multinomial_loss_equals_dense_reference(latent, seed):
+    """The multinomial likelihood (SoftMax + CrossEntropy) with L2-normalised input and input
+    dropout (Mult-DAE); with a latent (Mult-VAE), the reparameterised forward with the model's
+    noise and the weighted KL term."""
+    cfg = network("CrossEntropy", "SoftMax", hidden=(6, 4, 5), latent=latent, input_dropout=0.3,
+                  extra={"InputNormalization": "L2"})
+    model = SparseAutoencoder(cfg, seed=3, dtype=torch.float64)
+    if latent is not None:  # the latent's weights give a mean and a log-variance
+        assert model.hidden[0].weight.shape == (2 * 4, 6)
+    inputs, targets = random_batch(seed=1), random_batch(seed=2, values=False)
+    got = batch_loss(model, inputs, targets, dropout_seed=seed, kl_weight=0.3)
+    want = dense_reference_loss(model, inputs, targets, seed=seed, kl_weight=0.3)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    got.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    want.backward()
+    for g, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(g, p.grad, rtol=1e-9, atol=1e-12)
+
+
+def test_kl_weight_rises_linearly_to_beta():
+    vae = network(hidden=(6, 4), latent=1).variational
+    assert [kl_weight_at(vae, s) for s in (0, 1, 3, 10)] == [0.0, 0.5 / 3, 0.5, 0.5]
+    assert kl_weight_at(None, 7) == 0.0
+    assert kl_weight_at(dataclasses.replace(vae, anneal_steps=0), 0) == 0.5
 
 
 def test_initial_rows_do_not_depend_on_the_item_split():
@@ -154,11 +212,20 @@ def run_training(model, data, steps=STEPS, checkpoint_path=None, optimizer=None,
     return losses, optimizer
 
 
-def _worker(rank, world, port, data, out, ckpt):
+NETWORKS = {
+    "dsstne": network,
+    # Liang et al.'s Mult-VAE: multinomial likelihood over every process's items, L2-normalised
+    # input with dropout, a latent with its noise and the annealed KL term (3 steps to beta).
+    "mult_vae": lambda: network("CrossEntropy", "SoftMax", hidden=(6, 4, 5), latent=1, input_dropout=0.3,
+                                extra={"InputNormalization": "L2"}),
+}
+
+
+def _worker(rank, world, port, data, out, ckpt, name):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     torch.set_num_threads(1)
     try:
-        model = SparseAutoencoder(network(), ItemParallel.from_process_group(), seed=3, dtype=torch.float64)
+        model = SparseAutoencoder(NETWORKS[name](), ItemParallel.from_process_group(), seed=3, dtype=torch.float64)
         losses, _ = run_training(model, data, checkpoint_path=ckpt)
         torch.save({"losses": losses, "input": model.input_weight.detach(), "output": model.output_weight.detach(),
                     "bias": model.output_bias.detach(), "hidden": [p.detach() for p in model.hidden.parameters()],
@@ -167,13 +234,14 @@ def _worker(rank, world, port, data, out, ckpt):
         dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("name", sorted(NETWORKS))
 @pytest.mark.parametrize("world", [3])  # uneven user and item shares
-def test_item_parallel_training_equals_one_process(tmp_path, histories, world):
+def test_item_parallel_training_equals_one_process(tmp_path, histories, world, name):
     torch.manual_seed(0)
-    reference = SparseAutoencoder(network(), seed=3, dtype=torch.float64)
+    reference = SparseAutoencoder(NETWORKS[name](), seed=3, dtype=torch.float64)
     ref_losses, ref_optimizer = run_training(reference, histories, checkpoint_path=str(tmp_path / "one"))
     ckpt = str(tmp_path / "many")
-    mp.spawn(_worker, args=(world, free_port(), histories, str(tmp_path), ckpt), nprocs=world)
+    mp.spawn(_worker, args=(world, free_port(), histories, str(tmp_path), ckpt, name), nprocs=world)
     bounds = item_bounds(N_ITEMS, world)
     for rank in range(world):
         got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
@@ -190,7 +258,7 @@ def test_item_parallel_training_equals_one_process(tmp_path, histories, world):
     assert meta["world_size"] == world and sum(n.startswith("output_rows_") for n in meta["files"]) == world
     continued = []
     for path in (ckpt, str(tmp_path / "one")):
-        model = SparseAutoencoder(network(), seed=3, dtype=torch.float64)
+        model = SparseAutoencoder(NETWORKS[name](), seed=3, dtype=torch.float64)
         optimizer = make_optimizer(model, model.config.optimizer)
         state = checkpoint.load(path, model, optimizer)
         assert (state.step, state.epoch, state.samples) == (STEPS, 1, 103)  # one epoch: 4 x 25 + 3
@@ -200,12 +268,13 @@ def test_item_parallel_training_equals_one_process(tmp_path, histories, world):
     torch.testing.assert_close(continued[0][1], continued[1][1], rtol=1e-9, atol=1e-11)
 
 
-def test_resume_equals_an_uninterrupted_run(tmp_path, histories):
-    whole = SparseAutoencoder(network(), seed=3, dtype=torch.float64)
+@pytest.mark.parametrize("name", sorted(NETWORKS))
+def test_resume_equals_an_uninterrupted_run(tmp_path, histories, name):
+    whole = SparseAutoencoder(NETWORKS[name](), seed=3, dtype=torch.float64)
     whole_losses, _ = run_training(whole, histories, steps=7)
-    first = SparseAutoencoder(network(), seed=3, dtype=torch.float64)
+    first = SparseAutoencoder(NETWORKS[name](), seed=3, dtype=torch.float64)
     losses, _ = run_training(first, histories, steps=3, checkpoint_path=str(tmp_path / "ck"))
-    second = SparseAutoencoder(network(), seed=9, dtype=torch.float64)  # other weights: all must come from the file
+    second = SparseAutoencoder(NETWORKS[name](), seed=9, dtype=torch.float64)  # other weights: from the file
     optimizer = make_optimizer(second, second.config.optimizer)
     state = checkpoint.load(str(tmp_path / "ck"), second, optimizer)
     more, _ = run_training(second, histories, steps=4, optimizer=optimizer, state=state)
@@ -234,6 +303,8 @@ def test_checkpoint_of_another_network_is_refused(tmp_path, histories):
     other = SparseAutoencoder(network(hidden=(8,)), seed=3)
     with pytest.raises(ValueError, match=r"hidden layers \[6, 5\].*this model has .*\[8\]"):
         checkpoint.load(str(tmp_path / "ck"), other)
+    with pytest.raises(ValueError, match="with no latent, this model has the latent 'Hidden2'"):
+        checkpoint.load(str(tmp_path / "ck"), SparseAutoencoder(network(latent=1), seed=3))
     with open(tmp_path / "ck" / "output_rows_0_37.pt", "r+b") as f:
         f.seek(100)
         f.write(b"\x00\x01\x02")

@@ -16,12 +16,15 @@ from dlrm.recommender.network import (
     NetworkConfig,
     NetworkConfigError,
     Optimizer,
+    Variational,
     WeightInit,
     parse_network,
 )
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(REPO, "configs", "recommender", "movielens_autoencoder.json")
+MULT_DAE = os.path.join(REPO, "configs", "recommender", "mult_dae.json")
+MULT_VAE = os.path.join(REPO, "configs", "recommender", "mult_vae.json")
 
 
 def minimal(**top) -> dict:
@@ -72,6 +75,52 @@ def test_sample_config_every_field():
                            p_dropout=0.0, weight_init=WeightInit("xavier", 1.0, 0.0), sparseness_penalty=False)
     assert cfg.output == Layer(kind="output", name="Output", n=None, sparse=True, dataset="gl_output",
                                activation="sigmoid")
+
+
+@pytest.mark.parametrize("path", [MULT_DAE, MULT_VAE])
+def test_mult_dae_and_mult_vae_configs(path):
+    """Liang et al.'s architectures: I -> 600 -> 200 -> 600 -> I, tanh, a multinomial likelihood
+    over the catalogue, L2-normalised input with dropout 0.5, Adam 1e-3."""
+    cfg = parse_network(path)
+    assert cfg.kind == "autoencoder" and cfg.input_normalization == "l2" and cfg.input.p_dropout == 0.5
+    assert [layer.n for layer in cfg.hidden] == [600, 200, 600]
+    assert (cfg.output.activation, cfg.error_function) == ("softmax", "crossentropy")
+    assert (cfg.optimizer.kind, cfg.optimizer.alpha) == ("adam", 0.001)
+    assert parse_network(cfg.to_json()) == cfg
+    if path == MULT_DAE:
+        assert [layer.activation for layer in cfg.hidden] == ["tanh"] * 3 and cfg.variational is None
+        assert cfg.optimizer.lambda_ == 0.00004  # the authors' code: 2 x 0.01 / batch 500 on the weights
+    else:
+        assert [layer.activation for layer in cfg.hidden] == ["tanh", "linear", "tanh"]
+        assert cfg.variational == Variational("Latent", beta=0.2, anneal_steps=40000) and cfg.optimizer.lambda_ == 0
+
+
+def test_variational_block_defaults_and_errors():
+    net = minimal(Variational={})
+    net["Layers"][1:1] = [{"Kind": "Hidden", "N": 32, "Activation": "Tanh"}]
+    net["Layers"][2]["Activation"] = "Linear"  # the 16-unit layer: the narrowest is the latent by default
+    cfg = parse_network(net)
+    assert cfg.variational == Variational("Hidden2", beta=1.0, anneal_steps=0)
+    assert parse_network(cfg.to_json()) == cfg
+    assert parse_network(minimal()).variational is None and parse_network(minimal()).input_normalization == "none"
+    net["Layers"][2]["Activation"] = "Tanh"
+    assert "`Layers[2].Activation`" in (m := error_of(net)) and '"Activation": "Linear"' in m
+    for block, path, needle in [({"Layer": "Input"}, "Variational.Layer", "not a Hidden layer; use one of Hidden1"),
+                                ({"AnnealSteps": -1}, "Variational.AnnealSteps", "integer >= 0"),
+                                ({"AnnealSteps": 2.5}, "Variational.AnnealSteps", "integer >= 0"),
+                                ({"Beta": -0.1}, "Variational.Beta", ">= 0"),
+                                ({"Beta": 0.2, "Anneal": 5}, "Variational.Anneal", "did you mean 'AnnealSteps'")]:
+        linear = minimal(Variational=block)
+        linear["Layers"][1]["Activation"] = "Linear"
+        assert f"`{path}`" in (m := error_of(linear)) and needle in m
+    no_hidden = {"Layers": [{"Kind": "Input", "N": 5, "DataSet": "d"}, {"Kind": "Output", "N": 5}], "Variational": {}}
+    assert "needs a Hidden layer" in error_of(no_hidden)
+
+
+def test_input_normalization_values():
+    assert parse_network(minimal(InputNormalization="l2")).input_normalization == "l2"
+    assert parse_network(minimal(InputNormalization="None")).input_normalization == "none"
+    assert "`InputNormalization`" in (m := error_of(minimal(InputNormalization="L1"))) and "None, L2" in m
 
 
 def test_contract_constants():

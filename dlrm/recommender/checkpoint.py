@@ -173,9 +173,18 @@ def load_model(path: str, parallel, device: torch.device | str = "cpu") -> Spars
     return model
 
 
+def _latent(network) -> str:
+    """The latent layer named for messages (its weights are twice as wide)."""
+    return f"the latent {network.variational.layer!r}" if network.variational is not None else "no latent"
+
+
 def _check_model(path: str, meta: dict[str, Any], model: SparseAutoencoder) -> None:
     saved = (meta["n_input"], meta["n_output"], meta["hidden"])
     this = (model.n_input, model.n_output, [layer.n for layer in model.config.hidden])
+    saved_latent, this_latent = _latent(parse_network(meta["network"])), _latent(model.config)
+    if saved == this and saved_latent != this_latent:
+        raise CheckpointError(f"{path} holds a network with {saved_latent}, this model has {this_latent}: load it "
+                              f"with the network it was trained on")
     if saved != this:
         raise CheckpointError(
             f"{path} holds a network of {saved[0]} inputs, hidden layers {saved[2]} and {saved[1]} outputs; this "

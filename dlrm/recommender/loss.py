@@ -10,13 +10,19 @@ matrix, and with sampled negatives the dense term becomes an estimate from a sam
 
 Definitions (y = the output activation of z; t = the target value, 1 for plain items):
 
-- ``crossentropy``: -t log y - (1 - t) log(1 - y); with SoftMax output, -t log y.
+- ``crossentropy``: -t log y - (1 - t) log(1 - y); with SoftMax output, -t log y: summed over
+  the catalogue, -sum_i t_i log softmax(z)_i, the multinomial log-likelihood of Liang et al.'s
+  Mult-DAE and Mult-VAE (with raw 0/1 or count targets). Its zero targets cost nothing, so only
+  the targets' terms are computed; the normaliser spans every process's items.
 - ``scaledmarginalcrossentropy``: targets > 0 cost ``oneScale * -log y`` while y < ``oneTarget``;
   zero targets cost ``zeroScale * -log(1 - y)`` while y > ``zeroTarget``; nothing beyond the
   margins (DSSTNE's ScaledMarginalCrossEntropy).
 - ``l2``: (y - t)^2 / 2;  ``l1``: |y - t|.
 
 Losses are summed over items and users; the caller divides by the global batch size.
+
+A ``Variational`` network adds ``kl_weight`` times the KL divergence of the latent's Gaussian
+to N(0, I), summed over latent units, averaged over the batch (Liang et al.'s annealed beta).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import torch.nn.functional as F
 
 from dlrm.recommender.item_parallel import ItemParallel
 from dlrm.recommender.model import SparseAutoencoder, activation
-from dlrm.recommender.network import NetworkConfig
+from dlrm.recommender.network import NetworkConfig, Variational
 
 _EPS = 1e-7
 
@@ -50,6 +56,8 @@ def elementwise_loss(config: NetworkConfig, z: torch.Tensor, t: torch.Tensor | f
     kind, act = config.error_function, config.output.activation
     if act == "softmax":
         log_y = z - lse
+        if kind == "crossentropy":
+            return -t * log_y
         y = log_y.exp()
         log_1my = torch.log1p(-y.clamp(max=1 - _EPS))
     elif act == "sigmoid":
@@ -59,8 +67,6 @@ def elementwise_loss(config: NetworkConfig, z: torch.Tensor, t: torch.Tensor | f
         clamped = y.clamp(_EPS, 1 - _EPS)
         log_y, log_1my = clamped.log(), torch.log1p(-clamped)
     if kind == "crossentropy":
-        if act == "softmax":
-            return -t * log_y
         return -t * log_y - (1 - t) * log_1my
     if kind == "scaledmarginalcrossentropy":
         if act == "sigmoid":  # the margins compared on logits: exact and no sigmoid to evaluate
@@ -114,12 +120,32 @@ def sparseness_penalty(config: NetworkConfig, hidden: list[torch.Tensor], batch:
     return config.sparseness_beta * total / parallel.world_size
 
 
+def kl_weight_at(variational: Variational | None, step: int) -> float:
+    """The KL term's weight for training step ``step`` (the count of steps done before it):
+    ``Beta`` reached linearly over ``AnnealSteps`` steps, then held; 0 without a latent. A
+    function of the step alone, so a resumed run weighs as the uninterrupted one."""
+    if variational is None:
+        return 0.0
+    if variational.anneal_steps == 0:
+        return variational.beta
+    return variational.beta * min(1.0, step / variational.anneal_steps)
+
+
+def kl_divergence(mean: torch.Tensor, log_var: torch.Tensor, batch: int) -> torch.Tensor:
+    """KL(N(mean, exp(log_var)) || N(0, I)) summed over latent units and this process's users,
+    divided by the global batch size: summed over processes, the batch's mean KL."""
+    mean, log_var = _wide(mean), _wide(log_var)
+    return 0.5 * (mean * mean + log_var.exp() - 1.0 - log_var).sum() / batch
+
+
 def batch_loss(model: SparseAutoencoder, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
                targets: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], dropout_seed: int | None = None,
-               negatives: int | None = None, sample_seed: int = 0) -> torch.Tensor:
+               negatives: int | None = None, sample_seed: int = 0, kl_weight: float = 0.0) -> torch.Tensor:
     """This process's share of the batch objective (sum over its items, divided by the global
-    batch size; plus its share of the sparseness penalty). Summed over processes it is the loss
-    of one process on the whole network, so its gradients are the global ones.
+    batch size; plus its share of the sparseness penalty and of ``kl_weight`` times the latent's
+    KL term). Summed over processes it is the loss of one process on the whole network, so its
+    gradients are the global ones. ``dropout_seed`` (training) switches dropout and the latent's
+    sampling on; without it the latent passes on its mean.
 
     ``negatives``: estimate the zero-target term from that many items drawn uniformly per step
     (shared by the batch's users; this process draws its share of them from its own items) and
@@ -129,13 +155,15 @@ def batch_loss(model: SparseAutoencoder, inputs: tuple[torch.Tensor, torch.Tenso
     offsets = inputs[0]
     batch = offsets.numel() - 1
     hidden_kept: list[torch.Tensor] = []
-    hidden = model.encode(*inputs, dropout_seed=dropout_seed, keep_hidden=hidden_kept)
+    latent: list[torch.Tensor] = []
+    hidden = model.encode(*inputs, dropout_seed=dropout_seed, keep_hidden=hidden_kept, keep_latent=latent)
     start, stop = model.output_range
     users, items, t = target_pairs(*targets, start, stop)
     if negatives is None:
         z = _wide(model.score(hidden))
         lse = _log_normaliser(z, parallel) if config.output.activation == "softmax" else None
-        dense = elementwise_loss(config, z, 0.0, lse).sum()
+        multinomial = lse is not None and config.error_function == "crossentropy"
+        dense = 0.0 if multinomial else elementwise_loss(config, z, 0.0, lse).sum()  # zero targets cost 0 there
         z_pos = z[users, items]
         lse_pos = None if lse is None else lse[users, 0]
     else:
@@ -156,4 +184,8 @@ def batch_loss(model: SparseAutoencoder, inputs: tuple[torch.Tensor, torch.Tenso
     correction = (elementwise_loss(config, z_pos, t, lse_pos) - elementwise_loss(config, z_pos, 0.0, lse_pos)).sum()
     loss = (dense + correction) / batch
     penalty = sparseness_penalty(config, hidden_kept, batch, parallel)
-    return loss if penalty is None else loss + penalty
+    if penalty is not None:
+        loss = loss + penalty
+    if latent and kl_weight:
+        loss = loss + kl_weight * kl_divergence(*latent, batch)
+    return loss

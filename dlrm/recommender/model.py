@@ -12,6 +12,13 @@ one process would (``dlrm.nn.init`` does the same for embedding tables).
 Losses are DSSTNE's, summed over items and averaged over the batch's users, computed as a dense
 term for "every item is a zero target" plus a correction at the user's few target items: the
 sparse targets never become a dense ``[B, n_items]`` matrix.
+
+Two additions serve Liang et al.'s Mult-DAE and Mult-VAE (``network.py``'s ``InputNormalization``
+and ``Variational``): each user's input row can be L2-normalised before the first layer, and one
+hidden layer can be the VAE's latent, emitting a mean and a log-variance (twice its width) and
+passing on a reparameterised sample during training, the mean otherwise. Every random draw of
+training (dropout masks, the latent's noise) is made for the whole batch from a generator
+keyed by the step, so it does not depend on the process count and a resumed run repeats it.
 """
 
 from __future__ import annotations
@@ -29,6 +36,10 @@ from dlrm.recommender.network import NetworkConfig
 
 LRELU_SLOPE = 0.01  # DSSTNE's leaky-ReLU slope
 _KEY_OUTPUT = 1_000  # generator keys: hidden layer i (incoming weights) is i, the output layer this
+# Training-noise keys beside hidden layer i's dropout (key i): the input's dropout, the latent's noise.
+NOISE_INPUT_DROPOUT = 10_001
+NOISE_LATENT = 10_002
+_NORM_EPS = 1e-12  # an empty or all-zero row stays zero
 
 
 def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -116,17 +127,21 @@ class SparseAutoencoder(nn.Module):
         self.n_input, self.n_output = config.input.n, config.output.n
         self.input_range = parallel.item_range(self.n_input)
         self.output_range = parallel.item_range(self.n_output)
+        names = [layer.name for layer in config.hidden]
+        self.latent = names.index(config.variational.layer) if config.variational is not None else None
         widths = [layer.n for layer in config.hidden]
+        # Incoming weights per hidden layer: the latent's give a mean and a log-variance.
+        outs = [2 * n if i == self.latent else n for i, n in enumerate(widths)]
         first = config.hidden[0]
         kw = {"device": device, "dtype": dtype}
-        self.input_weight = nn.Parameter(torch.empty(self.input_range[1] - self.input_range[0], widths[0], **kw))
-        init_rows_(self.input_weight, first.weight_init, self.n_input, widths[0], seed, 0, self.input_range[0],
+        self.input_weight = nn.Parameter(torch.empty(self.input_range[1] - self.input_range[0], outs[0], **kw))
+        init_rows_(self.input_weight, first.weight_init, self.n_input, outs[0], seed, 0, self.input_range[0],
                    self.n_input)
-        self.input_bias = nn.Parameter(torch.full((widths[0],), first.weight_init.bias, **kw))
+        self.input_bias = nn.Parameter(torch.full((outs[0],), first.weight_init.bias, **kw))
         self.hidden = nn.ModuleList()
         for i, (layer, fan_in) in enumerate(zip(config.hidden[1:], widths[:-1]), start=1):
-            linear = nn.Linear(fan_in, layer.n, **kw)
-            init_rows_(linear.weight, layer.weight_init, fan_in, layer.n, seed, i, 0, layer.n)
+            linear = nn.Linear(fan_in, outs[i], **kw)
+            init_rows_(linear.weight, layer.weight_init, fan_in, outs[i], seed, i, 0, outs[i])
             with torch.no_grad():
                 linear.bias.fill_(layer.weight_init.bias)
             self.hidden.append(linear)
@@ -141,12 +156,37 @@ class SparseAutoencoder(nn.Module):
         """Weights every process holds whole (their gradients are summed across processes)."""
         return [self.input_bias, *self.hidden.parameters()]
 
+    def input_values(self, offsets: torch.Tensor, indices: torch.Tensor, values: torch.Tensor | None,
+                     dropout_seed: int | None = None) -> torch.Tensor | None:
+        """The weights the input table's rows are summed with: the CSR's values (None: ones),
+        L2-normalised per user under ``InputNormalization`` L2, then with the Input layer's
+        ``pDropout`` (inverted, each entry kept with probability 1 - p, for the whole batch) when
+        ``dropout_seed`` is given. Every process reads the whole batch, so the norms are the whole
+        rows' and the masks the same everywhere."""
+        p = self.config.input.p_dropout if dropout_seed is not None else 0.0
+        if self.config.input_normalization == "none" and p == 0:
+            return values
+        dtype = self.input_weight.dtype
+        v = torch.ones(indices.numel(), dtype=dtype, device=indices.device) if values is None else values.to(dtype)
+        if self.config.input_normalization == "l2":
+            rows = torch.repeat_interleave(torch.arange(offsets.numel() - 1, device=indices.device), offsets.diff())
+            squares = torch.zeros(offsets.numel() - 1, dtype=dtype, device=indices.device).index_add_(0, rows, v * v)
+            v = v / squares.sqrt().clamp_min(_NORM_EPS)[rows]
+        if p > 0:
+            keep = batch_noise(dropout_seed, NOISE_INPUT_DROPOUT, (indices.numel(),), indices.device) >= p
+            v = v * keep.to(dtype) / (1.0 - p)
+        return v
+
     def encode(self, offsets: torch.Tensor, indices: torch.Tensor, values: torch.Tensor | None,
-               dropout_seed: int | None = None, keep_hidden: list[torch.Tensor] | None = None) -> torch.Tensor:
+               dropout_seed: int | None = None, keep_hidden: list[torch.Tensor] | None = None,
+               keep_latent: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Global batch CSR -> every user's last hidden activations ``[B, H_last]``. With
-        ``dropout_seed``, the layers' ``pDropout`` apply (training); ``keep_hidden`` collects each
-        hidden layer's activations of this process's users (for the sparseness penalty)."""
+        ``dropout_seed`` (training), the layers' ``pDropout`` apply and the latent passes on a
+        sample; ``keep_hidden`` collects each hidden layer's activations of this process's users
+        (for the sparseness penalty), ``keep_latent`` the latent's mean and log-variance (for
+        the KL term)."""
         batch = offsets.numel() - 1
+        values = self.input_values(offsets, indices, values, dropout_seed)
         lo, hi = self.input_range
         bag_offsets, bag_ids, bag_values = local_bags(offsets, indices, values, lo, hi, self.n_input)
         weight = self.input_weight
@@ -160,6 +200,14 @@ class SparseAutoencoder(nn.Module):
         for i, layer in enumerate(self.config.hidden):
             if i:
                 x = self.hidden[i - 1](x)
+            if i == self.latent:
+                mean, log_var = x.chunk(2, dim=1)
+                if keep_latent is not None:
+                    keep_latent += [mean, log_var]
+                x = mean
+                if dropout_seed is not None:  # the reparameterisation trick: mean + sigma * N(0, 1)
+                    noise = batch_noise(dropout_seed, NOISE_LATENT, (batch, layer.n), x.device, normal=True)
+                    x = mean + torch.exp(0.5 * log_var) * noise[users[0]:users[1]].to(x.dtype)
             x = self._activations[i](x)
             if keep_hidden is not None:
                 keep_hidden.append(x)
@@ -179,10 +227,17 @@ class SparseAutoencoder(nn.Module):
         return self.score(self.encode(offsets, indices, values, dropout_seed))
 
 
+def batch_noise(seed: int, key: int, shape: tuple[int, ...], device: torch.device, normal: bool = False) -> torch.Tensor:
+    """Float32 noise (uniform in [0, 1), or standard normal) for the whole batch from a
+    generator keyed by ``(seed, key)``, alike on every process: the caller slices its users'."""
+    generator = torch.Generator(device=device)
+    generator.manual_seed((seed * 1_000_003 + key) % (2**63 - 1))
+    draw = torch.randn if normal else torch.rand
+    return draw(shape, generator=generator, device=device)
+
+
 def _dropout(x: torch.Tensor, p: float, seed: int, layer: int, batch: int, users: tuple[int, int]) -> torch.Tensor:
     """Inverted dropout with a mask drawn for the whole batch from a generator every process
     seeds alike, sliced to this process's users: the mask does not depend on the process count."""
-    generator = torch.Generator(device=x.device)
-    generator.manual_seed((seed * 1_000_003 + layer) % (2**63 - 1))
-    keep = torch.rand(batch, x.shape[1], generator=generator, device=x.device)[users[0]:users[1]] >= p
+    keep = batch_noise(seed, layer, (batch, x.shape[1]), x.device)[users[0]:users[1]] >= p
     return x * keep.to(x.dtype) / (1.0 - p)

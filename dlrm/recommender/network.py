@@ -12,7 +12,7 @@ What is accepted (keys case-insensitive, as DSSTNE's files mix ``pDropout``, ``o
   ``FeedForward``, DSSTNE's default), ``ShuffleIndices``, ``SparsenessPenalty {p, beta}``,
   ``Denoising {p}``, ``ScaledMarginalCrossEntropy {oneTarget, zeroTarget, oneScale, zeroScale}``,
   ``Layers``, ``ErrorFunction`` (``L1``, ``L2``, ``CrossEntropy``, ``ScaledMarginalCrossEntropy``
-  or its alias ``SMCE``).
+  or its alias ``SMCE``); this project's ``InputNormalization`` and ``Variational`` (below).
 - ``Layers``: a chain of one ``Input`` (``Name, DataSet, N, Sparse, pDropout``), any number of
   ``Hidden`` and one ``Output`` (``Name, Source, Type, N, Activation, WeightInit {Scheme, Scale,
   Bias}, pDropout, Sparse, SparsenessPenalty``; an Output also takes ``DataSet``). ``N`` is a
@@ -28,6 +28,14 @@ What differs from DSSTNE:
   ``Beta2``, ``Epsilon``). DSSTNE took these on its ``train`` command line, which a config file
   cannot carry. ``Mu`` is the momentum of Momentum/Nesterov and, as in DSSTNE's RMSProp kernel,
   the decay rate of RMSProp's mean square; SGD, AdaGrad and Adam ignore it.
+- This project adds two keys for Liang et al.'s Mult-DAE and Mult-VAE ("Variational
+  Autoencoders for Collaborative Filtering", 2018), which DSSTNE has no words for:
+  ``InputNormalization`` (``None`` or ``L2``: each user's input row divided by its L2 norm
+  before the first layer) and ``Variational {Layer, Beta, AnnealSteps}`` (the hidden layer
+  ``Layer``, by default the narrowest, emits a mean and a log-variance of its width; a Gaussian
+  sample of them goes on during training, the mean at inference; ``Beta`` times the KL
+  divergence to N(0, I) joins the loss, the weight rising linearly from 0 to ``Beta`` over the
+  first ``AnnealSteps`` steps, 0 meaning ``Beta`` from the start).
 - Only fully connected chains. DSSTNE settings this engine does not implement (WeightData,
   LocalResponseNormalization, DeltaBoost, convolution and pooling, Kernel, KernelStride, Target
   layers, recurrent layers, SharedWeights, BatchNormalization, WeightNorm, DeltaNorm, L1Penalty,
@@ -61,6 +69,7 @@ __all__ = [
     "NetworkConfig",
     "NetworkConfigError",
     "Optimizer",
+    "Variational",
     "WeightInit",
     "parse_network",
 ]
@@ -69,6 +78,7 @@ ACTIVATIONS = ("sigmoid", "tanh", "relu", "lrelu", "elu", "selu", "softplus", "l
 ERROR_FUNCTIONS = ("l1", "l2", "crossentropy", "scaledmarginalcrossentropy")
 WEIGHT_SCHEMES = ("xavier", "caffexavier", "gaussian", "uniform", "unitball", "constant")
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adagrad", "rmsprop", "adam")
+INPUT_NORMALIZATIONS = ("none", "l2")
 
 # Spellings written back by to_json (DSSTNE's capitalisation), and accepted aliases.
 _ACTIVATION_NAMES = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu", "lrelu": "LRelu", "elu": "Elu",
@@ -88,6 +98,7 @@ _OPTIMIZER_UNSUPPORTED = ("AdaDelta",)
 _NETWORK_KINDS = {"autoencoder": "AutoEncoder", "feedforward": "FeedForward"}
 _LAYER_KINDS = {"input": "Input", "hidden": "Hidden", "output": "Output"}
 _LAYER_KINDS_UNSUPPORTED = ("Pooling", "Target")
+_NORMALIZATION_NAMES = {"none": "None", "l2": "L2"}
 
 
 class NetworkConfigError(ValueError):
@@ -136,6 +147,21 @@ class Optimizer:
 
 
 @dataclass(frozen=True)
+class Variational:
+    """This project's ``Variational`` block (Mult-VAE): hidden layer ``layer`` is the latent.
+
+    Why a block and not a layer kind: DSSTNE's layer JSON has no stochastic layer, and the rest
+    of the chain stays DSSTNE's. The KL weight at step s is ``beta * min(1, s / anneal_steps)``
+    (``beta`` throughout when ``anneal_steps`` is 0): Liang et al.'s annealing, whose
+    ``anneal_cap`` 0.2 and ``total_anneal_steps`` 200000 are ``beta`` 0.2, ``anneal_steps`` 40000.
+    """
+
+    layer: str
+    beta: float = 1.0
+    anneal_steps: int = 0
+
+
+@dataclass(frozen=True)
 class NetworkConfig:
     """A whole network definition, validated; ``source`` only feeds messages and is left out of ==."""
 
@@ -152,6 +178,8 @@ class NetworkConfig:
     sparseness_beta: float = 0.0
     shuffle_indices: bool = True
     optimizer: Optimizer = Optimizer()
+    input_normalization: str = "none"
+    variational: Variational | None = None
     source: str | None = field(default=None, compare=False)
 
     @property
@@ -210,6 +238,10 @@ class NetworkConfig:
             entry["pDropout"] = layer.p_dropout
             layers.append(entry)
         opt = self.optimizer
+        extra: dict[str, Any] = {}
+        if self.variational is not None:
+            v = self.variational
+            extra["Variational"] = {"Layer": v.layer, "Beta": v.beta, "AnnealSteps": v.anneal_steps}
         return {
             "Name": self.name,
             "Kind": _NETWORK_KINDS[self.kind],
@@ -222,6 +254,8 @@ class NetworkConfig:
             "ErrorFunction": _ERROR_NAMES[self.error_function],
             "Optimizer": {"Kind": _OPTIMIZER_NAMES[opt.kind], "Alpha": opt.alpha, "Mu": opt.mu,
                           "Lambda": opt.lambda_, "Beta1": opt.beta1, "Beta2": opt.beta2, "Epsilon": opt.epsilon},
+            "InputNormalization": _NORMALIZATION_NAMES[self.input_normalization],
+            **extra,
         }
 
 
@@ -308,7 +342,8 @@ _LAYER_UNSUPPORTED: _Unsupported = {
 _NO_UNSUPPORTED: _Unsupported = {}
 
 _TOP_KEYS = ("Version", "Name", "Kind", "ShuffleIndices", "SparsenessPenalty", "Denoising",
-             "ScaledMarginalCrossEntropy", "Layers", "ErrorFunction", "Optimizer")
+             "ScaledMarginalCrossEntropy", "Layers", "ErrorFunction", "Optimizer", "InputNormalization",
+             "Variational")
 _INPUT_KEYS = ("Kind", "Name", "DataSet", "N", "Sparse", "pDropout")
 _HIDDEN_KEYS = ("Kind", "Name", "Source", "N", "Activation", "WeightInit", "pDropout", "Sparse", "SparsenessPenalty")
 _OUTPUT_KEYS = _HIDDEN_KEYS + ("DataSet",)
@@ -521,6 +556,30 @@ def _parse_optimizer(ctx: _Ctx, v: Any) -> Optimizer:
     )
 
 
+def _parse_variational(ctx: _Ctx, v: Any, layers: list[Layer]) -> Variational:
+    keys = _take(ctx, v, "Variational", ("Layer", "Beta", "AnnealSteps"), "Variational (this project's block)")
+    hidden = layers[1:-1]
+    if not hidden:
+        raise ctx.fail("Variational", "needs a Hidden layer to be the latent; add one between Input and Output")
+    if "Layer" in keys:
+        name = _str(ctx, keys["Layer"], "Variational.Layer")
+        if name not in [layer.name for layer in hidden]:
+            raise ctx.fail("Variational.Layer", f"{name!r} is not a Hidden layer; use one of "
+                                                f"{_join(tuple(layer.name for layer in hidden))}")
+    else:
+        name = min(hidden, key=lambda layer: layer.n).name  # the bottleneck; the first of equals
+    index = [layer.name for layer in layers].index(name)
+    if layers[index].activation != "linear":
+        raise ctx.fail(f"Layers[{index}].Activation",
+                       f"the Variational layer {name!r} emits a mean and a log-variance, which are linear; set "
+                       f"\"Activation\": \"Linear\"")
+    steps = keys.get("AnnealSteps", 0)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ctx.fail("Variational.AnnealSteps", f"expected an integer >= 0, got {_type_name(steps)}")
+    beta = _float(ctx, keys["Beta"], "Variational.Beta", ">=0") if "Beta" in keys else 1.0
+    return Variational(layer=name, beta=beta, anneal_steps=steps)
+
+
 def _load(source: str | os.PathLike) -> tuple[Any, str]:
     path = os.fspath(source)
     try:
@@ -608,6 +667,10 @@ def parse_network(source: str | os.PathLike | dict) -> NetworkConfig:
                        f"an AutoEncoder reconstructs its input, but the input has N = {layers[0].n} and the output "
                        f"N = {layers[-1].n}; make them equal (or \"auto\")")
 
+    normalization = (_enum(ctx, top["InputNormalization"], "InputNormalization", _NORMALIZATION_NAMES)
+                     if "InputNormalization" in top else "none")
+    variational = _parse_variational(ctx, top["Variational"], layers) if "Variational" in top else None
+
     return NetworkConfig(
         name=name, kind=kind, layers=tuple(layers), error_function=error,
         one_target=smce["oneTarget"], zero_target=smce["zeroTarget"],
@@ -615,5 +678,6 @@ def parse_network(source: str | os.PathLike | dict) -> NetworkConfig:
         denoising_p=denoising_p, sparseness_p=sparseness_p, sparseness_beta=sparseness_beta,
         shuffle_indices=shuffle,
         optimizer=_parse_optimizer(ctx, top["Optimizer"]) if "Optimizer" in top else Optimizer(),
+        input_normalization=normalization, variational=variational,
         source=ctx.source,
     )

@@ -22,7 +22,7 @@ from dlrm.data.csr_dataset import CsrDataset
 from dlrm.data.errors import DatasetError
 from dlrm.recommender import checkpoint
 from dlrm.recommender.checkpoint import AutoencoderState
-from dlrm.recommender.loss import batch_loss
+from dlrm.recommender.loss import batch_loss, kl_weight_at
 from dlrm.recommender.metrics import RankingMetrics
 from dlrm.recommender.model import SparseAutoencoder
 from dlrm.recommender.network import Optimizer
@@ -208,7 +208,8 @@ def train(model: SparseAutoencoder, optimizer: torch.optim.Optimizer, inputs: Cs
                     with autocast:
                         loss = batch_loss(model, _to(x, device), _to(y, device),
                                           dropout_seed=cfg.seed * 1_000_003 + state.step, negatives=cfg.negatives,
-                                          sample_seed=cfg.seed * 1_000_003 + state.step)
+                                          sample_seed=cfg.seed * 1_000_003 + state.step,
+                                          kl_weight=kl_weight_at(network.variational, state.step))
                     loss.backward()
                     parallel.sync_gradients(model.replicated_parameters())
                     optimizer.step()
