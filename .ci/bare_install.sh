@@ -97,7 +97,7 @@ step "torchrun, 2 CPU processes" 300 "$work/venv/bin/torchrun" --nproc_per_node 
 rec=$work/rec
 step "recommender_generate" 120 "$py" -m dlrm.scripts.recommender_generate --synthetic --users 400 --items 300 \
     --interactions 12000 --output "$rec/data" --heldout_fraction 0.2
-step "recommender_train" 300 "$py" -m dlrm.scripts.recommender_train --network configs/recommender/movielens_tuned.json \
+step "recommender_train" 300 "$py" -m dlrm.scripts.recommender_train --network configs/recommender/mult_dae.json \
     --input "$rec/data/input" --amp --checkpoint_path "$rec/ae" --max_epochs 4
 step "recommender_predict" 120 "$py" -m dlrm.scripts.recommender_predict --checkpoint "$rec/ae" \
     --input "$rec/data/input" --k 10 --output "$rec/recs.txt"
