@@ -78,7 +78,6 @@ ACTIVATIONS = ("sigmoid", "tanh", "relu", "lrelu", "elu", "selu", "softplus", "l
 ERROR_FUNCTIONS = ("l1", "l2", "crossentropy", "scaledmarginalcrossentropy")
 WEIGHT_SCHEMES = ("xavier", "caffexavier", "gaussian", "uniform", "unitball", "constant")
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adagrad", "rmsprop", "adam")
-INPUT_NORMALIZATIONS = ("none", "l2")
 
 # Spellings written back by to_json (DSSTNE's capitalisation), and accepted aliases.
 _ACTIVATION_NAMES = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu", "lrelu": "LRelu", "elu": "Elu",
