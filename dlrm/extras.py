@@ -9,6 +9,7 @@ EXTRAS = {  # top-level module -> extra of pyproject.toml
     "tritonclient": "serving",
     "matplotlib": "notebook", "nbclient": "notebook", "nbformat": "notebook",
     "triton": "kernels",
+    "tensorboard": "tensorboard",
 }
 
 

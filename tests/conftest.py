@@ -54,3 +54,26 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def tensorboard_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar of the event files in ``logdir``, read with TensorBoard's own reader:
+    tag -> [(step, value)] in the order written."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(logdir, size_guidance={"scalars": 0})  # 0: keep every point
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def logged_scalars(log_path: str, kinds: tuple[str, ...]) -> dict[str, list[tuple[int, float]]]:
+    """The same curves from the JSON-lines log: each number of each record of ``kinds``."""
+    import json
+    out: dict[str, list[tuple[int, float]]] = {}
+    for record in map(json.loads, open(log_path)):
+        if record["type"] in kinds:
+            for name, value in record.items():
+                if (name not in ("type", "time", "step", "epoch") and isinstance(value, (int, float))
+                        and not isinstance(value, bool)):
+                    out.setdefault(f"{record['type']}/{name}", []).append((record["step"], value))
+    return out

@@ -14,6 +14,7 @@ from dlrm.data.split_binary import SplitBinaryReader, SplitBinaryWriter
 from dlrm.data.synthetic import write_synthetic_dataset
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.training.checkpoint import load_checkpoint
+from conftest import logged_scalars, tensorboard_scalars
 
 TABLES = [30, 300, 4, 1000, 70]
 SMALL_MODEL = ["--embedding_dim", "8", "--bottom_mlp_sizes", "16,8", "--top_mlp_sizes", "32,16,1"]
@@ -47,10 +48,10 @@ def test_help_lists_nvidia_flags(cli):
 
 
 def test_train_then_test_then_benchmark(cli, dataset, tmp_path):
-    ckpt, log = str(tmp_path / "ckpt"), str(tmp_path / "train.json")
+    ckpt, log, board = str(tmp_path / "ckpt"), str(tmp_path / "train.json"), str(tmp_path / "board")
     out = cli("dlrm.scripts.main", "--dataset", dataset, "--batch_size", "256", "--test_batch_size", "1000",
               "--epochs", "2", "--shuffle_batch_order", "--save_checkpoint_path", ckpt, "--log_path", log,
-              *SMALL_MODEL, *FAST).stdout
+              "--tensorboard_dir", board, *SMALL_MODEL, *FAST).stdout
     assert "Epoch:[0/2] [20/79]" in out and "eta:" in out and "step_time:" in out
     (flags_record,) = records(log, "flags")
     assert flags_record["dataset"] == dataset and flags_record["batch_size"] == 256
@@ -58,6 +59,11 @@ def test_train_then_test_then_benchmark(cli, dataset, tmp_path):
     (summary,) = records(log, "summary")
     assert summary["steps"] == 158 and summary["best_auc"] > 0.65
     assert [e["step"] for e in records(log, "eval")] == [79, 158]  # once per epoch by default
+    scalars = tensorboard_scalars(board)  # --tensorboard_dir: the log's curves, read back by TensorBoard
+    assert {"train/loss", "train/lr", "eval/auc", "eval/loss"} <= set(scalars)
+    for tag, points in logged_scalars(log, ("train", "eval")).items():
+        assert [s for s, _ in scalars[tag]] == [s for s, _ in points], tag
+        np.testing.assert_allclose([v for _, v in scalars[tag]], [v for _, v in points], rtol=1e-6, err_msg=tag)
 
     # --mode test: the AUC of the saved weights, checked against sklearn on an in-process forward
     test_log = str(tmp_path / "test.json")

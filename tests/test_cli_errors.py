@@ -148,6 +148,8 @@ CASES = [
     Case("main", "--base_device=cuda:x --log_path={out}.log.json", "--base_device cuda:x"),
     Case("main", "--log_path={dir}", "--log_path {dir}: cannot be written"),
     Case("main", "--log_path={file}/log.json", "--log_path {file}/log.json: cannot be written"),
+    Case("main", "--tensorboard_dir={file}/board --log_path={out}.log.json",
+         "--tensorboard_dir {file}/board: cannot be written"),
     Case("main", "--mode=test --log_path={out}.log.json", "--load_checkpoint_path"),
     Case("main", "--mode=test --load_checkpoint_path={ckpt_damaged} --log_path={out}.log.json",
          "meta.json: not readable as JSON"),

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, run_cli
+from conftest import REPO, logged_scalars, run_cli, tensorboard_scalars
 
 NETWORK = {
     "Kind": "AutoEncoder",
@@ -100,13 +100,25 @@ def train_args(data, ckpt: str, steps: int) -> tuple[str, ...]:
 def trained(data):
     """An uninterrupted 4-step run (logged), and beside it the first 2 steps of the resumed one."""
     ckpt, half = str(data["root"] / "ckpt4"), str(data["root"] / "ckpt2+2")
-    log = str(data["root"] / "train4.json")
-    proc, _ = run_together((*train_args(data, ckpt, 4), "--log_path", log), train_args(data, half, 2))
+    log, board = str(data["root"] / "train4.json"), str(data["root"] / "board")
+    proc, _ = run_together((*train_args(data, ckpt, 4), "--log_path", log, "--tensorboard_dir", board),
+                           train_args(data, half, 2))
     assert "Finished (max_steps) after 4 steps" in proc.stdout, proc.stdout
     records = [json.loads(line) for line in open(log)]
     assert [r["type"] for r in records if r["type"] == "train"] == ["train"] * 4
     assert records[0]["type"] == "flags" and records[0]["lambda"] is None and records[-1]["type"] == "summary"
-    return {"ckpt": ckpt, "half": half}
+    return {"ckpt": ckpt, "half": half, "log": log, "board": board}
+
+
+def test_tensorboard_holds_the_logged_curves(trained):
+    """--tensorboard_dir: every number of the log's train and validation records, at its step, as
+    TensorBoard reads it back."""
+    scalars = tensorboard_scalars(trained["board"])
+    logged = logged_scalars(trained["log"], ("train", "validation"))
+    assert "train/loss" in logged and set(scalars) == set(logged)
+    for tag, points in logged.items():
+        assert [s for s, _ in scalars[tag]] == [s for s, _ in points], tag
+        np.testing.assert_allclose([v for _, v in scalars[tag]], [v for _, v in points], rtol=1e-6, err_msg=tag)
 
 
 def test_generate_writes_a_heldout_split_whose_halves_make_the_whole(data):

@@ -50,6 +50,7 @@ DEFAULT_ERRORS: tuple[type[BaseException] | str, ...] = (
     "dlrm.training.checkpoint.CheckpointError",
     "dlrm.distributed.planner.PlanError",
     "dlrm.data.atomic.StorageError",
+    "dlrm.training.logger.LogOpenError",
 )
 USAGE_ERROR_EXIT = 2
 

@@ -43,7 +43,7 @@ from dlrm.nn.embeddings import TableShard
 from dlrm.scripts import cli
 from dlrm.training.checkpoint import CheckpointError, CheckpointLock, latest_checkpoint, load_checkpoint
 from dlrm.training.cuda_graphs import GraphedInference, check_cuda_graphs_supported
-from dlrm.training.logger import RunLogger
+from dlrm.training.logger import LogOpenError, RunLogger
 from dlrm.training.lr_schedule import LRSchedule
 from dlrm.training.signals import StopOnSignals
 from dlrm.training.train import TrainConfig, evaluate, train
@@ -156,6 +156,8 @@ flags.DEFINE_boolean("validate_dataset", True,
 
 # Output
 flags.DEFINE_string("log_path", "./log.json", "JSON-lines log: the flags, periodic metrics and a final summary.")
+flags.DEFINE_string("tensorboard_dir", None, "Also write the logged metrics (train/loss, eval/auc, ...) as TensorBoard "
+                    "scalars to this directory, to watch with `tensorboard --logdir DIR` (pip extra: tensorboard).")
 flags.DEFINE_integer("test_freq", None, "Steps between tests; by default test at the end of each epoch.")
 flags.DEFINE_float("test_after", 0, "Do not test before this many epochs are done.")
 flags.DEFINE_integer("print_freq", 200, "Steps between progress lines.")
@@ -364,7 +366,7 @@ def main(argv: list[str]) -> int:
     env = dist_env()
     try:
         code = _main(argv, env)
-    except (app.UsageError, DatasetError, CheckpointError, PlanError, StorageError):
+    except (app.UsageError, DatasetError, CheckpointError, PlanError, StorageError, LogOpenError):
         raise  # bad input or a refused write: cli.run prints one line naming what and how to fix, and exits 2
     except Exception as e:
         if env is not None:  # say which process failed; the launcher stops the others
@@ -691,10 +693,7 @@ def _main(argv: list[str], env: DistEnv | None) -> int:
         torch.backends.cuda.matmul.allow_tf32 = FLAGS.allow_tf32
         torch.backends.cudnn.allow_tf32 = FLAGS.allow_tf32
     torch.manual_seed(FLAGS.seed)
-    try:
-        logger = RunLogger(FLAGS.log_path, enabled=collectives.rank == 0)
-    except OSError as e:
-        raise app.UsageError(f"--log_path {FLAGS.log_path}: cannot be written ({e.strerror})") from None
+    logger = RunLogger(FLAGS.log_path, enabled=collectives.rank == 0, tensorboard_dir=FLAGS.tensorboard_dir)
     with logger:
         exit_code = MODES[FLAGS.mode](_build(env, device, collectives, logger))
     if env is not None:

@@ -79,6 +79,9 @@ flags.DEFINE_float("mu", None, "Override Optimizer.Mu (momentum; RMSProp's decay
 flags.DEFINE_float("lambda", None, "Override Optimizer.Lambda (L2 weight decay of the weights, >= 0).")
 flags.DEFINE_string("log_path", None, "JSON-lines log: the flags, periodic train records, checkpoints and a "
                     "final summary (appended to).")
+flags.DEFINE_string("tensorboard_dir", None, "Also write the logged metrics (train/loss, validation/ndcg, ...) as "
+                    "TensorBoard scalars to this directory, to watch with `tensorboard --logdir DIR` (pip extra: "
+                    "tensorboard).")
 flags.DEFINE_integer("log_every_steps", 100, "Print and log the loss every this many steps; 0: never.",
                      lower_bound=0)
 flags.DEFINE_float("dist_timeout", 300, "Under torchrun: seconds a collective may wait for a peer.", lower_bound=1)
@@ -213,10 +216,7 @@ def _main(argv: list[str], env) -> int:
         except ValueError as e:
             raise app.UsageError(f"--validation_users: {e}") from None
         validate = functools.partial(validate_split, model, inputs, split, v_cfg, amp_dtype)
-    try:
-        logger = RunLogger(FLAGS.log_path, enabled=parallel.rank == 0)
-    except OSError as e:
-        raise app.UsageError(f"--log_path {FLAGS.log_path}: cannot be written ({e.strerror})") from None
+    logger = RunLogger(FLAGS.log_path, enabled=parallel.rank == 0, tensorboard_dir=FLAGS.tensorboard_dir)
     run_config = _our_flags()
     with logger:
         logger.record("flags", **run_config)
