@@ -117,6 +117,11 @@ class NameIndex:
         """Names by index, 0..size-1 (None where an index is unused)."""
         return [self._names.get(i) for i in range(self.size)]
 
+    def labels(self, count: int) -> list[str]:
+        """What the first ``count`` indices are written as (predict's output): their names, the
+        index itself in decimal where unused."""
+        return [str(i) if self._names.get(i) is None else self._names[i] for i in range(count)]
+
     def items(self) -> Iterator[tuple[str, int]]:
         """(name, index) in index order."""
         return ((self._names[i], i) for i in sorted(self._names))
@@ -150,47 +155,67 @@ class _Accumulator:
         self.where: list[str] = []
 
 
+def split_line(line: str) -> tuple[str, list[str], list[float], bool] | None:
+    """One line of DSSTNE text: (sample name, feature names, values, whether any field carried a
+    value), a field without one counting 1.0; None for a blank line. A malformed line raises a
+    ``DatasetError`` whose message the caller prefixes with where the line is (``path:line``)."""
+    line = line.rstrip("\r\n")
+    if not line.strip():
+        return None
+    tab = line.find("\t")
+    if tab < 0:
+        raise DatasetError(f"malformed line {line[:80]!r}: no tab between the sample name and its features "
+                           f"(expected '<sample>\\t<feature>[,<value>]:...')")
+    name = line[:tab].strip()
+    if not name:
+        raise DatasetError("empty sample name (the line starts with a tab)")
+    features: list[str] = []
+    values: list[float] = []
+    any_value = False
+    for field in line[tab + 1:].split(":"):
+        parts = field.split(",")
+        feature = parts[0].strip()
+        if len(parts) > 2:
+            raise DatasetError(f"malformed field {field[:80]!r}: more than one ',' (expected '<feature>' or "
+                               f"'<feature>,<value>')")
+        if not feature:
+            if len(parts) == 1 and not field.strip():
+                continue  # empty field: skipped, as DSSTNE does
+            raise DatasetError(f"empty feature name in field {field[:80]!r}")
+        value = 1.0
+        if len(parts) == 2:
+            try:
+                value = float(parts[1])
+            except ValueError:
+                value = math.nan
+            if not math.isfinite(value):
+                raise DatasetError(f"bad value {parts[1].strip()!r} of feature '{feature}': not a finite number")
+            any_value = True
+        features.append(feature)
+        values.append(value)
+    return name, features, values, any_value
+
+
 def _parse_lines(lines: Iterable[str], path: str, features: NameIndex, samples: NameIndex,
                  add_features: bool, acc: _Accumulator) -> int:
     skipped = 0
     for number, raw in enumerate(lines, 1):
-        line = raw.rstrip("\r\n")
-        if not line.strip():
+        try:
+            parsed = split_line(raw)
+        except DatasetError as e:
+            raise DatasetError(f"{path}:{number}: {e}") from None
+        if parsed is None:
             continue
-        tab = line.find("\t")
-        if tab < 0:
-            raise DatasetError(f"{path}:{number}: malformed line {line[:80]!r}: no tab between the sample name and "
-                               f"its features (expected '<sample>\\t<feature>[,<value>]:...')")
-        name = line[:tab].strip()
-        if not name:
-            raise DatasetError(f"{path}:{number}: empty sample name (the line starts with a tab)")
+        name, names, values, any_value = parsed
         sample = samples.add(name)
         if sample in acc.line_of:
             raise DatasetError(f"{path}:{number}: sample '{name}' appears again (first at "
                                f"{acc.where[acc.line_of[sample]]}); give each sample one line")
         acc.line_of[sample] = len(acc.where)
         acc.where.append(f"{path}:{number}")
+        acc.any_value |= any_value
         count = 0
-        for field in line[tab + 1:].split(":"):
-            parts = field.split(",")
-            feature = parts[0].strip()
-            if len(parts) > 2:
-                raise DatasetError(f"{path}:{number}: malformed field {field[:80]!r}: more than one ',' "
-                                   f"(expected '<feature>' or '<feature>,<value>')")
-            if not feature:
-                if len(parts) == 1 and not field.strip():
-                    continue  # empty field: skipped, as DSSTNE does
-                raise DatasetError(f"{path}:{number}: empty feature name in field {field[:80]!r}")
-            value = 1.0
-            if len(parts) == 2:
-                try:
-                    value = float(parts[1])
-                except ValueError:
-                    value = math.nan
-                if not math.isfinite(value):
-                    raise DatasetError(f"{path}:{number}: bad value {parts[1].strip()!r} of feature '{feature}': "
-                                       f"not a finite number")
-                acc.any_value = True
+        for feature, value in zip(names, values):
             index = features.add(feature) if add_features else features.get(feature)
             if index is None:
                 skipped += 1

@@ -75,7 +75,7 @@ def _names(flag: str, count: int, exact: bool) -> list[str]:
     if index.size < count or (exact and index.size != count):
         raise app.UsageError(f"--{flag} {path} names {index.size:,} entries for the {count:,} {what}; give the index "
                              f"written with that dataset")
-    return [str(i) if name is None else name for i, name in enumerate(index.names()[:count])]
+    return index.labels(count)
 
 
 def main(argv: list[str]) -> int:

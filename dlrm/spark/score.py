@@ -85,8 +85,9 @@ def read_dataset(spark: Any, dataset_dir: str, split: str, rows_per_partition: i
 
 
 def read_raw_lines(spark: Any, path: str) -> Any:
-    """The lines of raw Criteo TSV files (a path or glob) for ``prepare_raw_rows``, with where
-    each comes from, so that a malformed line is named by its file and line number."""
+    """The lines of raw Criteo TSV files (a path or glob) for ``prepare_raw_rows``, or of any text
+    files, with where each comes from (``line_of``), so that a malformed line is named by its file
+    and line number."""
     lines = spark.read.option("lineSep", "\n").text(path)
     return lines.select("value", lines["_metadata.file_path"].alias(FILE_COLUMN),
                         lines["_metadata.file_block_start"].alias(SPLIT_START_COLUMN))
@@ -130,7 +131,7 @@ def prepare_raw_rows(raw: Any, dataset_dir: str, line_column: str = "value", on_
                 rows = transform_lines(text.encode(), vocabulary, on_error="skip")
                 if rows.malformed and on_error == "fail":
                     index, _, detail = rows.malformed[0]
-                    where, line = _line_of(frame, index, seen) if located else (f"{line_column} column", index + 1)
+                    where, line = line_of(frame, index, seen) if located else (f"{line_column} column", index + 1)
                     raise malformed_error(where, line, detail)
                 if located:
                     seen.update(zip(frame[FILE_COLUMN], frame[SPLIT_START_COLUMN]))
@@ -142,8 +143,9 @@ def prepare_raw_rows(raw: Any, dataset_dir: str, line_column: str = "value", on_
     return selected.mapInPandas(transform, _prepared_schema(13, 26))
 
 
-def _line_of(frame: Any, index: int, seen: Counter) -> tuple[str, int]:
-    """The file and line number (from 1) of row ``index`` of a batch of ``read_raw_lines``.
+def line_of(frame: Any, index: int, seen: Counter) -> tuple[str, int]:
+    """The file and line number (from 1) of row ``index`` of a batch of ``read_raw_lines``, given
+    ``seen``: the lines of each (file, split start) in the task's earlier batches.
 
     Spark reads a file split from the first line that starts after the split's first byte
     (a line that starts there belongs to the split before), so the lines before a split
@@ -269,9 +271,14 @@ def write_parquet(frame: Any, path: str) -> None:
             fs.delete(staged, True)
 
 
-def task_error(error: BaseException) -> DatasetError | None:
-    """The ``DatasetError`` that failed a Spark task (a malformed row, an id out of range), from
-    the exception the driver got, or None. Spark sends a task's Python traceback as text; the
-    error's message, on its last line, names the file, the row and the fix."""
-    match = re.search(r"^dlrm\.data\.errors\.DatasetError: (.+)$", str(error), re.MULTILINE)
-    return DatasetError(match.group(1)) if match else None
+def task_error(error: BaseException, classes: Sequence[type[Exception]] = (DatasetError,)) -> Exception | None:
+    """The error of one of ``classes`` (by default ``DatasetError``: a malformed row, an id out of
+    range) that failed a Spark task, from the exception the driver got, or None. Spark sends a
+    task's Python traceback as text; the error's message, on its last line, names the file, the
+    row and the fix."""
+    for cls in classes:
+        name = re.escape(f"{cls.__module__}.{cls.__qualname__}")
+        match = re.search(rf"^{name}: (.+)$", str(error), re.MULTILINE)
+        if match:
+            return cls(match.group(1))
+    return None
