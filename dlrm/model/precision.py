@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 
 # oneDNN's ISA levels (ONEDNN_MAX_CPU_ISA caps what oneDNN uses) with bf16 dot products in hardware.
@@ -101,6 +100,10 @@ class Precision:
         enabled = self.dtype == torch.float16
         if process_group is None:
             return torch.amp.GradScaler(self.device_type, init_scale=init_scale, enabled=enabled)
+        # Imported here: torch.distributed.fsdp pulls in DTensor and sympy (0.6 s at every start of
+        # every entry point), and only multi-process runs need it.
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
         return ShardedGradScaler(self.device_type, init_scale=init_scale, enabled=enabled, process_group=process_group)
 
     def __str__(self) -> str:
