@@ -71,11 +71,12 @@ flags.DEFINE_integer("batch_size", 65536, "Training batch size.")
 flags.DEFINE_integer("test_batch_size", 65536, "Batch size for testing.")
 flags.DEFINE_float("lr", 24.0, "Base learning rate (embeddings and MLPs).")
 flags.DEFINE_enum("optimizer", "sgd", list(EMBEDDING_OPTIMIZERS),
-                  "Optimizer of the embedding tables: sgd, adagrad (an accumulator per weight) or rowwise_adagrad "
-                  "(one per row, as FBGEMM/TorchRec/MLPerf DLRMv2). Each updates only the rows a batch used.")
+                  "Optimizer of the embedding tables: sgd, adagrad (an accumulator per weight), rowwise_adagrad "
+                  "(one per row, as FBGEMM/TorchRec/MLPerf DLRMv2) or adam (torch SparseAdam's lazy rule). Each "
+                  "updates only the rows a batch used.")
 flags.DEFINE_enum("dense_optimizer", None, list(DENSE_OPTIMIZERS),
                   "Optimizer of the MLPs (and interaction weights). Default: sgd with --optimizer sgd, adagrad with "
-                  "adagrad or rowwise_adagrad.")
+                  "adagrad or rowwise_adagrad, adam with adam.")
 flags.DEFINE_float("optimizer_eps", 1e-8, "Epsilon of Adagrad, row-wise Adagrad and Adam.")
 flags.DEFINE_integer("epochs", 1, "Number of epochs.")
 flags.DEFINE_integer("max_steps", None, "Stop after this many optimizer steps.")
@@ -642,7 +643,7 @@ def _run_plan(device: torch.device) -> int:
     device_bytes = int(FLAGS.device_memory_gb * 2**30) if FLAGS.device_memory_gb else device_memory_bytes(device, 1)
     optimizer = _optimizer_config()
     common = dict(state_bytes_per_row=optimizer.state_bytes_per_row(model_cfg.embedding_dim),
-                  bytes_per_value=_bytes_per_value(model_cfg), dense_state_bytes=4 * (optimizer.dense_optimizer == "adagrad"),
+                  bytes_per_value=_bytes_per_value(model_cfg), dense_state_bytes=optimizer.dense_state_bytes(),
                   compute_bytes=2 if FLAGS.amp else 4)
     counts = list(range(1, FLAGS.plan_max_processes + 1))
     sizings = size_processes(model_cfg, FLAGS.batch_size, device_bytes, counts, **common)
