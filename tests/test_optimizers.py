@@ -338,8 +338,9 @@ def test_cli_trains_with_rowwise_adagrad_resumes_and_refuses_another_optimizer(c
     assert "table_0_optimizer.pt" in os.listdir(ckpt)
     first = [json.loads(line) for line in open(log) if json.loads(line)["type"] == "summary"][-1]
     assert first["best_auc"] > 0.6, out
-    out = cli("dlrm.scripts.main", *common, "--load_checkpoint_path", ckpt).stdout
+    out = cli("dlrm.scripts.main", *common, "--resume", "--load_checkpoint_path", ckpt).stdout
     assert "Resuming from" in out
-    proc = cli("dlrm.scripts.main", *common, "--optimizer", "adagrad", "--load_checkpoint_path", ckpt, check=False)
+    proc = cli("dlrm.scripts.main", *common, "--optimizer", "adagrad", "--resume", "--load_checkpoint_path", ckpt,
+               check=False)
     assert proc.returncode == 2
     assert "trained with --optimizer=rowwise_adagrad and --dense_optimizer=adagrad" in proc.stderr, proc.stderr

@@ -140,13 +140,17 @@ flags.DEFINE_enum("preset", "none", ["none", "mlperf_dlrmv2"],
                   "given on the command line win; on a CPU add --max_table_size 100000 --hash_indices.")
 
 # Checkpoints
-flags.DEFINE_string("load_checkpoint_path", None, "Checkpoint directory to load; in train mode the run resumes from it.")
+flags.DEFINE_string("load_checkpoint_path", None,
+                    "Checkpoint directory to load. In train mode, as NVIDIA's: its weights, then a fresh run from "
+                    "step 0 (optimizer, learning-rate schedule and data order start anew); with --resume the run "
+                    "continues exactly where that checkpoint stopped.")
 flags.DEFINE_string("save_checkpoint_path", None, "Directory to save the checkpoint to (atomically) at the end.")
 flags.DEFINE_integer("checkpoint_freq", None, "Also save every this many steps.")
 flags.DEFINE_boolean("resume", False,
-                     "Resume from --save_checkpoint_path when it holds a checkpoint, else start afresh: one "
-                     "command for the first start and every restart (Spark stage retries, torchrun "
-                     "--max_restarts, a requeued job).")
+                     "Continue a run exactly (weights, optimizer and scaler state, step, data position, RNG): from "
+                     "--save_checkpoint_path when it holds a checkpoint, else from --load_checkpoint_path when "
+                     "given, else start afresh: one command for the first start and every restart (Spark stage "
+                     "retries, torchrun --max_restarts, a requeued job).")
 flags.DEFINE_boolean("skip_checkpoint_verify", False,
                      "Load --load_checkpoint_path without comparing its files' checksums with those saved in "
                      "meta.json (sizes, shapes and safe unpickling are still checked). For a damaged checkpoint "
@@ -260,11 +264,9 @@ def _validate_flags(values: flags.FlagValues = FLAGS) -> None:
         raise app.UsageError("--max_table_size needs --hash_indices (ids above the cap must be mapped somewhere)")
     if values.mode == "test" and not values.load_checkpoint_path:
         raise app.UsageError("--mode test evaluates a trained model: pass --load_checkpoint_path")
-    if values.resume and not (values.mode == "train" and values.save_checkpoint_path):
-        raise app.UsageError("--resume resumes a training run from its own checkpoint: pass --save_checkpoint_path "
-                             "(and --checkpoint_freq to lose at most that many steps)")
-    if values.resume and values.load_checkpoint_path:
-        raise app.UsageError("--resume loads --save_checkpoint_path when it exists: drop --load_checkpoint_path")
+    if values.resume and not (values.mode == "train" and (values.save_checkpoint_path or values.load_checkpoint_path)):
+        raise app.UsageError("--resume continues a training run from a checkpoint: pass --save_checkpoint_path (its "
+                             "own, with --checkpoint_freq to lose at most that many steps) or --load_checkpoint_path")
     for name in ("batch_size", "test_batch_size", "epochs", "print_freq", "inference_benchmark_steps", "max_steps",
                  "test_freq", "checkpoint_freq", "max_table_size", "device_memory_gb", "dist_timeout"):
         if values[name].value is not None and not values[name].value > 0:  # "not >": NaN fails too
@@ -537,8 +539,8 @@ def _build(env: DistEnv | None, device: torch.device, collectives: Collectives, 
 
 
 def _run_train(run: _Run) -> int:
-    """Trains (resuming from --load_checkpoint_path); returns the exit code: 0, or 128 + the
-    signal that stopped the run after its checkpoint was saved."""
+    """Trains (from --load_checkpoint_path's weights, or continuing a run with --resume); returns
+    the exit code: 0, or 128 + the signal that stopped the run after its checkpoint was saved."""
     optimizer = make_optimizer(run.model, FLAGS.lr, _optimizer_config())
     scaler = run.precision.grad_scaler(process_group=run.collectives.process_group)
     train_cfg = TrainConfig(
@@ -553,10 +555,15 @@ def _run_train(run: _Run) -> int:
     saves = FLAGS.save_checkpoint_path and run.collectives.rank == 0  # the first process renames into place
     with CheckpointLock(FLAGS.save_checkpoint_path) if saves else contextlib.nullcontext():
         state = None
-        resume_from = latest_checkpoint(FLAGS.save_checkpoint_path) if FLAGS.resume else FLAGS.load_checkpoint_path
+        own = latest_checkpoint(FLAGS.save_checkpoint_path) if FLAGS.resume and FLAGS.save_checkpoint_path else None
+        resume_from = own or (FLAGS.load_checkpoint_path if FLAGS.resume else None)
         if resume_from:
             state = run.load(optimizer, scaler, restore_rng=True, path=resume_from)
             run.logger.print(f"Resuming from {resume_from} at step {state.step}")
+        elif FLAGS.load_checkpoint_path:  # NVIDIA's meaning: the weights, then a fresh run
+            run.load()
+            run.logger.print(f"Weights from {FLAGS.load_checkpoint_path}; training starts at step 0 (--resume "
+                             "would continue that run)")
         train_source = run.source("train", FLAGS.batch_size)
         test_source = run.source("test", FLAGS.test_batch_size)
         _validate(run.collectives, train_source, test_source)
