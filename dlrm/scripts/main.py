@@ -6,7 +6,9 @@
     python -m dlrm.scripts.main --mode test --dataset ... --load_checkpoint_path ckpt/
     python -m dlrm.scripts.main --mode inference_benchmark --inference_benchmark_batch_sizes 1,64,4096
 
-Flags follow NVIDIA's DLRM example where a flag of the same name exists there.
+Flags follow NVIDIA's DLRM example where a flag of the same name exists there, and every flag of
+NVIDIA's main.py is accepted: those this program adds for them are in dlrm.scripts.nvidia_flags
+(--helpfull lists them with what each maps to).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from dlrm.inference.benchmark import benchmark_inference, exported_forward, form
 from dlrm.model.dlrm import DLRM, EMBEDDING_DTYPES, DLRMConfig
 from dlrm.model.precision import Precision
 from dlrm.nn.embeddings import TableShard
-from dlrm.scripts import cli
+from dlrm.scripts import cli, nvidia_flags
 from dlrm.training.checkpoint import CheckpointError, CheckpointLock, latest_checkpoint, load_checkpoint
 from dlrm.training.cuda_graphs import GraphedInference, check_cuda_graphs_supported
 from dlrm.training.logger import RunLogger
@@ -60,7 +62,8 @@ flags.DEFINE_enum("mode", "train", ["train", "test", "inference_benchmark", "pla
 flags.DEFINE_integer("plan_max_processes", 64, "--mode plan: the most processes considered.", lower_bound=1)
 flags.DEFINE_integer("seed", 12345, "Random seed for initialisation, batch order and synthetic data.")
 flags.DEFINE_string("base_device", None, "Device to run on: cuda, cuda:N or cpu. Default: cuda if available, else cpu.")
-flags.DEFINE_boolean("amp", False, "Automatic mixed precision through torch.amp (see --amp_dtype).")
+flags.DEFINE_boolean("amp", False, "Automatic mixed precision through torch.amp (see --amp_dtype). On a CPU it "
+                     "autocasts as --amp_dtype says, where NVIDIA's main.py turns --amp off.")
 flags.DEFINE_enum("amp_dtype", "auto", ["auto", "float16", "bfloat16"],
                   "Autocast dtype with --amp. auto: float16 (with dynamic loss scaling) on CUDA; bfloat16 on a CPU with bf16 "
                   "instructions (AVX512-BF16, AMX), float32 on one without, where bf16 is slower (the run header says so).")
@@ -90,11 +93,12 @@ flags.DEFINE_float("decay_power", 2, "Power of the polynomial decay.")
 flags.DEFINE_float("decay_end_lr", 0, "Learning rate at the end of the decay and after it.")
 
 # Model
-flags.DEFINE_enum("embedding_type", "joint", ["joint", "multi_table", "joint_fused"],
+flags.DEFINE_enum("embedding_type", "custom_cuda", ["joint", "multi_table", "joint_fused", *nvidia_flags.EMBEDDINGS],
                   "joint: one table for all features with offsets; multi_table: one table per feature; "
                   "joint_fused: joint, with a fused gather and an in-place update kernel, SGD or row-wise Adagrad "
-                  "(no sparse gradient; "
-                  "needed by --cuda_graphs).")
+                  "(no sparse gradient; needed by --cuda_graphs). NVIDIA's names: custom_cuda (the default), the "
+                  "fastest that supports the run: joint_fused on CUDA when the optimizers allow it, else joint; "
+                  "joint_sparse: joint.")
 flags.DEFINE_enum("embedding_dtype", "fp32", ["fp32", "fp16", "bf16"],
                   "How the embedding tables are stored. fp16/bf16 take half the memory of fp32 (the planner counts "
                   "2 bytes a value); their updates are computed in fp32 and rounded once per row. With "
@@ -122,7 +126,8 @@ flags.DEFINE_string("feature_spec", "feature_spec.yaml", "Feature spec file name
 flags.DEFINE_enum("dataset_type", None, list(SPLIT_BINARY_TYPES + SYNTHETIC_TYPES),
                   "split_binary (NVIDIA: parametric) or synthetic (NVIDIA: synthetic_gpu; generated in device memory). "
                   "Default: split_binary with --dataset, synthetic without.")
-flags.DEFINE_boolean("shuffle_batch_order", False, "Read training batches in a seeded random order each epoch.")
+flags.DEFINE_boolean("shuffle_batch_order", False, "Read training batches in a seeded random order each epoch.",
+                     short_name="shuffle")
 flags.DEFINE_integer("max_table_size", None, "Cap every table at this many rows (needs --hash_indices).")
 flags.DEFINE_boolean("hash_indices", False, "Map ids with id % table_size instead of refusing out-of-range ids.")
 flags.DEFINE_integer("synthetic_dataset_num_entries", 1 << 20, "Training samples per epoch of synthetic data.")
@@ -306,19 +311,23 @@ def _schedule(values: flags.FlagValues = FLAGS) -> LRSchedule:
                       values.decay_steps, values.decay_power, values.decay_end_lr)
 
 
-def check_args(args: list[str]) -> None:
+def check_args(args: list[str]) -> flags.FlagValues:
     """Parses ``args`` as this script's flags and validates them as a run does first, without
     running anything, so that a launcher (dlrm.scripts.spark_train) refuses a bad flag before it
-    starts workers. Raises ``app.UsageError`` with the message this script would print."""
+    starts workers. Raises ``app.UsageError`` with the message this script would print; returns
+    the flags as a run would use them (NVIDIA's mapped onto this script's)."""
     values = flags.FlagValues()  # a copy of this script's flags: the caller's FLAGS stay as they are
-    for flag in FLAGS.get_flags_for_module(__name__):
-        values[flag.name] = copy.deepcopy(flag)
+    for module in (__name__, nvidia_flags.__name__):
+        for flag in FLAGS.get_flags_for_module(module):
+            values[flag.name] = copy.deepcopy(flag)
     try:
         values([sys.argv[0], *args])
     except flags.Error as e:
         raise app.UsageError(cli.flags_error_message(e)) from None
     _apply_preset(values)
+    nvidia_flags.apply(values)
     _validate_flags(values)
+    return values
 
 
 def _device(env: DistEnv | None) -> torch.device:
@@ -342,7 +351,7 @@ def _our_flags() -> dict:
     return {
         name: FLAGS[name].value
         for name in FLAGS
-        if not FLAGS.find_module_defining_flag(name, default="").startswith("absl")
+        if FLAGS[name].name == name and not FLAGS.find_module_defining_flag(name, default="").startswith("absl")
     }
 
 
@@ -380,7 +389,8 @@ def main(argv: list[str]) -> int:
 
 def _optimizer_config(values: flags.FlagValues = FLAGS) -> OptimizerConfig:
     return OptimizerConfig(embedding=values.optimizer, dense=values.dense_optimizer, eps=values.optimizer_eps,
-                           stochastic_rounding=values.stochastic_rounding)
+                           stochastic_rounding=values.stochastic_rounding, freeze_dense=values.freeze_mlps,
+                           freeze_embeddings=values.freeze_embeddings)
 
 
 def _capacity(device: torch.device, local_world_size: int) -> int:
@@ -550,7 +560,7 @@ def _run_train(run: _Run) -> int:
         benchmark_warmup_steps=FLAGS.benchmark_warmup_steps, auc_threshold=FLAGS.auc_threshold,
         shuffle_batch_order=FLAGS.shuffle_batch_order, seed=FLAGS.seed,
         save_checkpoint_path=FLAGS.save_checkpoint_path, checkpoint_freq=FLAGS.checkpoint_freq,
-        cuda_graphs=FLAGS.cuda_graphs,
+        cuda_graphs=FLAGS.cuda_graphs, auc_device=nvidia_flags.auc_device(),
     )
     saves = FLAGS.save_checkpoint_path and run.collectives.rank == 0  # the first process renames into place
     with CheckpointLock(FLAGS.save_checkpoint_path) if saves else contextlib.nullcontext():
@@ -585,7 +595,8 @@ def _run_test(run: _Run) -> int:
         raise app.UsageError(f"the dataset at {FLAGS.dataset} has no test split")
     _validate(run.collectives, test_source)
     forward = GraphedInference(run.model, run.precision) if FLAGS.cuda_graphs else None
-    result = evaluate(run.model, test_source, run.device, run.precision, collectives=run.collectives, forward=forward)
+    result = evaluate(run.model, test_source, run.device, run.precision, collectives=run.collectives, forward=forward,
+                      auc_device=nvidia_flags.auc_device())
     run.logger.print(f"Test: auc {result.auc:.6f}  loss {result.loss:.6f}  samples {result.samples}  "
                      f"throughput {result.throughput:,.0f} samples/s")
     run.logger.record("summary", auc=result.auc, loss=result.loss, samples=result.samples,
@@ -681,6 +692,7 @@ def _main(argv: list[str], env: DistEnv | None) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     _apply_preset()
+    notes = nvidia_flags.apply()
     _validate_flags()
     device = _device(env)
     if FLAGS.mode == "plan":
@@ -704,6 +716,8 @@ def _main(argv: list[str], env: DistEnv | None) -> int:
     except OSError as e:
         raise app.UsageError(f"--log_path {FLAGS.log_path}: cannot be written ({e.strerror})") from None
     with logger:
+        for note in notes:
+            logger.print(note)
         exit_code = MODES[FLAGS.mode](_build(env, device, collectives, logger))
     if env is not None:
         torch.distributed.barrier()  # tear down together: gloo aborts if peers vanish mid-teardown
