@@ -68,7 +68,7 @@ step "prepare_synthetic_dataset" 120 "$py" -m dlrm.scripts.prepare_synthetic_dat
 step "train with checkpoints" 300 "$py" -m dlrm.scripts.main --dataset "$data" --amp --batch_size 1024 \
     --save_checkpoint_path "$work/ckpt" --max_steps 10 --log_path "$work/train.json"
 step "resume" 300 "$py" -m dlrm.scripts.main --dataset "$data" --amp --batch_size 1024 \
-    --load_checkpoint_path "$work/ckpt" --save_checkpoint_path "$work/ckpt" --max_steps 14 --log_path "$work/resume.json"
+    --resume --save_checkpoint_path "$work/ckpt" --max_steps 14 --log_path "$work/resume.json"
 step "test a checkpoint" 120 "$py" -m dlrm.scripts.main --mode test --dataset "$data" --batch_size 1024 \
     --load_checkpoint_path "$work/ckpt" --log_path "$work/test.json"
 step "inference benchmark" 120 "$py" -m dlrm.scripts.main --mode inference_benchmark --dataset "$data" \

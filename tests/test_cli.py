@@ -100,7 +100,7 @@ def test_synthetic_default_with_amp_and_resume(cli, tmp_path):
               "13", "--synthetic_dataset_num_entries", "16384", "--synthetic_dataset_num_test_entries", "4096",
               "--batch_size", "512", "--test_batch_size", "4096", "--amp", "--log_path", log, *SMALL_MODEL, *FAST]
     cli("dlrm.scripts.main", *common, "--max_steps", "12", "--save_checkpoint_path", ckpt)
-    out = cli("dlrm.scripts.main", *common, "--load_checkpoint_path", ckpt, "--save_checkpoint_path", ckpt).stdout
+    out = cli("dlrm.scripts.main", *common, "--resume", "--save_checkpoint_path", ckpt).stdout
     assert "precision bfloat16" in out and "Resuming from" in out and "at step 12" in out
     summaries = records(log, "summary")
     assert [s["steps"] for s in summaries] == [12, 32]
@@ -122,7 +122,7 @@ def test_fused_kernels_train_and_their_checkpoint_loads_into_the_plain_model(cli
     assert plain["best_auc"] > 0.6
     assert fused["best_auc"] == pytest.approx(plain["best_auc"], abs=0.01)  # bf16 rounding differs, not learning
     out = cli("dlrm.scripts.main", *common, "--epochs", "2", "--max_steps", "45", "--embedding_type", "joint", "--interaction_op",
-              "dot", "--load_checkpoint_path", ckpt, "--log_path", fused_log).stdout
+              "dot", "--resume", "--load_checkpoint_path", ckpt, "--log_path", fused_log).stdout
     assert "at step 39" in out
     assert records(fused_log, "summary")[-1]["steps"] == 45
 

@@ -352,7 +352,7 @@ def test_cli_trains_joint_fused_with_rowwise_adagrad_and_resumes_as_joint(cli, t
         summary = [r for r in map(json.loads, f) if r["type"] == "summary"][-1]
     assert summary["steps"] == 48 and summary["best_auc"] > 0.6, out
     out = cli("dlrm.scripts.main", *common, "--embedding_type", "joint", "--max_steps", "56",
-              "--load_checkpoint_path", ckpt).stdout
+              "--resume", "--load_checkpoint_path", ckpt).stdout
     assert "Resuming from" in out and "at step 48" in out
     proc = cli("dlrm.scripts.main", *common, "--embedding_type", "joint_fused", "--dense_optimizer", "adam",
                check=False)

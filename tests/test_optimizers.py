@@ -17,15 +17,15 @@ from dlrm.distributed.planner import plan_tables, table_bytes
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.model.precision import Precision
 from dlrm.training.checkpoint import CheckpointError, TrainState, load_checkpoint, save_checkpoint
-from dlrm.training.optimizers import OptimizerConfig, RowWiseAdagrad, make_optimizer
-from dlrm.training.train import train_step
+from dlrm.training.optimizers import EmbeddingAdam, OptimizerConfig, RowWiseAdagrad, make_optimizer
+from dlrm.training.train import fused_train_step, train_step
 from test_distributed import free_port
 
 CPU = torch.device("cpu")
 TABLES = [3, 200, 17, 50]
 LR, EPS, STEPS, BATCH = 0.05, 1e-8, 5, 64
 COMBINATIONS = [("sgd", "sgd"), ("adagrad", "adagrad"), ("rowwise_adagrad", "adagrad"), ("rowwise_adagrad", "adam"),
-                ("adagrad", "sgd"), ("sgd", "adam")]
+                ("adagrad", "sgd"), ("sgd", "adam"), ("adam", "adam"), ("adam", "sgd")]
 
 
 def model_config(embedding_type="joint"):
@@ -57,6 +57,14 @@ class PlainReference:
             elif kind == "rowwise_adagrad":
                 s["sum"] = s.get("sum", torch.zeros(p.shape[0], dtype=p.dtype)) + (g * g).mean(dim=1)
                 p -= LR * g / (s["sum"].sqrt() + EPS).unsqueeze(1)
+            elif name.startswith("embeddings."):  # adam tables: SparseAdam's lazy rule, only the rows used
+                b1, b2 = 0.9, 0.999
+                used = (g != 0).any(dim=1)
+                m, v = s.setdefault("m", torch.zeros_like(p)), s.setdefault("v", torch.zeros_like(p))
+                m[used] = b1 * m[used] + (1 - b1) * g[used]
+                v[used] = b2 * v[used] + (1 - b2) * g[used] ** 2
+                step_size = LR * (1 - b2**self.t) ** 0.5 / (1 - b1**self.t)
+                p[used] -= step_size * m[used] / (v[used].sqrt() + EPS)
             else:  # adam, torch's defaults betas (0.9, 0.999)
                 b1, b2 = 0.9, 0.999
                 s["m"] = b1 * s.get("m", torch.zeros_like(p)) + (1 - b1) * g
@@ -127,6 +135,68 @@ def test_rowwise_adagrad_sums_duplicate_ids_before_the_update():
     torch.testing.assert_close(optimizer.state[weight]["sum"], torch.tensor([0, 16, 0, 4], dtype=torch.float64))
 
 
+def test_embedding_adam_is_torch_sparse_adam_and_one_step_of_the_plain_rule():
+    """Three steps with duplicate ids against torch.optim.SparseAdam (NVIDIA's embedding Adam),
+    and the first step against the rule written out in float64."""
+    ids = [torch.tensor([1, 3, 1]), torch.tensor([0, 3]), torch.tensor([2, 2, 2, 1])]
+    scale = [torch.tensor([[1.0], [-2.0], [3.0]]), torch.tensor([[0.5], [4.0]]), torch.tensor([[1.0], [1.0], [2.0], [-1.0]])]
+    init = torch.randn(4, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    ours, theirs = torch.nn.Parameter(init.clone()), torch.nn.Parameter(init.clone())
+    ours_opt, theirs_opt = EmbeddingAdam([ours], lr=0.1, eps=1e-3), torch.optim.SparseAdam([theirs], lr=0.1, eps=1e-3)
+    for step, (i, w) in enumerate(zip(ids, scale)):
+        for p, opt in ((ours, ours_opt), (theirs, theirs_opt)):
+            opt.zero_grad()
+            (torch.nn.functional.embedding(i, p, sparse=True) * w.double()).sum().backward()
+            opt.step()
+        if step == 0:  # rows 1 (gradient 1 + 3 = 4 per column) and 3 (-2); rows 0 and 2 untouched
+            g = torch.tensor([0.0, 4.0, 0.0, -2.0], dtype=torch.float64)[:, None].expand(4, 3)
+            m, v = 0.1 * g, 0.001 * g * g
+            expected = init - 0.1 * (1 - 0.999) ** 0.5 / (1 - 0.9) * m / (v.sqrt() + 1e-3)
+            torch.testing.assert_close(ours.detach(), expected, rtol=1e-12, atol=0)
+            assert torch.equal(ours.detach()[[0, 2]], init[[0, 2]])
+        torch.testing.assert_close(ours.detach(), theirs.detach(), rtol=1e-12, atol=1e-15)
+    state, reference = ours_opt.state[ours], theirs_opt.state[theirs]
+    assert float(state["step"]) == 3
+    torch.testing.assert_close(state["exp_avg"], reference["exp_avg"], rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(state["exp_avg_sq"], reference["exp_avg_sq"], rtol=1e-12, atol=1e-15)
+
+
+def test_adam_is_refused_for_half_precision_tables():
+    with pytest.raises(ValueError, match="`optimizer=adam` keeps two fp32 moments"):
+        OptimizerConfig("adam").validate_table_dtype(torch.bfloat16)
+    assert OptimizerConfig("adam").state_bytes_per_row(16) == 8 * 16
+    assert OptimizerConfig("sgd", "adam").dense_state_bytes() == 8
+
+
+@pytest.mark.parametrize("embedding_type", ["joint", "multi_table", "joint_fused"])
+@pytest.mark.parametrize("frozen", ["dense", "embeddings"])
+def test_a_frozen_part_keeps_its_weights_and_state_while_the_other_trains(embedding_type, frozen, monkeypatch):
+    """NVIDIA's --freeze_mlps / --freeze_embeddings: the frozen part's weights and optimizer state
+    stay bit for bit, the other part changes (joint_fused: its own update kernels skip too)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the fused kernels' torch references
+    torch.manual_seed(0)
+    model = DLRM(model_config(embedding_type))
+    config = OptimizerConfig("rowwise_adagrad", "adagrad", freeze_dense=frozen == "dense",
+                             freeze_embeddings=frozen == "embeddings")
+    optimizer = make_optimizer(model, LR, config)
+    before = copy.deepcopy(model.state_dict())
+    precision = Precision("cpu")
+    step = fused_train_step if embedding_type == "joint_fused" else train_step
+    for i in range(2):
+        step(model, data().read_batch(i), optimizer, precision.grad_scaler(), precision)
+    for name, value in model.state_dict().items():
+        is_table = name.startswith("embeddings.")
+        if is_table != (frozen == "embeddings"):
+            assert not torch.equal(value, before[name]), f"{name} did not train"
+        else:
+            assert torch.equal(value, before[name]), f"{name} is frozen but changed"
+    tables = model.embeddings.weight if embedding_type != "multi_table" else model.embeddings.tables[0].weight
+    accumulator = optimizer.embedding_state(tables)["sum"]
+    assert (accumulator == 0).all() == (frozen == "embeddings")
+    dense_state = optimizer.dense.state_dict()["state"]
+    assert all((s["sum"] == 0).all() for s in dense_state.values()) == (frozen == "dense")
+
+
 @pytest.mark.parametrize("embedding,dense", [("adagrad", "adam"), ("rowwise_adagrad", "adagrad")])
 def test_fp16_overflow_leaves_every_weight_and_optimizer_state_untouched(embedding, dense):
     torch.manual_seed(0)
@@ -155,7 +225,7 @@ def _train(model, optimizer, start, steps):
             for i in range(start, start + steps)]
 
 
-@pytest.mark.parametrize("embedding,dense", [("adagrad", "adam"), ("rowwise_adagrad", "adagrad")])
+@pytest.mark.parametrize("embedding,dense", [("adagrad", "adam"), ("rowwise_adagrad", "adagrad"), ("adam", "sgd")])
 def test_resume_from_a_checkpoint_is_exact(tmp_path, embedding, dense):
     cfg = OptimizerConfig(embedding, dense)
     torch.manual_seed(0)
@@ -268,8 +338,9 @@ def test_cli_trains_with_rowwise_adagrad_resumes_and_refuses_another_optimizer(c
     assert "table_0_optimizer.pt" in os.listdir(ckpt)
     first = [json.loads(line) for line in open(log) if json.loads(line)["type"] == "summary"][-1]
     assert first["best_auc"] > 0.6, out
-    out = cli("dlrm.scripts.main", *common, "--load_checkpoint_path", ckpt).stdout
+    out = cli("dlrm.scripts.main", *common, "--resume", "--load_checkpoint_path", ckpt).stdout
     assert "Resuming from" in out
-    proc = cli("dlrm.scripts.main", *common, "--optimizer", "adagrad", "--load_checkpoint_path", ckpt, check=False)
+    proc = cli("dlrm.scripts.main", *common, "--optimizer", "adagrad", "--resume", "--load_checkpoint_path", ckpt,
+               check=False)
     assert proc.returncode == 2
     assert "trained with --optimizer=rowwise_adagrad and --dense_optimizer=adagrad" in proc.stderr, proc.stderr

@@ -143,7 +143,7 @@ def test_cli_repro_resume_with_a_larger_batch_size_finishes(dataset, tmp_path):
     first = _main("--dataset", dataset, "--batch_size", "512", "--epochs", "2", "--max_steps", "45",
                   "--save_checkpoint_path", ck, "--log_path", log, *SMALL, timeout=120)
     assert first.returncode == 0, first.stderr
-    second = _main("--dataset", dataset, "--batch_size", "4096", "--epochs", "20", "--load_checkpoint_path", ck,
+    second = _main("--dataset", dataset, "--batch_size", "4096", "--epochs", "20", "--resume",
                    "--save_checkpoint_path", ck, "--log_path", log, *SMALL, timeout=120)
     assert second.returncode == 0, second.stderr
     summaries = [r for r in map(json.loads, open(log)) if r["type"] == "summary"]

@@ -100,7 +100,8 @@ def test_error_mid_run_saves_a_checkpoint_and_writes_the_summary(dataset, tmp_pa
     assert summary["stop_reason"] == "error" and summary["steps"] == 9 and "DatasetError" in summary["error"]
     # The saved run resumes once the data is fixed, at the batch that failed.
     _put_id(dataset, "train", 3, 4999, 7)
-    proc = _main("--dataset", dataset, "--batch_size", "500", "--load_checkpoint_path", ck, "--log_path", log, *SMALL)
+    proc = _main("--dataset", dataset, "--batch_size", "500", "--resume", "--load_checkpoint_path", ck, "--log_path", log,
+                 *SMALL)
     assert proc.returncode == 0, proc.stderr
     assert _summaries(log)[-1]["steps"] == 16
 

@@ -129,12 +129,10 @@ def test_the_command_line_needs_training_flags_and_shared_paths():
     assert proc.returncode == 2 and "--save_checkpoint_path is needed" in proc.stderr
 
 
-def test_resume_needs_its_own_checkpoint_path(cli):
+def test_resume_needs_a_checkpoint_path(cli):
     proc = cli("dlrm.scripts.main", "--resume", "--max_steps", "1", check=False)
-    assert proc.returncode == 2 and "--resume resumes a training run from its own checkpoint" in proc.stderr
-    proc = cli("dlrm.scripts.main", "--resume", "--save_checkpoint_path", "/tmp/a", "--load_checkpoint_path", "/tmp/b",
-               check=False)
-    assert proc.returncode == 2 and "drop --load_checkpoint_path" in proc.stderr
+    assert proc.returncode == 2 and "--resume continues a training run from a checkpoint" in proc.stderr
+    assert "--save_checkpoint_path" in proc.stderr and "--load_checkpoint_path" in proc.stderr
 
 
 def test_the_tasks_run_this_python_and_an_input_error_ends_the_run_at_once(tmp_path):

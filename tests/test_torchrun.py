@@ -72,7 +72,7 @@ def test_world_sizes_match_single_device_and_checkpoints_move(dataset, tmp_path)
     # A single-device checkpoint resumed on 4 processes (1 -> 4), via the legacy launcher
     ckpt1, part_log = str(tmp_path / "ckpt1"), str(tmp_path / "part.json")
     launch(0, *base, "--max_steps", "10", "--log_path", part_log, "--save_checkpoint_path", ckpt1)
-    launch(4, *base, "--load_checkpoint_path", ckpt1, "--log_path", part_log, launcher="launch")
+    launch(4, *base, "--resume", "--load_checkpoint_path", ckpt1, "--log_path", part_log, launcher="launch")
     resumed = [r["loss"] for r in records(part_log, "train")]
     assert resumed == pytest.approx(single, rel=1e-4)
 

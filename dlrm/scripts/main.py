@@ -6,7 +6,9 @@
     python -m dlrm.scripts.main --mode test --dataset ... --load_checkpoint_path ckpt/
     python -m dlrm.scripts.main --mode inference_benchmark --inference_benchmark_batch_sizes 1,64,4096
 
-Flags follow NVIDIA's DLRM example where a flag of the same name exists there.
+Flags follow NVIDIA's DLRM example where a flag of the same name exists there, and every flag of
+NVIDIA's main.py is accepted: those this program adds for them are in dlrm.scripts.nvidia_flags
+(--helpfull lists them with what each maps to).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from dlrm.inference.benchmark import benchmark_inference, exported_forward, form
 from dlrm.model.dlrm import DLRM, EMBEDDING_DTYPES, DLRMConfig
 from dlrm.model.precision import Precision
 from dlrm.nn.embeddings import TableShard
-from dlrm.scripts import cli
+from dlrm.scripts import cli, nvidia_flags
 from dlrm.training.checkpoint import CheckpointError, CheckpointLock, latest_checkpoint, load_checkpoint
 from dlrm.training.cuda_graphs import GraphedInference, check_cuda_graphs_supported
 from dlrm.training.logger import LogOpenError, RunLogger
@@ -60,7 +62,8 @@ flags.DEFINE_enum("mode", "train", ["train", "test", "inference_benchmark", "pla
 flags.DEFINE_integer("plan_max_processes", 64, "--mode plan: the most processes considered.", lower_bound=1)
 flags.DEFINE_integer("seed", 12345, "Random seed for initialisation, batch order and synthetic data.")
 flags.DEFINE_string("base_device", None, "Device to run on: cuda, cuda:N or cpu. Default: cuda if available, else cpu.")
-flags.DEFINE_boolean("amp", False, "Automatic mixed precision through torch.amp (see --amp_dtype).")
+flags.DEFINE_boolean("amp", False, "Automatic mixed precision through torch.amp (see --amp_dtype). On a CPU it "
+                     "autocasts as --amp_dtype says, where NVIDIA's main.py turns --amp off.")
 flags.DEFINE_enum("amp_dtype", "auto", ["auto", "float16", "bfloat16"],
                   "Autocast dtype with --amp. auto: float16 (with dynamic loss scaling) on CUDA; bfloat16 on a CPU with bf16 "
                   "instructions (AVX512-BF16, AMX), float32 on one without, where bf16 is slower (the run header says so).")
@@ -71,11 +74,12 @@ flags.DEFINE_integer("batch_size", 65536, "Training batch size.")
 flags.DEFINE_integer("test_batch_size", 65536, "Batch size for testing.")
 flags.DEFINE_float("lr", 24.0, "Base learning rate (embeddings and MLPs).")
 flags.DEFINE_enum("optimizer", "sgd", list(EMBEDDING_OPTIMIZERS),
-                  "Optimizer of the embedding tables: sgd, adagrad (an accumulator per weight) or rowwise_adagrad "
-                  "(one per row, as FBGEMM/TorchRec/MLPerf DLRMv2). Each updates only the rows a batch used.")
+                  "Optimizer of the embedding tables: sgd, adagrad (an accumulator per weight), rowwise_adagrad "
+                  "(one per row, as FBGEMM/TorchRec/MLPerf DLRMv2) or adam (torch SparseAdam's lazy rule). Each "
+                  "updates only the rows a batch used.")
 flags.DEFINE_enum("dense_optimizer", None, list(DENSE_OPTIMIZERS),
                   "Optimizer of the MLPs (and interaction weights). Default: sgd with --optimizer sgd, adagrad with "
-                  "adagrad or rowwise_adagrad.")
+                  "adagrad or rowwise_adagrad, adam with adam.")
 flags.DEFINE_float("optimizer_eps", 1e-8, "Epsilon of Adagrad, row-wise Adagrad and Adam.")
 flags.DEFINE_integer("epochs", 1, "Number of epochs.")
 flags.DEFINE_integer("max_steps", None, "Stop after this many optimizer steps.")
@@ -89,11 +93,12 @@ flags.DEFINE_float("decay_power", 2, "Power of the polynomial decay.")
 flags.DEFINE_float("decay_end_lr", 0, "Learning rate at the end of the decay and after it.")
 
 # Model
-flags.DEFINE_enum("embedding_type", "joint", ["joint", "multi_table", "joint_fused"],
+flags.DEFINE_enum("embedding_type", "custom_cuda", ["joint", "multi_table", "joint_fused", *nvidia_flags.EMBEDDINGS],
                   "joint: one table for all features with offsets; multi_table: one table per feature; "
                   "joint_fused: joint, with a fused gather and an in-place update kernel, SGD or row-wise Adagrad "
-                  "(no sparse gradient; "
-                  "needed by --cuda_graphs).")
+                  "(no sparse gradient; needed by --cuda_graphs). NVIDIA's names: custom_cuda (the default), the "
+                  "fastest that supports the run: joint_fused on CUDA when the optimizers allow it, else joint; "
+                  "joint_sparse: joint.")
 flags.DEFINE_enum("embedding_dtype", "fp32", ["fp32", "fp16", "bf16"],
                   "How the embedding tables are stored. fp16/bf16 take half the memory of fp32 (the planner counts "
                   "2 bytes a value); their updates are computed in fp32 and rounded once per row. With "
@@ -121,7 +126,8 @@ flags.DEFINE_string("feature_spec", "feature_spec.yaml", "Feature spec file name
 flags.DEFINE_enum("dataset_type", None, list(SPLIT_BINARY_TYPES + SYNTHETIC_TYPES),
                   "split_binary (NVIDIA: parametric) or synthetic (NVIDIA: synthetic_gpu; generated in device memory). "
                   "Default: split_binary with --dataset, synthetic without.")
-flags.DEFINE_boolean("shuffle_batch_order", False, "Read training batches in a seeded random order each epoch.")
+flags.DEFINE_boolean("shuffle_batch_order", False, "Read training batches in a seeded random order each epoch.",
+                     short_name="shuffle")
 flags.DEFINE_integer("max_table_size", None, "Cap every table at this many rows (needs --hash_indices).")
 flags.DEFINE_boolean("hash_indices", False, "Map ids with id % table_size instead of refusing out-of-range ids.")
 flags.DEFINE_integer("synthetic_dataset_num_entries", 1 << 20, "Training samples per epoch of synthetic data.")
@@ -139,13 +145,17 @@ flags.DEFINE_enum("preset", "none", ["none", "mlperf_dlrmv2"],
                   "given on the command line win; on a CPU add --max_table_size 100000 --hash_indices.")
 
 # Checkpoints
-flags.DEFINE_string("load_checkpoint_path", None, "Checkpoint directory to load; in train mode the run resumes from it.")
+flags.DEFINE_string("load_checkpoint_path", None,
+                    "Checkpoint directory to load. In train mode, as NVIDIA's: its weights, then a fresh run from "
+                    "step 0 (optimizer, learning-rate schedule and data order start anew); with --resume the run "
+                    "continues exactly where that checkpoint stopped.")
 flags.DEFINE_string("save_checkpoint_path", None, "Directory to save the checkpoint to (atomically) at the end.")
 flags.DEFINE_integer("checkpoint_freq", None, "Also save every this many steps.")
 flags.DEFINE_boolean("resume", False,
-                     "Resume from --save_checkpoint_path when it holds a checkpoint, else start afresh: one "
-                     "command for the first start and every restart (Spark stage retries, torchrun "
-                     "--max_restarts, a requeued job).")
+                     "Continue a run exactly (weights, optimizer and scaler state, step, data position, RNG): from "
+                     "--save_checkpoint_path when it holds a checkpoint, else from --load_checkpoint_path when "
+                     "given, else start afresh: one command for the first start and every restart (Spark stage "
+                     "retries, torchrun --max_restarts, a requeued job).")
 flags.DEFINE_boolean("skip_checkpoint_verify", False,
                      "Load --load_checkpoint_path without comparing its files' checksums with those saved in "
                      "meta.json (sizes, shapes and safe unpickling are still checked). For a damaged checkpoint "
@@ -261,11 +271,9 @@ def _validate_flags(values: flags.FlagValues = FLAGS) -> None:
         raise app.UsageError("--max_table_size needs --hash_indices (ids above the cap must be mapped somewhere)")
     if values.mode == "test" and not values.load_checkpoint_path:
         raise app.UsageError("--mode test evaluates a trained model: pass --load_checkpoint_path")
-    if values.resume and not (values.mode == "train" and values.save_checkpoint_path):
-        raise app.UsageError("--resume resumes a training run from its own checkpoint: pass --save_checkpoint_path "
-                             "(and --checkpoint_freq to lose at most that many steps)")
-    if values.resume and values.load_checkpoint_path:
-        raise app.UsageError("--resume loads --save_checkpoint_path when it exists: drop --load_checkpoint_path")
+    if values.resume and not (values.mode == "train" and (values.save_checkpoint_path or values.load_checkpoint_path)):
+        raise app.UsageError("--resume continues a training run from a checkpoint: pass --save_checkpoint_path (its "
+                             "own, with --checkpoint_freq to lose at most that many steps) or --load_checkpoint_path")
     for name in ("batch_size", "test_batch_size", "epochs", "print_freq", "inference_benchmark_steps", "max_steps",
                  "test_freq", "checkpoint_freq", "max_table_size", "device_memory_gb", "dist_timeout"):
         if values[name].value is not None and not values[name].value > 0:  # "not >": NaN fails too
@@ -305,19 +313,23 @@ def _schedule(values: flags.FlagValues = FLAGS) -> LRSchedule:
                       values.decay_steps, values.decay_power, values.decay_end_lr)
 
 
-def check_args(args: list[str]) -> None:
+def check_args(args: list[str]) -> flags.FlagValues:
     """Parses ``args`` as this script's flags and validates them as a run does first, without
     running anything, so that a launcher (dlrm.scripts.spark_train) refuses a bad flag before it
-    starts workers. Raises ``app.UsageError`` with the message this script would print."""
+    starts workers. Raises ``app.UsageError`` with the message this script would print; returns
+    the flags as a run would use them (NVIDIA's mapped onto this script's)."""
     values = flags.FlagValues()  # a copy of this script's flags: the caller's FLAGS stay as they are
-    for flag in FLAGS.get_flags_for_module(__name__):
-        values[flag.name] = copy.deepcopy(flag)
+    for module in (__name__, nvidia_flags.__name__):
+        for flag in FLAGS.get_flags_for_module(module):
+            values[flag.name] = copy.deepcopy(flag)
     try:
         values([sys.argv[0], *args])
     except flags.Error as e:
         raise app.UsageError(cli.flags_error_message(e)) from None
     _apply_preset(values)
+    nvidia_flags.apply(values)
     _validate_flags(values)
+    return values
 
 
 def _device(env: DistEnv | None) -> torch.device:
@@ -341,7 +353,7 @@ def _our_flags() -> dict:
     return {
         name: FLAGS[name].value
         for name in FLAGS
-        if not FLAGS.find_module_defining_flag(name, default="").startswith("absl")
+        if FLAGS[name].name == name and not FLAGS.find_module_defining_flag(name, default="").startswith("absl")
     }
 
 
@@ -379,7 +391,8 @@ def main(argv: list[str]) -> int:
 
 def _optimizer_config(values: flags.FlagValues = FLAGS) -> OptimizerConfig:
     return OptimizerConfig(embedding=values.optimizer, dense=values.dense_optimizer, eps=values.optimizer_eps,
-                           stochastic_rounding=values.stochastic_rounding)
+                           stochastic_rounding=values.stochastic_rounding, freeze_dense=values.freeze_mlps,
+                           freeze_embeddings=values.freeze_embeddings)
 
 
 def _capacity(device: torch.device, local_world_size: int) -> int:
@@ -538,8 +551,8 @@ def _build(env: DistEnv | None, device: torch.device, collectives: Collectives, 
 
 
 def _run_train(run: _Run) -> int:
-    """Trains (resuming from --load_checkpoint_path); returns the exit code: 0, or 128 + the
-    signal that stopped the run after its checkpoint was saved."""
+    """Trains (from --load_checkpoint_path's weights, or continuing a run with --resume); returns
+    the exit code: 0, or 128 + the signal that stopped the run after its checkpoint was saved."""
     optimizer = make_optimizer(run.model, FLAGS.lr, _optimizer_config())
     scaler = run.precision.grad_scaler(process_group=run.collectives.process_group)
     train_cfg = TrainConfig(
@@ -549,15 +562,20 @@ def _run_train(run: _Run) -> int:
         benchmark_warmup_steps=FLAGS.benchmark_warmup_steps, auc_threshold=FLAGS.auc_threshold,
         shuffle_batch_order=FLAGS.shuffle_batch_order, seed=FLAGS.seed,
         save_checkpoint_path=FLAGS.save_checkpoint_path, checkpoint_freq=FLAGS.checkpoint_freq,
-        cuda_graphs=FLAGS.cuda_graphs,
+        cuda_graphs=FLAGS.cuda_graphs, auc_device=nvidia_flags.auc_device(),
     )
     saves = FLAGS.save_checkpoint_path and run.collectives.rank == 0  # the first process renames into place
     with CheckpointLock(FLAGS.save_checkpoint_path) if saves else contextlib.nullcontext():
         state = None
-        resume_from = latest_checkpoint(FLAGS.save_checkpoint_path) if FLAGS.resume else FLAGS.load_checkpoint_path
+        own = latest_checkpoint(FLAGS.save_checkpoint_path) if FLAGS.resume and FLAGS.save_checkpoint_path else None
+        resume_from = own or (FLAGS.load_checkpoint_path if FLAGS.resume else None)
         if resume_from:
             state = run.load(optimizer, scaler, restore_rng=True, path=resume_from)
             run.logger.print(f"Resuming from {resume_from} at step {state.step}")
+        elif FLAGS.load_checkpoint_path:  # NVIDIA's meaning: the weights, then a fresh run
+            run.load()
+            run.logger.print(f"Weights from {FLAGS.load_checkpoint_path}; training starts at step 0 (--resume "
+                             "would continue that run)")
         train_source = run.source("train", FLAGS.batch_size)
         test_source = run.source("test", FLAGS.test_batch_size)
         _validate(run.collectives, train_source, test_source)
@@ -579,7 +597,8 @@ def _run_test(run: _Run) -> int:
         raise app.UsageError(f"the dataset at {FLAGS.dataset} has no test split")
     _validate(run.collectives, test_source)
     forward = GraphedInference(run.model, run.precision) if FLAGS.cuda_graphs else None
-    result = evaluate(run.model, test_source, run.device, run.precision, collectives=run.collectives, forward=forward)
+    result = evaluate(run.model, test_source, run.device, run.precision, collectives=run.collectives, forward=forward,
+                      auc_device=nvidia_flags.auc_device())
     run.logger.print(f"Test: auc {result.auc:.6f}  loss {result.loss:.6f}  samples {result.samples}  "
                      f"throughput {result.throughput:,.0f} samples/s")
     run.logger.record("summary", auc=result.auc, loss=result.loss, samples=result.samples,
@@ -644,7 +663,7 @@ def _run_plan(device: torch.device) -> int:
     device_bytes = int(FLAGS.device_memory_gb * 2**30) if FLAGS.device_memory_gb else device_memory_bytes(device, 1)
     optimizer = _optimizer_config()
     common = dict(state_bytes_per_row=optimizer.state_bytes_per_row(model_cfg.embedding_dim),
-                  bytes_per_value=_bytes_per_value(model_cfg), dense_state_bytes=4 * (optimizer.dense_optimizer == "adagrad"),
+                  bytes_per_value=_bytes_per_value(model_cfg), dense_state_bytes=optimizer.dense_state_bytes(),
                   compute_bytes=2 if FLAGS.amp else 4)
     counts = list(range(1, FLAGS.plan_max_processes + 1))
     sizings = size_processes(model_cfg, FLAGS.batch_size, device_bytes, counts, **common)
@@ -675,6 +694,7 @@ def _main(argv: list[str], env: DistEnv | None) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     _apply_preset()
+    notes = nvidia_flags.apply()
     _validate_flags()
     device = _device(env)
     if FLAGS.mode == "plan":
@@ -695,6 +715,8 @@ def _main(argv: list[str], env: DistEnv | None) -> int:
     torch.manual_seed(FLAGS.seed)
     logger = RunLogger(FLAGS.log_path, enabled=collectives.rank == 0, tensorboard_dir=FLAGS.tensorboard_dir)
     with logger:
+        for note in notes:
+            logger.print(note)
         exit_code = MODES[FLAGS.mode](_build(env, device, collectives, logger))
     if env is not None:
         torch.distributed.barrier()  # tear down together: gloo aborts if peers vanish mid-teardown

@@ -33,7 +33,7 @@ def format_eta(seconds: float) -> str:
 
 class RunLogger:
     """Writes one JSON object per line to ``log_path`` (appending, so a resumed run keeps the
-    history of the run it continues) and plain lines to ``stream``.
+    history of the run it continues) and plain lines to ``stream`` (default: ``sys.stdout``).
 
     Every record has ``type`` and ``time`` (seconds since the epoch). ``enabled=False`` silences
     every output, for ranks other than the first in multi-process runs. Used as a context manager,
@@ -44,9 +44,9 @@ class RunLogger:
     ``validation/ndcg``): both products write their curves through this one place.
     """
 
-    def __init__(self, log_path: str | None = None, stream: TextIO = sys.stdout, enabled: bool = True,
+    def __init__(self, log_path: str | None = None, stream: TextIO | None = None, enabled: bool = True,
                  tensorboard_dir: str | None = None):
-        self.stream = stream
+        self.stream = stream if stream is not None else sys.stdout  # None: stdout as it is now
         self.enabled = enabled
         self._file: TextIO | None = None
         self._tensorboard: Any = None

@@ -1,15 +1,22 @@
 """The optimizers: one for the embedding tables, one for the dense part, stepped as one.
 
-Embeddings: ``sgd``, ``adagrad`` (one accumulator per weight, torch's sparse-capable Adagrad) or
+Embeddings: ``sgd``, ``adagrad`` (one accumulator per weight, torch's sparse-capable Adagrad),
 ``rowwise_adagrad`` (one accumulator per row, as FBGEMM, TorchRec and MLPerf DLRMv2 train their
-tables: 4 bytes of state per row instead of ``4 * dim``). Each updates only the rows a batch used.
+tables: 4 bytes of state per row instead of ``4 * dim``) or ``adam`` (``torch.optim.SparseAdam``'s
+lazy rule: both moments of a row move only when a batch uses it; NVIDIA's
+``--Adam_embedding_optimizer``). Each updates only the rows a batch used.
 Dense part: ``sgd``, ``adagrad`` or ``adam`` (torch's own).
+
+``freeze_dense`` / ``freeze_embeddings`` (NVIDIA's ``--freeze_mlps`` / ``--freeze_embeddings``):
+the gradients are still computed, but that part's update is never applied, its optimizer state
+included.
 
 fp16/bf16 tables (``embedding_dtype``) train with ``sgd`` or ``rowwise_adagrad``: a row's
 gradients are summed in fp32, the new row is computed in fp32 from the upcast old one and
 rounded once (``dlrm.kernels.rounding``; stochastically for bf16 with ``stochastic_rounding``,
 the draw keyed by the embedding group's ``rounding_step``, which checkpoints keep). ``adagrad``
-is refused for them: its fp32 accumulator per weight would take twice the table's own bytes.
+and ``adam`` are refused for them: their fp32 state per weight would take two (four) times the
+table's own bytes.
 
 ``CombinedOptimizer`` steps both as one optimizer, so that a GradScaler that finds an fp16
 overflow skips the embedding update, the dense update and every optimizer-state update together.
@@ -29,15 +36,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+import math
+
 import torch
 
 from dlrm.kernels.rounding import HALF_DTYPES, round_to
 
-EMBEDDING_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
+EMBEDDING_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
 # The dense optimizer a run uses when only the embeddings' one is chosen (MLPerf DLRMv2 pairs
 # row-wise Adagrad tables with Adagrad MLPs).
-DEFAULT_DENSE = {"sgd": "sgd", "adagrad": "adagrad", "rowwise_adagrad": "adagrad"}
+DEFAULT_DENSE = {"sgd": "sgd", "adagrad": "adagrad", "rowwise_adagrad": "adagrad", "adam": "adam"}
 # What ``embedding_type=joint_fused`` trains with: the tables' rules its kernels implement, and
 # the dense rules ``device_dense_step_`` writes out with device-side ops.
 FUSED_EMBEDDING_OPTIMIZERS = ("sgd", "rowwise_adagrad")
@@ -51,6 +60,8 @@ class OptimizerConfig:
     eps: float = 1e-8  # Adagrad, row-wise Adagrad and Adam
     initial_accumulator_value: float = 0.0  # Adagrad and row-wise Adagrad
     stochastic_rounding: bool = True  # bf16 tables: round updated rows stochastically (else to nearest)
+    freeze_dense: bool = False  # gradients computed, the dense part never updated (NVIDIA's --freeze_mlps)
+    freeze_embeddings: bool = False  # the same for the embedding tables (NVIDIA's --freeze_embeddings)
 
     @property
     def dense_optimizer(self) -> str:
@@ -78,17 +89,23 @@ class OptimizerConfig:
         )
 
     def validate_table_dtype(self, dtype: torch.dtype) -> None:
-        """Refuses ``adagrad`` for fp16/bf16 tables (see the module docstring)."""
-        if self.embedding == "adagrad" and dtype in HALF_DTYPES:
+        """Refuses ``adagrad`` and ``adam`` for fp16/bf16 tables (see the module docstring)."""
+        if self.embedding in ("adagrad", "adam") and dtype in HALF_DTYPES:
+            what = "an fp32 accumulator per weight, twice" if self.embedding == "adagrad" else \
+                "two fp32 moments per weight, four times"
             raise ValueError(
-                f"`optimizer=adagrad` keeps an fp32 accumulator per weight, twice the bytes of {dtype} tables: use "
+                f"`optimizer={self.embedding}` keeps {what} the bytes of {dtype} tables: use "
                 "`optimizer=rowwise_adagrad` (4 bytes a row) or `optimizer=sgd` with half-precision tables, or "
                 "`embedding_dtype=fp32`"
             )
 
+    def dense_state_bytes(self) -> int:
+        """Optimizer state per dense weight (fp32): Adagrad's accumulator, Adam's two moments."""
+        return {"sgd": 0, "adagrad": 4, "adam": 8}[self.dense_optimizer]
+
     def state_bytes_per_row(self, dim: int) -> int:
         """Optimizer state an embedding row carries besides its weights (fp32)."""
-        return {"sgd": 0, "adagrad": 4 * dim, "rowwise_adagrad": 4}[self.embedding]
+        return {"sgd": 0, "adagrad": 4 * dim, "rowwise_adagrad": 4, "adam": 8 * dim}[self.embedding]
 
 
 def _summed_gradient(p: torch.nn.Parameter, dtype: torch.dtype) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -198,6 +215,49 @@ class RowWiseAdagrad(_EmbeddingOptimizer):
             p.sub_((values / (accumulator.sqrt() + group["eps"]).unsqueeze(1) * group["lr"]).to(p.dtype))
 
 
+class EmbeddingAdam(_EmbeddingOptimizer):
+    """Adam on the rows a (sparse) gradient touches, the rule of ``torch.optim.SparseAdam``: for
+    each row ``r`` a step touches (gradient row ``g``, duplicates summed), ``m[r] = b1 m[r] + (1 - b1) g``,
+    ``v[r] = b2 v[r] + (1 - b2) g * g`` and ``w[r] -= lr * sqrt(1 - b2**t) / (1 - b1**t) * m[r] / (sqrt(v[r]) + eps)``,
+    ``t`` counting the steps of the weight. Rows a batch did not use keep their moments ("lazy"
+    Adam). A dense gradient updates every row. Unlike ``SparseAdam`` the state exists from the
+    start, with ``step`` a 0-dim CPU tensor, so checkpoints save and load it per table before
+    the first step as after it. fp32/float64 tables only (``validate_table_dtype``)."""
+
+    def __init__(self, params: Iterable[Any], lr: float, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8):
+        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps}, stochastic_rounding=False)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.dtype in HALF_DTYPES:
+                    raise ValueError(f"Adam tables keep fp32 moments: {p.dtype} tables take `optimizer=sgd` or "
+                                     "`optimizer=rowwise_adagrad`")
+                self.state[p]["step"] = torch.zeros((), dtype=torch.float32)
+                self.state[p]["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                self.state[p]["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+    def _update_(self, p: torch.nn.Parameter, group: dict[str, Any]) -> None:
+        state = self.state[p]
+        state["step"] += 1
+        t = float(state["step"])
+        beta1, beta2 = group["betas"]
+        step_size = group["lr"] * math.sqrt(1 - beta2**t) / (1 - beta1**t)
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        if not p.grad.is_sparse:
+            g = p.grad
+            m.mul_(beta1).add_(g, alpha=1 - beta1)
+            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            p.addcdiv_(m, v.sqrt().add_(group["eps"]), value=-step_size)
+            return
+        grad = p.grad.coalesce()  # duplicates summed: one update per distinct row
+        rows, g = grad.indices()[0], grad.values()
+        m_rows = m.index_select(0, rows).mul_(beta1).add_(g, alpha=1 - beta1)
+        v_rows = v.index_select(0, rows).mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        m.index_copy_(0, rows, m_rows)
+        v.index_copy_(0, rows, v_rows)
+        p.index_add_(0, rows, m_rows.div_(v_rows.sqrt_().add_(group["eps"])).mul_(-step_size))
+
+
 def _embedding_optimizer(name: str, params: list[torch.nn.Parameter], lr: float, cfg: OptimizerConfig):
     groups = [{"params": params, "name": "embeddings"}]
     if name == "sgd":
@@ -206,6 +266,10 @@ def _embedding_optimizer(name: str, params: list[torch.nn.Parameter], lr: float,
         for p in params:
             cfg.validate_table_dtype(p.dtype)
         return torch.optim.Adagrad(groups, lr=lr, eps=cfg.eps, initial_accumulator_value=cfg.initial_accumulator_value)
+    if name == "adam":
+        for p in params:
+            cfg.validate_table_dtype(p.dtype)
+        return EmbeddingAdam(groups, lr=lr, eps=cfg.eps)
     return RowWiseAdagrad(groups, lr=lr, eps=cfg.eps, initial_accumulator_value=cfg.initial_accumulator_value,
                           stochastic_rounding=cfg.stochastic_rounding)
 
@@ -245,8 +309,10 @@ class CombinedOptimizer:
     def step(self, closure: Callable[[], float] | None = None) -> None:
         if closure is not None:
             raise ValueError("CombinedOptimizer.step takes no closure")
-        self.dense.step()
-        self.embeddings.step()
+        if not self.config.freeze_dense:
+            self.dense.step()
+        if not self.config.freeze_embeddings:
+            self.embeddings.step()
 
     def embedding_state(self, param: torch.nn.Parameter) -> dict[str, torch.Tensor]:
         """The embedding optimizer's state tensors of ``param``, a fused table's included (empty

@@ -46,6 +46,7 @@ class TrainConfig:
     checkpoint_freq: int | None = None  # steps between checkpoints (besides the final one)
     prefetch: int = 2
     cuda_graphs: bool = False  # capture the training step and the test forward (CUDA, joint_fused)
+    auc_device: str | None = None  # where tests compute the AUC (None: the device holding the scores)
 
 
 @dataclass
@@ -120,7 +121,8 @@ def fused_train_step(
     ``optimizer`` is ``make_optimizer``'s; ``lr`` is a 0-dim float32 device tensor (defaults to
     the dense group's current lr); ``autocast_cache=False`` while a CUDA graph captures the step;
     ``rounding_step`` (0-dim int64 device tensor, or None: to nearest) keys the stochastic rounding
-    of bf16 tables (``CombinedOptimizer.take_rounding_step``).
+    of bf16 tables (``CombinedOptimizer.take_rounding_step``). A part the optimizer's config
+    freezes (``freeze_dense``, ``freeze_embeddings``) is left as it is.
     """
     params = [p for g in optimizer.param_groups for p in g["params"]]
     device = params[0].device
@@ -142,8 +144,13 @@ def fused_train_step(
                 found_inf += embedding.pending_nonfinite().to(device).float()  # host tables: a CPU flag
             found_inf = collectives.sum(found_inf)  # each process holds other tables: all skip together
             skip = found_inf.reshape(()) > 0
-        device_dense_step_(optimizer, lr, skip)
+        config = getattr(optimizer, "config", None)
+        if not getattr(config, "freeze_dense", False):
+            device_dense_step_(optimizer, lr, skip)
         for embedding in fused:
+            if getattr(config, "freeze_embeddings", False):
+                embedding.discard_pending_()  # frozen: the gradients are computed, never applied
+                continue
             state, eps = optimizer.fused_rowwise_state(embedding.weight)
             embedding.apply_update_(lr, grad_scale, skip, rowwise_state=state, eps=eps, rounding_step=rounding_step)
         if scaler_state is not None:
@@ -201,10 +208,12 @@ def evaluate(
     prefetch: int = 2,
     collectives: Collectives = Collectives(),
     forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    auc_device: torch.device | str | None = None,
 ) -> EvalResult:
     """AUC and mean log loss over a whole split; scores stay on the device until the AUC, which
-    every process computes over all processes' samples. ``forward`` replaces ``model``'s own
-    (e.g. a ``GraphedInference`` of it); autocast is then up to it."""
+    every process computes over all processes' samples, on ``auc_device`` (None: where the scores
+    are; "cpu" spares the device's memory the sort of a large split, same value). ``forward``
+    replaces ``model``'s own (e.g. a ``GraphedInference`` of it); autocast is then up to it."""
     was_training = model.training
     model.eval()
     synchronize(device)
@@ -227,6 +236,8 @@ def evaluate(
     scores = collectives.gather(torch.cat(scores) if scores else torch.zeros(0, device=device))
     labels = collectives.gather(torch.cat(labels).float() if labels else torch.zeros(0, device=device))
     samples = scores.numel()
+    if auc_device is not None:
+        scores, labels = scores.to(auc_device), labels.to(auc_device)
     auc = roc_auc(labels, scores) if samples else float("nan")
     loss = float(collectives.sum(loss_sum)) / samples if samples else float("nan")
     synchronize(device)
@@ -352,7 +363,7 @@ class _Schedule:
     def test(self, state: TrainState, epochs: float) -> None:
         with self.meter.paused():
             result = evaluate(self.model, self.test_source, self.device, self.precision, self.cfg.prefetch,
-                              self.collectives, self.eval_forward)
+                              self.collectives, self.eval_forward, self.cfg.auc_device)
         self.meter.test_samples += result.samples
         self.meter.test_seconds += result.seconds
         if math.isnan(state.best_auc) or result.auc > state.best_auc:
