@@ -134,6 +134,60 @@ def test_prepare_dataset_script_local(tmp_path):
     assert proc.returncode != 0 and "set SPARK_RAPIDS_JAR" in proc.stderr
 
 
+def test_prepare_dataset_script_takes_nvidias_positional_form(tmp_path):
+    """``prepare_dataset.sh <threshold> <CPU|GPU> [Spark]``: the Spark engine on CPUs or GPUs with
+    NVIDIA's vocabulary over all days, NVIDIA's directory variables; NVTabular and bad arguments
+    are one-line errors. The interpreter is replaced by a script that records its arguments (no
+    Spark starts); the recorded preprocessing flags then run for real with the local engine."""
+    record = tmp_path / "args"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {record}\n')
+    fake.chmod(0o755)
+    jar = tmp_path / "rapids.jar"
+    jar.write_bytes(b"")
+    days = tmp_path / "days"
+    generate_criteo_tsv(str(days), 480, seed=4, days=24)
+    env = {k: v for k, v in os.environ.items() if k not in ("CRITEO_DIR", "OUTPUT_DIR", "PREPROC_ARGS", "SHUFFLE_SEED")}
+    env.update(PYTHON=str(fake), download_dir=str(days), final_output_dir=str(tmp_path / "out"),
+               SPARK_RAPIDS_JAR=str(jar))
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "preproc/prepare_dataset.sh", *args], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=60)
+
+    common = ["--input_dir", str(days), "--output", str(tmp_path / "out"), "--frequency_threshold", "2",
+              "--vocabulary_days", "all"]
+    for args, gpu in ((["2", "CPU"], False), (["2", "CPU", "Spark"], False), (["2", "GPU", "Spark"], True),
+                      (["2", "gpu"], True)):
+        proc = run(*args)
+        assert proc.returncode == 0, (args, proc.stderr)
+        recorded = record.read_text().splitlines()
+        assert recorded[:4] == ["-m", "preproc", "--engine", "spark"], args
+        assert recorded[-len(common):] == common, args
+        assert ("spark.plugins=com.nvidia.spark.SQLPlugin" in recorded) == gpu, args
+    for args, words in (
+        (["2", "GPU", "NVTabular"], "NVTabular is not available here; the engines are local, spark-cpu and spark-gpu"),
+        (["2", "TPU"], "device 'TPU' (NVIDIA's form: CPU or GPU)"),
+        (["2", "CPU", "Dask"], "unknown framework 'Dask'"),
+        (["2"], "got 1 argument(s)"),
+        (["local", "2", "extra"], "expected <engine> <frequency_threshold>, got 3 argument(s)"),
+    ):
+        proc = run(*args)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and words in proc.stderr, (args, proc.stderr)
+    proc = run("--help")
+    assert proc.returncode == 0 and "<frequency_threshold> <CPU|GPU> [Spark]" in proc.stdout
+
+    # The flags NVIDIA's form chose, run for real (the local engine instead of Spark): NVIDIA's dataset.
+    proc = run("2", "CPU")
+    recorded = record.read_text().splitlines()
+    flags = recorded[recorded.index("--input_dir"):]
+    assert main(flags + ["--engine", "local", "--workers", "1", "--progress", "off"]) == 0
+    spec = FeatureSpec.from_yaml(str(tmp_path / "out"))
+    assert spec.splits == ["train", "test"]
+    assert spec.metadata["preprocessing"]["vocabulary_days"] == "all"
+    assert spec.metadata["preprocessing"]["numerical_rounding"] == "nvidia"
+
+
 def test_killed_run_resumes_to_the_same_dataset(tmp_path):
     """SIGKILL (no clean-up at all) in the middle of the transform; the rerun finishes the job."""
     days = tmp_path / "days"
