@@ -28,6 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pytest
+import yaml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARALLEL = 2
@@ -113,6 +114,9 @@ CASES = [
     Case("transcode", "--train={tsv_bad} --output={out} --num_numerical=-1", "--num_numerical"),
     Case("transcode", "--train={tsv_bad} --output={out} --delimiter=semicolon", "--delimiter"),
     Case("synthetic", "", "--synthetic_dataset_dir is required"),
+    Case("synthetic", "--synthetic_dataset_dir={out} --feature_spec={dataset} --preset=criteo_fl15",
+         "leave out --preset"),
+    Case("synthetic", "--synthetic_dataset_dir={out} --feature_spec={spec_escape}", "is not inside the dataset directory"),
     Case("synthetic", "--synthetic_dataset_dir={out} --synthetic_dataset_table_sizes=10,x", "--synthetic_dataset_table_sizes"),
     Case("synthetic", "--synthetic_dataset_dir={out} --synthetic_dataset_table_sizes=10,0", "must be at least 1"),
     Case("synthetic", "--synthetic_dataset_dir={out} --preset=fl16", "--preset"),
@@ -200,7 +204,8 @@ def paths(tmp_path_factory) -> dict[str, str]:
 
     root = tmp_path_factory.mktemp("cli_errors")
     p = {name: str(root / name) for name in ("missing", "file", "dir", "ckpt_damaged", "dataset", "truncated",
-                                              "badspec", "tsv_bad", "tsv_latin1", "empty", "criteo", "criteo_bad")}
+                                              "badspec", "tsv_bad", "tsv_latin1", "empty", "criteo", "criteo_bad",
+                                              "spec_escape")}
     (root / "file").write_bytes(np.random.default_rng(0).integers(0, 256, 512, dtype=np.uint8).tobytes())
     os.mkdir(p["dir"])
     os.mkdir(p["ckpt_damaged"])
@@ -218,6 +223,9 @@ def paths(tmp_path_factory) -> dict[str, str]:
     good = tsv_line("1", {0: "3"}, {0: "0123abcd"})
     (root / "criteo").write_text(good + "\n" + good + "\n")
     (root / "criteo_bad").write_text(good + "\n" + tsv_line("0", {4: "x"}) + "\n")
+    escape = yaml.safe_load(open(os.path.join(p["dataset"], "feature_spec.yaml"), encoding="utf-8"))
+    escape["source_spec"]["train"][0]["files"] = ["../outside.bin"]
+    (root / "spec_escape").write_text(yaml.safe_dump(escape))
     return p
 
 
