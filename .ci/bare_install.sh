@@ -123,9 +123,9 @@ if [ -e "$work/criteo" ]; then
 fi
 
 # Every entry point's --help exits 0.
-for module in dlrm.scripts.main dlrm.scripts.prepare_synthetic_dataset dlrm.scripts.transcode dlrm.scripts.export \
-    dlrm.scripts.deploy dlrm.scripts.spark_train dlrm.scripts.spark_score dlrm.scripts.spark_recommend \
-    dlrm.scripts.recommender_generate \
+for module in dlrm.scripts.main dlrm.scripts.prepare_synthetic_dataset dlrm.scripts.transcode dlrm.scripts.gen_csv \
+    dlrm.scripts.export dlrm.scripts.deploy dlrm.scripts.spark_train dlrm.scripts.spark_score \
+    dlrm.scripts.spark_recommend dlrm.scripts.recommender_generate \
     dlrm.scripts.recommender_train dlrm.scripts.recommender_predict dlrm.scripts.recommender_evaluate preproc; do
     step "$module --help" 60 "$py" -m "$module" --help
 done

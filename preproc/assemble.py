@@ -115,7 +115,7 @@ def write_job_dataset(job: Job, cardinalities: list[int], fragments: dict[str, l
     lists bucket b's fragment files in row order; ``vocabulary`` is the work directory's saved
     vocabulary, kept with the dataset."""
     dtypes = record_dtypes(job, cardinalities)
-    splits = {s: SplitFragments(dtypes[s], fragments[s], sort=job.shuffled(s)) for s in job.splits}
+    splits = {s: SplitFragments(dtypes[s], fragments[s], sort=job.shuffled(s)) for s in job.written_splits}
     progress.begin("assemble", total_rows)
     done = 0
 
@@ -125,7 +125,7 @@ def write_job_dataset(job: Job, cardinalities: list[int], fragments: dict[str, l
         progress.update(n, done_bytes=done)
 
     spec = write_dataset(
-        job.output_dir, cardinalities, splits, {s: job.split_files(s) for s in job.splits},
+        job.output_dir, cardinalities, splits, {s: job.split_files(s) for s in job.written_splits},
         lambda rows: job.metadata(rows, skipped), advance, skipped, vocabulary,
     )
     progress.end()

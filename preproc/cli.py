@@ -4,6 +4,7 @@
     python -m preproc --input_dir /data/kaggle --layout kaggle --output /data/kaggle_bin
     python -m preproc --train a.tsv b.tsv --test c.tsv --validation d.tsv --output out/
     python -m preproc --input_dir /data/criteo --output out/ --engine spark --spark_master spark://host:7077
+    python -m preproc --input_dir /data/criteo --output out/ --frequency_threshold 15 --vocabulary_days all  # NVIDIA's dataset
 
 Both engines write the same bytes. An interrupted run resumes when rerun with the same
 arguments (finished input files are not redone). Exit status: 0 on success; 2 on bad input or
@@ -30,8 +31,9 @@ from dlrm.data.errors import DatasetError
 from dlrm.extras import missing_extra
 from preproc.job import DEFAULT_MEMORY_LIMIT, WORK_DIR_NAME, Job
 from preproc.layout import detect_layout, file_inputs, kaggle_inputs, parse_days, terabyte_inputs
+from preproc.numeric import DEFAULT_ROUNDING, ROUNDINGS
 from preproc.progress import Progress
-from preproc.reference import column_thresholds, parse_threshold
+from preproc.reference import VOCABULARY_DAYS, column_thresholds, parse_threshold
 
 
 USAGE_ERROR_EXIT = 2
@@ -87,12 +89,24 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--train", nargs="+", metavar="FILE", help="explicit train files")
     src.add_argument("--test", nargs="+", metavar="FILE", help="explicit test files")
     src.add_argument("--validation", nargs="+", metavar="FILE", help="explicit validation files (optional)")
+    src.add_argument("--validation_split", choices=["drop", "keep"], default=None,
+                     help="--input_dir: the second half of day 23 (Kaggle: of the 7th day) is read and checked but "
+                          "not written (drop: the dataset has train and test, as NVIDIA's reader requires), or "
+                          "written as a 'validation' split (keep). Default: drop; explicit --validation files are "
+                          "always written")
 
     out = p.add_argument_group("output and transform")
     out.add_argument("--output", required=True, help="dataset directory to write")
     out.add_argument("--frequency_threshold", default="0",
                      help="keep values seen at least this often in train: '15', or per column as NVIDIA's "
                           "--frequency_limit, e.g. '14:3,15' (field 14 = C1 -> 3, the others 15); 0 keeps all")
+    out.add_argument("--vocabulary_days", choices=list(VOCABULARY_DAYS), default="train",
+                     help="rows whose categorical values are counted for the vocabulary: train (only the training "
+                          "days; no test row influences ids) or all (train, test and validation rows, as NVIDIA's "
+                          "Spark and NVTabular pipelines count; this lets test-day values into the vocabulary)")
+    out.add_argument("--numerical_rounding", choices=list(ROUNDINGS), default=DEFAULT_ROUNDING,
+                     help="float64 ln(x + 3) -> float16: nvidia (through float32, as NVIDIA's scripts convert: their "
+                          "bytes) or direct (once to the nearest float16; what this project wrote before the option)")
     out.add_argument("--on_error", choices=["fail", "skip"], default="fail",
                      help="malformed lines: stop at the first (fail) or leave them out and report counts (skip)")
     out.add_argument("--shuffle_seed", type=int, default=None, help="shuffle the train rows with this seed (default: input order)")
@@ -121,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _inputs(args: argparse.Namespace, parser: argparse.ArgumentParser):
     if args.input_dir and (args.train or args.test or args.validation):
         parser.error("give either --input_dir or --train/--test/--validation, not both")
+    if args.validation and args.validation_split == "drop":
+        parser.error("--validation_split drop contradicts the --validation files given; leave one of them out")
     if args.input_dir:
         layout = detect_layout(args.input_dir) if args.layout == "auto" else args.layout
         if layout == "terabyte":
@@ -257,10 +273,13 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         _check_directory("--work_dir", args.work_dir)
     inputs = _inputs(args, parser)
     thresholds = column_thresholds(parse_threshold(args.frequency_threshold))
+    # Validation derived from --input_dir (half of the last day) is dropped unless kept.
+    drop = args.input_dir is not None and (args.validation_split or "drop") == "drop"
     job = Job(
         inputs, args.output, thresholds, on_error=args.on_error, shuffle_seed=args.shuffle_seed,
         work_dir=args.work_dir, memory_limit=int(args.memory_limit_gb * 2**30), keep_work_dir=args.keep_work_dir,
-        fresh=args.fresh,
+        fresh=args.fresh, vocabulary_days=args.vocabulary_days, numerical_rounding=args.numerical_rounding,
+        unwritten_splits=("validation",) if drop else (),
     )
     job.check_inputs()
     _check_splits_have_data(job)
@@ -278,6 +297,9 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     seconds = time.monotonic() - start
     total = sum(result.rows.values())
     print(f"wrote {args.output}: " + ", ".join(f"{s} {n:,} rows" for s, n in result.rows.items()))
+    if "validation" in job.unwritten_splits and "validation" in job.splits:
+        print("validation rows (the second half of the last day) read and checked but not written; "
+              "--validation_split keep writes them")
     print(f"cardinalities: {result.spec.cardinalities}")
     print(f"{total:,} rows in {seconds:.1f} s ({total / max(seconds, 1e-9):,.0f} rows/s end to end, engine {args.engine}"
           f"{', resumed' if result.resumed else ''}); peak RSS of this process {_peak_rss_mb():,.0f} MB")

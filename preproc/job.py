@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 
 from dlrm.data.feature_spec import FeatureSpec
 from preproc.layout import InputFile, job_splits, split_ranges
+from preproc.numeric import DEFAULT_ROUNDING, check_rounding
+from preproc.reference import check_vocabulary_days, preprocessing_metadata
 
 NUM_NUMERICAL = 13
 NUM_CATEGORICAL = 26
 DEFAULT_MEMORY_LIMIT = 4 << 30
 WORK_DIR_NAME = ".preproc_work"
-NUMERICAL_RULE = "ln(x + 3); 0 for missing or x <= -3"  # the reference's wording, kept byte-identical
 SHUFFLE_RULE = "train rows sorted by xxhash64(seed, (file_index << 40) | line)"
 
 
@@ -33,10 +34,20 @@ class Job:
     keep_work_dir: bool = False
     fresh: bool = False  # discard an unfinished run's work directory instead of resuming it
     extra: dict = field(default_factory=dict)  # engine settings, e.g. chunk size
+    vocabulary_days: str = "train"  # whose values are counted: "train" rows, or "all" rows (NVIDIA's)
+    numerical_rounding: str = DEFAULT_ROUNDING  # float64 log -> float16: "nvidia" (via float32) or "direct"
+    # Splits whose rows are read (checked, and counted for vocabulary_days="all") but not written,
+    # e.g. ("validation",): NVIDIA's reader wants a spec with train and test only.
+    unwritten_splits: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.on_error not in ("fail", "skip"):
             raise ValueError(f"on_error must be 'fail' or 'skip', got {self.on_error!r}")
+        check_vocabulary_days(self.vocabulary_days)
+        check_rounding(self.numerical_rounding)
+        self.unwritten_splits = tuple(self.unwritten_splits)
+        if "train" in self.unwritten_splits or "test" in self.unwritten_splits:
+            raise ValueError(f"unwritten_splits may name 'validation' only, got {list(self.unwritten_splits)}")
         if len(self.thresholds) != NUM_CATEGORICAL:
             raise ValueError(f"need {NUM_CATEGORICAL} thresholds, got {len(self.thresholds)}")
         if not self.inputs:
@@ -48,7 +59,18 @@ class Job:
 
     @property
     def splits(self) -> list[str]:
+        """The splits the inputs hold (each is read and checked)."""
         return job_splits(self.inputs)
+
+    @property
+    def written_splits(self) -> list[str]:
+        """The splits the dataset gets: ``splits`` less ``unwritten_splits``."""
+        return [s for s in self.splits if s not in self.unwritten_splits]
+
+    @property
+    def counted_splits(self) -> tuple[str, ...]:
+        """The splits whose categorical values are counted for the vocabulary."""
+        return ("train",) if self.vocabulary_days == "train" else tuple(self.splits)
 
     @property
     def paths(self) -> list[str]:
@@ -62,7 +84,7 @@ class Job:
     def identity(self, engine: str) -> dict:
         """What a resumed run must share with the interrupted one (file contents are checked per unit)."""
         inputs = [{"path": os.path.abspath(f.path), "rule": f.rule} for f in self.inputs]
-        return {
+        identity = {
             "format": 1,
             "engine": engine,
             "inputs": inputs,
@@ -70,20 +92,28 @@ class Job:
             "shuffle_seed": self.shuffle_seed,
             "on_error": self.on_error,
         }
+        # Recorded when they differ from what a work directory made before these settings
+        # existed used (train counts, one rounding), so such a directory still resumes.
+        if self.vocabulary_days != "train":
+            identity["vocabulary_days"] = self.vocabulary_days
+        if self.numerical_rounding != "direct":
+            identity["numerical_rounding"] = self.numerical_rounding
+        return identity
 
     def ranges(self, index: int, lines: int) -> list[tuple[str, int, int]]:
         return split_ranges(self.inputs[index].rule, lines)
 
     def counted(self, index: int) -> bool:
-        """Whether file ``index`` has train lines (values are counted over train lines only)."""
-        return "train" in self.inputs[index].splits()
+        """Whether file ``index`` has lines whose values are counted (train lines, or any with
+        ``vocabulary_days='all'``)."""
+        return any(s in self.counted_splits for s in self.inputs[index].splits())
 
     def shuffled(self, split: str) -> bool:
         return split == "train" and self.shuffle_seed is not None
 
     def metadata(self, rows: dict[str, int], skipped: dict) -> dict:
         """The spec's ``metadata``: the reference's keys, plus the shuffle when there is one."""
-        pre: dict = {"numerical": NUMERICAL_RULE, "frequency_thresholds": list(self.thresholds), "rows": dict(rows)}
+        pre = preprocessing_metadata(self.thresholds, rows, self.vocabulary_days, self.numerical_rounding)
         if self.shuffle_seed is not None:
             pre["shuffle"] = {"seed": self.shuffle_seed, "order": SHUFFLE_RULE}
         meta: dict = {"preprocessing": pre}

@@ -212,7 +212,7 @@ class LocalEngine:
         summary = MalformedSummary()
         good: dict[str, int] = {}
         total = 0
-        calls = self._chunks(i, lambda data, first: (data, first, ranges))
+        calls = self._chunks(i, lambda data, first: (data, first, ranges, job.counted_splits))
         for result, (first, n, raw_pos) in self.pool.ordered(scan_task, calls):
             for line, reason, detail in classify_bad(result.bad):
                 if job.on_error == "fail":
@@ -237,7 +237,7 @@ class LocalEngine:
             for split, count in marker["good"].items():
                 good[split] = good.get(split, 0) + count
         skipped = summary.metadata(self.job.paths)
-        for split in self.job.splits:
+        for split in self.job.written_splits:
             if not good.get(split):
                 raise empty_split_error(split, self.job.split_files(split), skipped)
         return skipped
@@ -262,7 +262,7 @@ class LocalEngine:
         cardinalities = vocab["cardinalities"]
         paths = job.paths
         sizes = [os.path.getsize(p) for p in paths]
-        table = build_log_table()
+        table = build_log_table(job.numerical_rounding)
         dtypes = record_dtypes(job, cardinalities)
         vocab_dir = work.file("vocab")
         self.progress.begin("transform", sum(sizes), len(paths))
@@ -296,13 +296,13 @@ class LocalEngine:
     def _assemble(self, cardinalities: list[int], fragments: list[dict], skipped: dict, settings: dict) -> FeatureSpec:
         job, work = self.job, self.work
         files = {}
-        for split in job.splits:
+        for split in job.written_splits:
             buckets = 1 << settings["bucket_bits"] if job.shuffled(split) else 1
             files[split] = [
                 [work.file(f"rows/f{i}", fragment_name(split, b)) for i, m in enumerate(fragments) if f"{split}.b{b}" in m["rows"]]
                 for b in range(buckets)
             ]
-        total = sum(sum(m["rows"].values()) for m in fragments)
+        total = sum(n for m in fragments for key, n in m["rows"].items() if key.rsplit(".", 1)[0] in files)
         return write_job_dataset(job, cardinalities, files, total, skipped, self.progress, work.file("vocab"))
 
 

@@ -64,7 +64,7 @@ class Rows:
         """float16 [n, 13]: ln(x + 3), 0 for missing and x <= -3."""
         out = log_counts_float16(self.counts, self.count_present, table)
         for row, col, text in self.long_counts:
-            out[row, col] = long_count_float16(text)
+            out[row, col] = long_count_float16(text, table.rounding)
         return out
 
     def select(self, mask: np.ndarray) -> "Rows":

@@ -15,14 +15,18 @@ Output (a split-binary dataset, see docs/data_format.md):
 
 - label: the byte 0 or 1.
 - numerical: ``ln(x + 3)`` for a count ``x >= -2``, and ``0`` for a missing count or one that is
-  ``<= -3``; stored as float16 (round to nearest even). This is exactly what NVIDIA's Spark
-  pipeline computes (``log(x + 3)`` on the raw integer, then nulls -- missing values, and the
-  log of a non-positive number, which Spark returns as null -- filled with 0), so datasets made
-  here match theirs value for value, and the result is always finite and >= 0.
-- categorical: per column, values are counted over the train files only (after lowercasing).
-  A value seen at least ``threshold`` times gets an id in 1..K, ranked by descending count, ties
-  broken by the 8-digit lowercase hex string in ascending order. Missing values, values seen
-  fewer than ``threshold`` times, and values absent from train map to 0. Cardinality = K + 1.
+  ``<= -3``, computed in float64. This is what NVIDIA's Spark pipeline computes (``log(x + 3)``
+  on the raw integer, then nulls -- missing values, and the log of a non-positive number, which
+  Spark returns as null -- filled with 0); the result is always finite and >= 0. It is stored
+  as float16 by ``numerical_rounding`` (``numeric.ROUNDINGS``): ``nvidia`` (the default) rounds
+  to float32 and then to float16 as NVIDIA's conversion scripts do, so the values match theirs
+  bit for bit; ``direct`` rounds once to the nearest float16 (ties to even).
+- categorical: per column, values are counted (after lowercasing) over the rows of
+  ``vocabulary_days``: ``train`` (the default) counts the train files only, ``all`` the train,
+  test and validation files, as NVIDIA's pipelines do. A value seen at least ``threshold``
+  times gets an id in 1..K, ranked by descending count, ties broken by the 8-digit lowercase
+  hex string in ascending order. Missing values, values seen fewer than ``threshold`` times, and
+  values not counted map to 0. Cardinality = K + 1.
 - thresholds: an int for every column, or a dict {TSV field index (14..39): threshold} as in
   NVIDIA's ``--frequency_limit`` (``14`` is C1), where the key ``None`` holds the default of the
   columns not listed (0, i.e. no threshold, when absent). Thresholds 0 and 1 keep every value.
@@ -45,6 +49,7 @@ from dlrm.data.batch import Batch
 from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import FeatureSpec
 from dlrm.data.split_binary import SplitBinaryWriter
+from preproc.numeric import DEFAULT_ROUNDING, check_rounding, to_float16
 from preproc.vocab import Vocabulary, save_dataset_vocabulary
 
 NUM_NUMERICAL = 13
@@ -56,6 +61,26 @@ _COUNT = re.compile(r"-?[0-9]+")
 _HASH = re.compile(r"[0-9a-fA-F]{8}")
 _FIRST_LOCATIONS = 5
 _WRITE_ROWS = 65536
+VOCABULARY_DAYS = ("train", "all")  # the rows whose values are counted: train's, or every split's
+NUMERICAL_RULE = "ln(x + 3); 0 for missing or x <= -3"
+
+
+def check_vocabulary_days(vocabulary_days: str) -> str:
+    if vocabulary_days not in VOCABULARY_DAYS:
+        raise ValueError(f"vocabulary_days must be one of {list(VOCABULARY_DAYS)}, got {vocabulary_days!r}")
+    return vocabulary_days
+
+
+def preprocessing_metadata(thresholds: list[int], rows: dict[str, int], vocabulary_days: str,
+                           numerical_rounding: str) -> dict:
+    """The spec's ``metadata.preprocessing`` (the engines add ``shuffle`` when there is one)."""
+    return {
+        "numerical": NUMERICAL_RULE,
+        "numerical_rounding": numerical_rounding,
+        "frequency_thresholds": list(thresholds),
+        "vocabulary_days": vocabulary_days,
+        "rows": dict(rows),
+    }
 
 class _Malformed(Exception):
     def __init__(self, reason: str, detail: str):
@@ -187,7 +212,10 @@ def _rows(paths: list[str], errors: _Errors | None) -> Iterator[tuple[int, list[
 
 
 def build_vocabularies(train_files: list[str], thresholds: list[int], on_error: str = "fail") -> list[dict[str, int]]:
-    """Per column: {hash: id} for the values kept, ids 1..K by descending count, ties by hash."""
+    """Per column: {hash: id} for the values kept, ids 1..K by descending count, ties by hash.
+
+    Values are counted over ``train_files``: the train files, or every file for
+    ``vocabulary_days='all'``."""
     counts: list[dict[str, int]] = [{} for _ in range(NUM_CATEGORICAL)]
     # Malformed train lines are reported (or counted) in the transform pass; here fail mode raises
     # early, before anything is written, and skip mode just leaves them out of the counts.
@@ -242,13 +270,13 @@ def split_day_23(path: str, out_test: str, out_validation: str) -> tuple[int, in
     return half, total - half
 
 
-def _flush(writer: SplitBinaryWriter, labels: list[int], numerical: list[list[float]], ids: list[list[int]]) -> None:
+def _flush(writer: SplitBinaryWriter, labels: list[int], numerical: list[list[float]], ids: list[list[int]],
+           rounding: str) -> None:
     if not labels:
         return
-    # The writer accepts numpy arrays; converting float64 -> float16 in one step rounds to nearest.
     writer.write(
         Batch(
-            numerical=np.array(numerical, dtype=np.float64).astype(np.float16),  # type: ignore[arg-type]
+            numerical=to_float16(numerical, rounding),  # type: ignore[arg-type]
             categorical=np.array(ids, dtype=np.int64),  # type: ignore[arg-type]
             label=np.array(labels, dtype=np.uint8),  # type: ignore[arg-type]
         )
@@ -265,6 +293,8 @@ def reference_preprocess(
     output_dir: str,
     frequency_threshold: int | dict[int | None, int] = 0,
     on_error: str = "fail",
+    vocabulary_days: str = "train",
+    numerical_rounding: str = DEFAULT_ROUNDING,
 ) -> FeatureSpec:
     """Raw Criteo TSV files -> split-binary dataset in ``output_dir``, by the rules in the module docstring.
 
@@ -274,7 +304,10 @@ def reference_preprocess(
     number, reason); ``'skip'`` drops such lines, prints a summary to stderr and records the count
     per reason with the first few ``file:line`` locations in ``metadata['skipped_lines']``.
     Nothing in ``output_dir`` is replaced unless every split succeeds; the spec is written last.
+    ``vocabulary_days`` and ``numerical_rounding`` are explained in the module docstring.
     """
+    check_vocabulary_days(vocabulary_days)
+    check_rounding(numerical_rounding)
     splits = {"train": list(train_files), "test": list(test_files)}
     if validation_files:
         splits["validation"] = list(validation_files)
@@ -283,7 +316,8 @@ def reference_preprocess(
             raise DatasetError(f"split '{name}' has no input files")
     thresholds = column_thresholds(frequency_threshold)
     errors = _Errors(on_error)
-    vocabularies = build_vocabularies(splits["train"], thresholds, on_error)
+    counted = splits["train"] if vocabulary_days == "train" else [p for files in splits.values() for p in files]
+    vocabularies = build_vocabularies(counted, thresholds, on_error)
     cardinalities = [len(v) + 1 for v in vocabularies]
 
     os.makedirs(output_dir, exist_ok=True)
@@ -299,8 +333,8 @@ def reference_preprocess(
                 numerical.append([log_transform(c) for c in counts])
                 ids.append([0 if h is None else vocabularies[j].get(h, 0) for j, h in enumerate(hashes)])
                 if len(labels) == _WRITE_ROWS:
-                    _flush(writer, labels, numerical, ids)
-            _flush(writer, labels, numerical, ids)
+                    _flush(writer, labels, numerical, ids, numerical_rounding)
+            _flush(writer, labels, numerical, ids, numerical_rounding)
             if writer.num_rows == 0:
                 raise DatasetError(
                     f"split '{name}' has no rows: its files {splits[name]} hold no well-formed line"
@@ -316,13 +350,8 @@ def reference_preprocess(
     save_dataset_vocabulary(output_dir, Vocabulary.build([[int(h, 16) for h in values] for values in by_id]))
 
     skipped = errors.summary()
-    spec.metadata = {
-        "preprocessing": {
-            "numerical": "ln(x + 3); 0 for missing or x <= -3",
-            "frequency_thresholds": thresholds,
-            "rows": {name: w.num_rows for name, w in zip(splits, writers)},
-        }
-    }
+    rows = {name: w.num_rows for name, w in zip(splits, writers)}
+    spec.metadata = {"preprocessing": preprocessing_metadata(thresholds, rows, vocabulary_days, numerical_rounding)}
     if skipped:
         spec.metadata["skipped_lines"] = skipped
         total = sum(v["count"] for v in skipped.values())

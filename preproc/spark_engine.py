@@ -363,7 +363,7 @@ class SparkEngine:
             summary.extend(MalformedSummary.from_json(lines[i]["malformed"]))
         skipped = summary.metadata(self.job.paths)
         # Splits made of whole files can be checked now; halves of a file are checked when written.
-        for split in self.job.splits:
+        for split in self.job.written_splits:
             whole = [i for i, f in enumerate(self.job.inputs) if f.rule == split]
             if whole and len(whole) == len(self.job.split_files(split)):
                 good = sum(lines[i]["lines"] - MalformedSummary.from_json(lines[i]["malformed"]).total for i in whole)
@@ -407,7 +407,8 @@ class SparkEngine:
             unit = f"spark/counts/g{g}"
             if work.done(unit, depends) is None or not os.path.isdir(work.file(unit)):
                 with _Status(self.spark, self.progress):
-                    rows = self._good_rows(groups[g], lines).filter(F.col("split") == SPLITS.index("train"))
+                    rows = self._good_rows(groups[g], lines).filter(
+                        F.col("split").isin([SPLITS.index(s) for s in job.counted_splits]))
                     values = rows.select(F.posexplode(F.slice(_fields(F), 15, NUM_CATEGORICAL)).alias("col", "value"))
                     counts = values.filter(F.col("value") != "").select("col", F.lower("value").alias("value"))
                     counts.groupBy("col", "value").agg(F.count(F.lit(1)).alias("n")).write.parquet(
@@ -459,7 +460,7 @@ class SparkEngine:
         sizes = [os.path.getsize(p) for p in job.paths]
         self.progress.begin("spark rows", sum(sizes), len(job.inputs))
         dtypes = record_dtypes(job, cardinalities)
-        table = build_log_table()
+        table = build_log_table(job.numerical_rounding)
         markers = []
         done_files = 0
         for g, files in enumerate(groups):
@@ -529,7 +530,7 @@ class SparkEngine:
     def _assemble(self, cardinalities: list[int], markers: list[dict], skipped: dict):
         job, work = self.job, self.work
         files = {}
-        for split in job.splits:
+        for split in job.written_splits:
             buckets = 1 << work.settings["bucket_bits"] if job.shuffled(split) else 1
             lists: list[list[str]] = [[] for _ in range(buckets)]
             last = None
@@ -543,7 +544,7 @@ class SparkEngine:
                         last = f["last"]
                     lists[f["bucket"]].append(work.file(f"spark/rows/g{g}", f["name"]))
             files[split] = lists
-        total = sum(f["rows"] for m in markers for f in m["fragments"])
+        total = sum(f["rows"] for m in markers for f in m["fragments"] if f["split"] in files)
         return write_job_dataset(job, cardinalities, files, total, skipped, self.progress,
                                  work.file("spark/vocab", "table"))
 

@@ -62,7 +62,7 @@ def _numerical(batch: pa.RecordBatch, table: LogTable) -> np.ndarray:
         for row in np.flatnonzero(longs.is_valid().to_numpy(zero_copy_only=False)).tolist():
             for k, text in enumerate(longs[row].as_py().split("\t")):
                 if len(text) > MAX_TABLE_DIGITS:
-                    out[row, k] = long_count_float16(text)
+                    out[row, k] = long_count_float16(text, table.rounding)
     return out
 
 

@@ -38,8 +38,9 @@ class ScanResult:
     good: dict[str, int]  # well-formed rows per split
 
 
-def scan_task(data: bytes, first_line: int, ranges: list[tuple[str, int, int]]) -> ScanResult:
-    """Parse a chunk, count the categorical values of its train rows, tally rows per split."""
+def scan_task(data: bytes, first_line: int, ranges: list[tuple[str, int, int]],
+              counted_splits: tuple[str, ...] = ("train",)) -> ScanResult:
+    """Parse a chunk, count the categorical values of its rows in ``counted_splits``, tally rows per split."""
     chunk = parse_chunk(data, first_line)
     rows = chunk.rows
     good = {}
@@ -47,7 +48,7 @@ def scan_task(data: bytes, first_line: int, ranges: list[tuple[str, int, int]]) 
     for split, a, b in ranges:
         in_range = (rows.line >= a) & (rows.line <= b)
         good[split] = good.get(split, 0) + int(in_range.sum())
-        if split == "train":
+        if split in counted_splits:
             counted |= in_range
     if counted.all():
         keys, counts = count_chunk(rows.hashes, rows.hash_present)

@@ -14,7 +14,8 @@ of the 40 fields as text. The vocabulary comes from the dataset::
     rows.label, rows.numerical, rows.categorical  # uint8 [n], float16 [n, 13], int64 [n, 26]
 
 The frequency threshold needs no setting here: the vocabulary holds only the kept values (ids
-1..K), and everything else (missing, rare, or never seen in train) maps to 0, as in the dataset.
+1..K), and everything else (missing, rare, or never counted) maps to 0, as in the dataset. The
+numerical rounding is the dataset's (``dataset_numerical_rounding``; ``nvidia`` by default).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import NamedTuple
 import numpy as np
 
 from dlrm.data.errors import DatasetError
-from preproc.numeric import LogTable, build_log_table
+from preproc.numeric import DEFAULT_ROUNDING, LogTable, build_log_table, check_rounding
 from preproc.parse import NUM_CATEGORICAL, NUM_NUMERICAL
 from preproc.report import classify_bad, malformed_error
 from preproc.tasks import transform_chunk
@@ -45,10 +46,19 @@ class TransformedRows(NamedTuple):
     malformed: list[tuple[int, str, str]]  # skip mode: (row index, reason, detail) of the rows left out
 
 
-@functools.lru_cache(maxsize=1)
-def log_table() -> LogTable:
-    """The float16 log table of the engines (built once per process, about 0.1 s)."""
-    return build_log_table()
+@functools.lru_cache(maxsize=2)
+def log_table(rounding: str = DEFAULT_ROUNDING) -> LogTable:
+    """The float16 log table of the engines (built once per process and rounding, about 0.1 s)."""
+    return build_log_table(rounding)
+
+
+def dataset_numerical_rounding(dataset_dir: str) -> str:
+    """How a preprocessed dataset rounded its numericals (``metadata.preprocessing.numerical_rounding``
+    of its spec; ``direct`` for datasets made before the setting was recorded)."""
+    from dlrm.data.feature_spec import FeatureSpec
+
+    pre = FeatureSpec.from_yaml(dataset_dir).metadata.get("preprocessing") or {}
+    return check_rounding(pre.get("numerical_rounding", "direct"))
 
 
 def _check_on_error(on_error: str) -> None:
@@ -56,7 +66,8 @@ def _check_on_error(on_error: str) -> None:
         raise ValueError(f"on_error must be 'fail' or 'skip', got {on_error!r}")
 
 
-def _transform(data: bytes, vocabulary: Vocabulary, chunk_bytes: int) -> tuple[TransformedRows, list[tuple[int, str, str]]]:
+def _transform(data: bytes, vocabulary: Vocabulary, chunk_bytes: int,
+               rounding: str) -> tuple[TransformedRows, list[tuple[int, str, str]]]:
     """Every row of ``data`` (lines numbered from 1), in chunks of whole lines of about
     ``chunk_bytes`` (the engines' memory per chunk); malformed rows by (line, reason, detail)."""
     if data and not data.endswith(b"\n"):
@@ -67,7 +78,7 @@ def _transform(data: bytes, vocabulary: Vocabulary, chunk_bytes: int) -> tuple[T
         end = data.rfind(b"\n", start, start + chunk_bytes) + 1
         if end <= start:  # one line longer than a chunk
             end = data.index(b"\n", start) + 1
-        chunk, numerical, cat = transform_chunk(data[start:end], first_line, log_table(), vocabulary)
+        chunk, numerical, cat = transform_chunk(data[start:end], first_line, log_table(rounding), vocabulary)
         labels.append(chunk.rows.label)
         numericals.append(numerical)
         ids.append(cat)
@@ -84,7 +95,8 @@ def _transform(data: bytes, vocabulary: Vocabulary, chunk_bytes: int) -> tuple[T
 
 
 def transform_lines(data: bytes, vocabulary: Vocabulary, on_error: str = "fail", source: str = "input",
-                    first_line: int = 1, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> TransformedRows:
+                    first_line: int = 1, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                    numerical_rounding: str = DEFAULT_ROUNDING) -> TransformedRows:
     """Criteo TSV lines (``label \\t I1..I13 \\t C1..C26``, each ending in ``\\n``; a last line may
     lack it) -> what a dataset made with ``vocabulary`` holds for them: labels, float16
     numericals and int64 categorical ids, bit for bit as the engines write them.
@@ -97,9 +109,10 @@ def transform_lines(data: bytes, vocabulary: Vocabulary, on_error: str = "fail",
     Scoring usually needs one result per input row, so failing is the default; with
     ``on_error='skip'`` malformed lines are left out, ``row`` says which input rows the results
     are (line ``first_line + row``), and ``malformed`` lists the others with their reasons.
+    ``numerical_rounding`` must be the dataset's (``dataset_numerical_rounding``).
     """
     _check_on_error(on_error)
-    rows, bad = _transform(bytes(data), vocabulary, chunk_bytes)
+    rows, bad = _transform(bytes(data), vocabulary, chunk_bytes, check_rounding(numerical_rounding))
     if bad and on_error == "fail":
         line, _, detail = bad[0]
         raise malformed_error(source, first_line + line - 1, detail, skip="pass on_error='skip'")
@@ -126,7 +139,8 @@ def _text_column(frame, name: str):
     return array
 
 
-def transform_columns(frame, vocabulary: Vocabulary, on_error: str = "fail") -> TransformedRows:
+def transform_columns(frame, vocabulary: Vocabulary, on_error: str = "fail",
+                      numerical_rounding: str = DEFAULT_ROUNDING) -> TransformedRows:
     """``transform_lines`` for a pandas DataFrame whose columns ``label, I1..I13, C1..C26`` hold
     the Criteo fields as text (``str``; ``''``, ``None`` or NaN for a missing value; integer
     columns are accepted too). The fields are joined into TSV lines and transformed, so every
@@ -142,6 +156,7 @@ def transform_columns(frame, vocabulary: Vocabulary, on_error: str = "fail") -> 
     if missing:
         raise DatasetError(f"the DataFrame lacks the column(s) {missing}; it needs {COLUMNS[0]}, I1..I13 and C1..C26")
     n = len(frame)
+    check_rounding(numerical_rounding)
     if n == 0:
         return transform_lines(b"", vocabulary, on_error)
     texts = [_text_column(frame, c) for c in COLUMNS]
@@ -157,7 +172,7 @@ def transform_columns(frame, vocabulary: Vocabulary, on_error: str = "fail") -> 
         name = COLUMNS[next(k for k, hit in enumerate(hits) if hit[pos])]
         raise DatasetError(f"DataFrame, row {pos}: {name} holds a newline; fix or drop the row (transform_columns "
                            f"joins the fields into lines, which a newline would split)")
-    rows, bad = _transform(data, vocabulary, DEFAULT_CHUNK_BYTES)
+    rows, bad = _transform(data, vocabulary, DEFAULT_CHUNK_BYTES, numerical_rounding)
     if bad and on_error == "fail":
         line, _, detail = bad[0]
         raise malformed_error("DataFrame", line - 1, detail, skip="pass on_error='skip'", what="row")

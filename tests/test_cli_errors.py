@@ -28,6 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pytest
+import yaml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARALLEL = 2
@@ -39,6 +40,7 @@ CLIS = {
     "deployer": ["triton/deployer.py"],
     "transcode": ["-m", "dlrm.scripts.transcode"],
     "synthetic": ["-m", "dlrm.scripts.prepare_synthetic_dataset"],
+    "gen_csv": ["-m", "dlrm.scripts.gen_csv"],
     "client": ["triton/client.py"],
     "local_server": ["triton/local_server.py"],
     "preproc": ["-m", "preproc"],
@@ -72,6 +74,7 @@ HELP = [
     Case("deployer", "--help", "--model_repository", 0),  # the flags live in dlrm.scripts.deploy
     Case("transcode", "-?", "--num_categorical", 0),
     Case("synthetic", "--help", "--synthetic_dataset_table_sizes", 0),
+    Case("gen_csv", "--help", "--feature_spec_in", 0),
     Case("client", "--help", "--soak_streams", 0),
     Case("local_server", "-h", "--server_env", 0),
     Case("preproc", "--help", "--frequency_threshold", 0),
@@ -114,7 +117,17 @@ CASES = [
     Case("transcode", "--train={empty} --output={out}", "{empty}: no data lines"),
     Case("transcode", "--train={tsv_bad} --output={out} --num_numerical=-1", "--num_numerical"),
     Case("transcode", "--train={tsv_bad} --output={out} --delimiter=semicolon", "--delimiter"),
+    Case("transcode", "--output={out}", "give --input DIR"),
+    Case("transcode", "--input={csv} --output={out} --num_numerical=3", "leave out --num_numerical"),
+    Case("transcode", "--input={csv_short} --output={out}", "ends after 2 rows but"),
+    Case("transcode", "--input={dataset} --output={out}", "chunk type 'split_binary'"),
+    Case("gen_csv", "--feature_spec_in={missing} --output={out}", "{missing}: feature spec not found"),
+    Case("gen_csv", "--feature_spec_in={csv} --output={out} --size=0", "--size"),
+    Case("gen_csv", "--feature_spec_in={csv_auto} --output={out}", "has cardinality 'auto'"),
     Case("synthetic", "", "--synthetic_dataset_dir is required"),
+    Case("synthetic", "--synthetic_dataset_dir={out} --feature_spec={dataset} --preset=criteo_fl15",
+         "leave out --preset"),
+    Case("synthetic", "--synthetic_dataset_dir={out} --feature_spec={spec_escape}", "is not inside the dataset directory"),
     Case("synthetic", "--synthetic_dataset_dir={out} --synthetic_dataset_table_sizes=10,x", "--synthetic_dataset_table_sizes"),
     Case("synthetic", "--synthetic_dataset_dir={out} --synthetic_dataset_table_sizes=10,0", "must be at least 1"),
     Case("synthetic", "--synthetic_dataset_dir={out} --preset=fl16", "--preset"),
@@ -210,7 +223,8 @@ def paths(tmp_path_factory) -> dict[str, str]:
 
     root = tmp_path_factory.mktemp("cli_errors")
     p = {name: str(root / name) for name in ("missing", "file", "dir", "ckpt_damaged", "dataset", "truncated",
-                                              "badspec", "tsv_bad", "tsv_latin1", "empty", "criteo", "criteo_bad")}
+                                              "badspec", "tsv_bad", "tsv_latin1", "empty", "criteo", "criteo_bad",
+                                              "csv", "csv_short", "spec_escape")}
     (root / "file").write_bytes(np.random.default_rng(0).integers(0, 256, 512, dtype=np.uint8).tobytes())
     os.mkdir(p["dir"])
     os.mkdir(p["ckpt_damaged"])
@@ -228,6 +242,25 @@ def paths(tmp_path_factory) -> dict[str, str]:
     good = tsv_line("1", {0: "3"}, {0: "0123abcd"})
     (root / "criteo").write_text(good + "\n" + good + "\n")
     (root / "criteo_bad").write_text(good + "\n" + tsv_line("0", {4: "x"}) + "\n")
+    # CSV sources (NVIDIA's transcoding layout): label+numerical in one file, ids in another; in
+    # csv_short the ids file has a line fewer. csv_auto: the same spec with an 'auto' cardinality.
+    csv_spec = {
+        "channel_spec": {"categorical": ["c"], "numerical": ["n"], "label": ["y"]},
+        "feature_spec": {"c": {"cardinality": 5}, "n": {}, "y": {}},
+        "source_spec": {"train": [{"type": "csv", "features": ["y", "n"], "files": ["dense.csv"]},
+                                  {"type": "csv", "features": ["c"], "files": ["ids.csv"]}]},
+    }
+    for name, ids in (("csv", "1\n2\n3\n"), ("csv_short", "1\n2\n")):
+        os.mkdir(p[name])
+        (root / name / "feature_spec.yaml").write_text(yaml.safe_dump(csv_spec))
+        (root / name / "dense.csv").write_text("0,0.5\n1,1.5\n0,2.5\n")
+        (root / name / "ids.csv").write_text(ids)
+    csv_spec["feature_spec"]["c"]["cardinality"] = "auto"
+    p["csv_auto"] = str(root / "csv_auto.yaml")
+    (root / "csv_auto.yaml").write_text(yaml.safe_dump(csv_spec))
+    escape = yaml.safe_load(open(os.path.join(p["dataset"], "feature_spec.yaml"), encoding="utf-8"))
+    escape["source_spec"]["train"][0]["files"] = ["../outside.bin"]
+    (root / "spec_escape").write_text(yaml.safe_dump(escape))
     return p
 
 

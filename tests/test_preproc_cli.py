@@ -34,8 +34,18 @@ AUC_BOUND = 0.70
 
 def test_help_and_bad_flags(cli, tmp_path, capsys):
     out = cli("preproc", "--help").stdout
-    for flag in ("--input_dir", "--frequency_threshold", "--on_error", "--shuffle_seed", "--engine", "--spark_master"):
+    for flag in ("--input_dir", "--frequency_threshold", "--on_error", "--shuffle_seed", "--engine", "--spark_master",
+                 "--vocabulary_days", "--numerical_rounding", "--validation_split"):
         assert flag in out
+    for flags, words in (
+        (["--vocabulary_days", "test"], "argument --vocabulary_days: invalid choice: 'test'"),
+        (["--numerical_rounding", "float32"], "argument --numerical_rounding: invalid choice: 'float32'"),
+        (["--validation", "c", "--validation_split", "drop"], "--validation_split drop contradicts the --validation files"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            main(["--train", "a", "--test", "b", "--output", str(tmp_path), *flags])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1 and words in err, err
     assert main(["--train", "a", "--test", "b", "--output", str(tmp_path), "--frequency_threshold", "13:3"]) == 2
     assert "error: frequency threshold '13:3': column 13 is not a categorical field" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
@@ -99,14 +109,83 @@ def test_prepare_dataset_script_local(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     spec = FeatureSpec.from_yaml(str(tmp_path / "out"))
-    assert spec.metadata["preprocessing"]["rows"] == {"train": 2300, "test": 50, "validation": 50}
+    # Day 23's second half (validation) is read but not written: NVIDIA's reader wants train and test.
+    assert spec.metadata["preprocessing"]["rows"] == {"train": 2300, "test": 50}
+    assert spec.splits == ["train", "test"] and not (tmp_path / "out" / "validation").exists()
+    assert "--validation_split keep writes them" in proc.stdout
     assert spec.metadata["preprocessing"]["frequency_thresholds"] == [1] + [3] * 25
     assert spec.metadata["preprocessing"]["shuffle"]["seed"] == 1
+    assert spec.metadata["preprocessing"]["vocabulary_days"] == "train"
+    assert spec.metadata["preprocessing"]["numerical_rounding"] == "nvidia"
+    # Kept on request: the same train and test files, and the validation split besides.
+    env.update(OUTPUT_DIR=str(tmp_path / "kept"), PREPROC_ARGS=env["PREPROC_ARGS"] + " --validation_split keep")
+    proc = subprocess.run(["bash", "preproc/prepare_dataset.sh", "local", "14:1,3"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    kept = FeatureSpec.from_yaml(str(tmp_path / "kept"))
+    assert kept.metadata["preprocessing"]["rows"] == {"train": 2300, "test": 50, "validation": 50}
+    for split in ("train", "test"):
+        for name in os.listdir(tmp_path / "out" / split):
+            assert (tmp_path / "out" / split / name).read_bytes() == (tmp_path / "kept" / split / name).read_bytes()
     proc = subprocess.run(["bash", "preproc/prepare_dataset.sh", "gpu", "15"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 2 and "unknown engine 'gpu'" in proc.stderr
     proc = subprocess.run(["bash", "preproc/run_spark_gpu.sh"], cwd=REPO, capture_output=True, text=True,
                           env={k: v for k, v in os.environ.items() if k != "SPARK_RAPIDS_JAR"})
     assert proc.returncode != 0 and "set SPARK_RAPIDS_JAR" in proc.stderr
+
+
+def test_prepare_dataset_script_takes_nvidias_positional_form(tmp_path):
+    """``prepare_dataset.sh <threshold> <CPU|GPU> [Spark]``: the Spark engine on CPUs or GPUs with
+    NVIDIA's vocabulary over all days, NVIDIA's directory variables; NVTabular and bad arguments
+    are one-line errors. The interpreter is replaced by a script that records its arguments (no
+    Spark starts); the recorded preprocessing flags then run for real with the local engine."""
+    record = tmp_path / "args"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {record}\n')
+    fake.chmod(0o755)
+    jar = tmp_path / "rapids.jar"
+    jar.write_bytes(b"")
+    days = tmp_path / "days"
+    generate_criteo_tsv(str(days), 480, seed=4, days=24)
+    env = {k: v for k, v in os.environ.items() if k not in ("CRITEO_DIR", "OUTPUT_DIR", "PREPROC_ARGS", "SHUFFLE_SEED")}
+    env.update(PYTHON=str(fake), download_dir=str(days), final_output_dir=str(tmp_path / "out"),
+               SPARK_RAPIDS_JAR=str(jar))
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "preproc/prepare_dataset.sh", *args], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=60)
+
+    common = ["--input_dir", str(days), "--output", str(tmp_path / "out"), "--frequency_threshold", "2",
+              "--vocabulary_days", "all"]
+    for args, gpu in ((["2", "CPU"], False), (["2", "CPU", "Spark"], False), (["2", "GPU", "Spark"], True),
+                      (["2", "gpu"], True)):
+        proc = run(*args)
+        assert proc.returncode == 0, (args, proc.stderr)
+        recorded = record.read_text().splitlines()
+        assert recorded[:4] == ["-m", "preproc", "--engine", "spark"], args
+        assert recorded[-len(common):] == common, args
+        assert ("spark.plugins=com.nvidia.spark.SQLPlugin" in recorded) == gpu, args
+    for args, words in (
+        (["2", "GPU", "NVTabular"], "NVTabular is not available here; the engines are local, spark-cpu and spark-gpu"),
+        (["2", "TPU"], "device 'TPU' (NVIDIA's form: CPU or GPU)"),
+        (["2", "CPU", "Dask"], "unknown framework 'Dask'"),
+        (["2"], "got 1 argument(s)"),
+        (["local", "2", "extra"], "expected <engine> <frequency_threshold>, got 3 argument(s)"),
+    ):
+        proc = run(*args)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and words in proc.stderr, (args, proc.stderr)
+    proc = run("--help")
+    assert proc.returncode == 0 and "<frequency_threshold> <CPU|GPU> [Spark]" in proc.stdout
+
+    # The flags NVIDIA's form chose, run for real (the local engine instead of Spark): NVIDIA's dataset.
+    proc = run("2", "CPU")
+    recorded = record.read_text().splitlines()
+    flags = recorded[recorded.index("--input_dir"):]
+    assert main(flags + ["--engine", "local", "--workers", "1", "--progress", "off"]) == 0
+    spec = FeatureSpec.from_yaml(str(tmp_path / "out"))
+    assert spec.splits == ["train", "test"]
+    assert spec.metadata["preprocessing"]["vocabulary_days"] == "all"
+    assert spec.metadata["preprocessing"]["numerical_rounding"] == "nvidia"
 
 
 def test_killed_run_resumes_to_the_same_dataset(tmp_path):
@@ -132,7 +211,7 @@ def test_killed_run_resumes_to_the_same_dataset(tmp_path):
             a = os.path.join(root, name)
             b = os.path.join(out, os.path.relpath(a, tmp_path / "whole"))
             assert open(a, "rb").read() == open(b, "rb").read(), b
-    assert sorted(os.listdir(out)) == ["feature_spec.yaml", "test", "train", "validation", "vocabulary"]
+    assert sorted(os.listdir(out)) == ["feature_spec.yaml", "test", "train", "vocabulary"]
 
 
 def test_scripts_are_shellcheck_clean():
@@ -152,7 +231,7 @@ def test_generate_preprocess_train_reaches_the_auc_bound(cli, tmp_path):
     cli("preproc", "--input_dir", str(days), "--output", str(out), "--frequency_threshold", "2", "--shuffle_seed", "0",
         "--workers", "1", "--progress", "off")
     spec = FeatureSpec.from_yaml(str(out))
-    assert spec.metadata["preprocessing"]["rows"] == {"train": 95834, "test": 2083, "validation": 2083}
+    assert spec.metadata["preprocessing"]["rows"] == {"train": 95834, "test": 2083}
     log = tmp_path / "log.json"
     cli("dlrm.scripts.main", "--dataset", str(out), "--embedding_dim", "16", "--bottom_mlp_sizes", "32,16",
         "--top_mlp_sizes", "32,1", "--batch_size", "512", "--test_batch_size", "4096", "--lr", "0.5",

@@ -143,6 +143,30 @@ def test_terabyte_layout_both_engines_match_the_reference(days, spark, tmp_path)
     assert local.rows == spark_result.rows == {"train": train_lines - 18, "test": 83, "validation": 83}
 
 
+def test_vocabulary_over_all_days_and_direct_rounding_in_both_engines_match_the_reference(days, spark, tmp_path):
+    """The non-default options (NVIDIA's vocabulary over every split, the single rounding) give the
+    reference's bytes in both engines too; the default options are covered by the tests above."""
+    train, day23 = criteo_day_split([str(days / n) for n in os.listdir(days)])
+    train = [p for p in train if os.path.basename(p) in ("day_0.gz", "day_1", "day_2")]
+    test, validation = str(tmp_path / "test.tsv"), str(tmp_path / "validation.tsv")
+    split_day_23(day23, test, validation)
+    options = {"vocabulary_days": "all", "numerical_rounding": "direct"}
+    for name, kw in (("train_only", {}), ("ref", options)):
+        reference_preprocess(train, [test], [validation], str(tmp_path / name),
+                             frequency_threshold=parse_threshold(THRESHOLD), on_error="skip", **kw)
+    inputs = terabyte_inputs(str(days), [0, 1, 2])
+    preprocess_local(job(inputs, tmp_path / "local", on_error="skip", **options), workers=1, chunk_bytes=16_384)
+    assert_same_dataset(tmp_path / "ref", tmp_path / "local")
+    preprocess_spark(job(inputs, tmp_path / "spark", on_error="skip", **options), spark=spark)
+    assert_same_dataset(tmp_path / "ref", tmp_path / "spark")
+    spec, train_only = FeatureSpec.from_yaml(str(tmp_path / "spark")), FeatureSpec.from_yaml(str(tmp_path / "train_only"))
+    assert spec.metadata["preprocessing"]["vocabulary_days"] == "all"
+    assert spec.metadata["preprocessing"]["numerical_rounding"] == "direct"
+    # Day 23's values count: more of them reach the threshold than with the train rows alone.
+    assert sum(spec.cardinalities) > sum(train_only.cardinalities)
+    assert all(a >= b for a, b in zip(spec.cardinalities, train_only.cardinalities))
+
+
 def test_shuffled_output_is_the_documented_permutation_in_both_engines(days, spark, tmp_path):
     inputs = terabyte_inputs(str(days), [0, 1, 2, 3, 7])
     plain = preprocess_local(job(inputs, tmp_path / "plain", on_error="skip"), workers=1)

@@ -178,6 +178,42 @@ def test_reference_exact_output(tmp_path, tiny):
     assert cats[0].tolist() == [0, 3] and cats[1].tolist() == [1, 0]
 
 
+def test_reference_vocabulary_over_all_days(tmp_path, tiny):
+    out = str(tmp_path / "out")
+    spec = reference_preprocess(*tiny, out, frequency_threshold={15: 1, None: 2}, vocabulary_days="all")
+    # C1 over train, test and validation: aaaaaaaa 3 + 1, bbbbbbbb 2 + 1 (BbBbBbBb), 0000000a 2,
+    # cccccccc 1 + 1 (tie with 0000000a: '0000000a' < 'cccccccc'), eeeeeeee 1 (< 2).
+    # C2: deadbeef once in each split.
+    assert spec.cardinalities == [5, 2] + [1] * 24
+    assert spec.metadata["preprocessing"]["vocabulary_days"] == "all"
+    _, _, cats = read_split(out, "train", spec)
+    assert cats[0].tolist() == [1, 1, 1, 2, 2, 3, 3, 4] and cats[1].tolist() == [1, 0, 0, 0, 0, 0, 0, 0]
+    _, _, cats = read_split(out, "test", spec)
+    assert cats[0].tolist() == [1, 0] and cats[1].tolist() == [1, 0]
+    _, _, cats = read_split(out, "validation", spec)
+    assert cats[0].tolist() == [4, 2] and cats[1].tolist() == [1, 0]
+    with pytest.raises(ValueError, match="vocabulary_days must be one of"):
+        reference_preprocess(*tiny, str(tmp_path / "bad"), vocabulary_days="test")
+
+
+def test_reference_numerical_rounding(tmp_path):
+    # ln(10361 + 3) = 9.2460937474...: the nearest float16 is 9.2421875 (direct), but float32 rounds
+    # it to 9.24609375, the midpoint, which float16 rounds to even: 9.25 (NVIDIA's two casts).
+    lines = [tsv_line("1", {0: "10361", 1: "5"}, {})]
+    train, test = write(tmp_path / "train.tsv", lines), write(tmp_path / "test.tsv", lines)
+    expected = {"nvidia": [9.25, 2.080078125], "direct": [9.2421875, 2.080078125]}
+    for rounding, values in expected.items():
+        out = str(tmp_path / rounding)
+        spec = reference_preprocess([train], [test], [], out, numerical_rounding=rounding)
+        assert read_split(out, "train", spec)[1][0, :2].tolist() == values
+        assert spec.metadata["preprocessing"]["numerical_rounding"] == rounding
+    assert f16(np.log(10364)) == 9.2421875  # by hand: the single rounding
+    default = reference_preprocess([train], [test], [], str(tmp_path / "default"))
+    assert default.metadata["preprocessing"]["numerical_rounding"] == "nvidia"
+    with pytest.raises(ValueError, match="numerical rounding must be one of"):
+        reference_preprocess([train], [test], [], str(tmp_path / "bad"), numerical_rounding="float32")
+
+
 def test_reference_global_threshold_and_no_validation(tmp_path, tiny):
     out = str(tmp_path / "out")
     spec = reference_preprocess(tiny[0], tiny[1], [], out, frequency_threshold=2)

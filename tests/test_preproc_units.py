@@ -100,7 +100,9 @@ def test_parse_chunk_agrees_with_the_reference_line_by_line(tmp_path):
         label, counts, hashes = exp
         assert rows.line[good_index] == n
         assert rows.label[good_index] == label
-        assert numerical[good_index].tolist() == np.array([log_transform(c) for c in counts]).astype(np.float16).tolist()
+        # The default rounding, NVIDIA's: float64 -> float32 -> float16.
+        expected_numerical = np.array([log_transform(c) for c in counts]).astype(np.float32).astype(np.float16)
+        assert numerical[good_index].tolist() == expected_numerical.tolist()
         assert rows.hashes[good_index].tolist() == [0 if h is None else int(h, 16) for h in hashes]
         assert rows.hash_present[good_index].tolist() == [h is not None for h in hashes]
         good_index += 1
@@ -126,8 +128,17 @@ def test_chunks_split_only_at_newlines_and_keep_line_numbers(tmp_path):
     assert list(numbered_chunks(str(tmp_path / "empty"))) == [] and count_lines(str(tmp_path / "empty")) == 0
 
 
-def test_log_table_equals_the_reference_on_every_boundary():
-    table = build_log_table()
+# float64 -> float16 as each rounding defines it, with numpy's casts (round to nearest even).
+ROUND = {
+    "nvidia": lambda v: np.asarray(v, dtype=np.float64).astype(np.float32).astype(np.float16),
+    "direct": lambda v: np.asarray(v, dtype=np.float64).astype(np.float16),
+}
+
+
+@pytest.mark.parametrize("rounding", sorted(ROUND))
+def test_log_table_equals_the_reference_on_every_boundary(rounding):
+    table = build_log_table(rounding)
+    assert table.rounding == rounding
     rng = np.random.default_rng(0)
     boundaries = table.thresholds.astype(np.int64)
     xs = np.concatenate([
@@ -135,13 +146,35 @@ def test_log_table_equals_the_reference_on_every_boundary():
         (10 ** np.arange(1, 19, dtype=np.int64)) - 4, np.array([10**18 - 1]),
     ])
     got = log_counts_float16(xs, np.ones(len(xs), bool), table)
-    expected = np.array([log_transform(int(x)) for x in xs]).astype(np.float16)
+    expected = ROUND[rounding]([log_transform(int(x)) for x in xs])
     assert got.view(np.uint16).tolist() == expected.view(np.uint16).tolist()
     assert np.isfinite(got).all() and (got >= 0).all()
     missing = log_counts_float16(np.array([5, 5]), np.array([True, False]), table)
     assert missing.tolist() == [np.float16(np.log(8)), 0.0]
     for text in ("99999999999999999999", "-99999999999999999999", "1" + "0" * 30):
-        assert long_count_float16(text) == np.float16(log_transform(int(text)))
+        assert long_count_float16(text, rounding) == ROUND[rounding](log_transform(int(text)))
+
+
+def test_the_two_roundings_differ_exactly_where_float32_lands_on_a_float16_midpoint():
+    """NVIDIA's double rounding against an independent numpy computation over every count from
+    -2 to 10**7: the tables agree with numpy's casts of numpy's log, and the counts where the
+    roundings differ are those whose float32 log is a float16 midpoint (605 of them)."""
+    xs = np.arange(-2, 10**7 + 1, dtype=np.int64)
+    logs = np.log((xs + 3).astype(np.float64))
+    nvidia = log_counts_float16(xs, np.ones(len(xs), bool), build_log_table("nvidia"))
+    direct = log_counts_float16(xs, np.ones(len(xs), bool), build_log_table("direct"))
+    assert (nvidia.view(np.uint16) == ROUND["nvidia"](logs).view(np.uint16)).all()
+    assert (direct.view(np.uint16) == ROUND["direct"](logs).view(np.uint16)).all()
+    differ = np.flatnonzero(nvidia != direct)
+    assert len(differ) == 605
+    # One float16 step apart, and float32 put each of them exactly halfway between the two.
+    steps = nvidia[differ].view(np.uint16).astype(np.int32) - direct[differ].view(np.uint16).astype(np.int32)
+    assert set(np.abs(steps).tolist()) == {1}
+    mid = (nvidia[differ].astype(np.float64) + direct[differ].astype(np.float64)) / 2
+    assert (logs[differ].astype(np.float32).astype(np.float64) == mid).all()
+    # The issue's example: 10361 -> ln(10364) = 9.24609374...; 9.2421875 directly, 9.25 through float32.
+    i = 10361 + 2
+    assert (float(direct[i]), float(nvidia[i])) == (9.2421875, 9.25)
 
 
 def _xxh64_long(value: int, seed: int) -> int:

@@ -336,11 +336,11 @@ def test_script_writes_a_readable_dataset(tmp_path, cli):
     out = tmp_path / "synthetic"
     proc = cli("dlrm.scripts.prepare_synthetic_dataset", f"--synthetic_dataset_dir={out}",
                "--synthetic_dataset_table_sizes=3,40,500", "--num_numerical_features=4",
-               "--synthetic_dataset_num_entries=3000", "--num_test_entries=700", "--num_validation_entries=0",
+               "--synthetic_dataset_num_entries=3000", "--num_test_entries=700",
                "--seed=8", "--batch_size=1024")
     assert "train" in proc.stdout and "3000 rows" in proc.stdout and "bytes" in proc.stdout
     spec = FeatureSpec.from_yaml(str(out))
-    assert spec.splits == ["train", "test"] and spec.cardinalities == [3, 40, 500]
+    assert spec.splits == ["train", "test"] and spec.cardinalities == [3, 40, 500]  # no validation unless asked
     reader = SplitBinaryReader(spec, "test", 4096)
     assert_batches_equal(rows(reader), rows(SyntheticDataset(4, [3, 40, 500], 700, 1024, seed=8, split="test")))
     reader.close()

@@ -127,7 +127,8 @@ def test_script(tmp_path):
     test = write(tmp_path, "test.tsv", TEST_LINES)
     out = tmp_path / "ds"
     cmd = [sys.executable, "-m", "dlrm.scripts.transcode", "--train", train, "--test", test, "--output", str(out),
-           "--num_numerical", "2", "--num_categorical", "3", "--delimiter", "tab", "--cardinalities", "10,40001,9"]
+           "--num_numerical", "2", "--num_categorical", "3", "--delimiter", "tab", "--cardinalities", "10,40001,9",
+           "--chunk_rows", "2"]  # the project's name of --chunk_size
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     spec = FeatureSpec.from_yaml(str(out))

@@ -501,13 +501,103 @@ def write_synthetic_dataset(
     With `bag_sizes` every table is multi-hot, stored as fixed-size bags (`bag_layout="fixed"`,
     `bag_size: L` in the spec) or as values plus offsets (`bag_layout="variable"`).
     """
-    # Imported here: the on-disk format is only needed by this writer, not by the generator.
     from dlrm.data.feature_spec import FeatureSpec
-    from dlrm.data.split_binary import SplitBinaryWriter
 
     sizes, poolings = _bag_config(bag_sizes, pooling, len(table_sizes))
     if bag_layout not in ("fixed", "variable"):
         raise ValueError(f"`bag_layout` must be 'fixed' or 'variable', got {bag_layout!r}")
+
+    def make_spec(staging: str) -> FeatureSpec:
+        if sizes is None:
+            spec = FeatureSpec.default(num_numerical, list(table_sizes), splits=tuple(samples), base_directory=staging)
+        else:
+            layout = sizes if bag_layout == "fixed" else ["variable"] * len(sizes)
+            spec = FeatureSpec.default(num_numerical, list(table_sizes), splits=tuple(samples), base_directory=staging,
+                                       bag_sizes=layout, pooling=poolings)
+        spec.metadata = {"synthetic": _synthetic_metadata(seed, batch_size, sizes)}
+        return spec
+
+    _write_dataset(output_dir, make_spec, samples, num_numerical, table_sizes, sizes, poolings, batch_size, seed,
+                   overwrite, progress)
+
+
+def spec_generator_layout(spec) -> tuple[int, list[int], list[int] | None, list[str] | None]:
+    """What the generator needs to fill a feature spec: (numerical features, table sizes, ids per
+    sample of each table or None for one-hot data, pooling of each table or None), in channel
+    order. A ``bag_size: variable`` feature is refused: the generator draws bags of one size."""
+    sizes = spec.cardinalities
+    bags = [spec.bag_size(j) for j in range(spec.num_categorical)]
+    variable = [spec.categorical_names[j] for j, b in enumerate(bags) if b == "variable"]
+    if variable:
+        raise ValueError(f"categorical feature '{variable[0]}' has `bag_size: variable`; the generator writes "
+                         f"bags of a fixed size: give it an integer `bag_size` (ids per sample)")
+    if all(b is None for b in bags):
+        return spec.num_numerical, sizes, None, None
+    return (spec.num_numerical, sizes, [1 if b is None else int(b) for b in bags],
+            [p or "sum" for p in spec.poolings])
+
+
+def write_synthetic_dataset_for_spec(
+    output_dir: str,
+    feature_spec,
+    samples: dict[str, int],
+    batch_size: int = 65536,
+    seed: int = 12345,
+    overwrite: bool = False,
+    progress: Callable[[str, int, int], None] | None = None,
+):
+    """``write_synthetic_dataset`` shaped by a feature spec (``FeatureSpec``): its features,
+    names, cardinalities, dtypes, bag sizes, file paths and channel order, NVIDIA's
+    ``prepare_synthetic_dataset --feature_spec``. ``samples`` gives the rows of each split to
+    write (splits of the spec; those left out, or given 0 rows, are dropped from the written
+    spec). Every file path of the spec must stay inside the dataset directory. Returns the spec
+    written (its metadata is the given one plus a ``synthetic`` entry)."""
+    import copy
+
+    from dlrm.data.feature_spec import FeatureSpec
+
+    unknown = [s for s in samples if s not in feature_spec.splits]
+    if unknown:
+        raise ValueError(f"split(s) {unknown} are not in the feature spec, whose splits are {feature_spec.splits}")
+    for split in samples:
+        for chunk in feature_spec.source_spec[split]:
+            for path in chunk["files"]:
+                normal = os.path.normpath(path)
+                if os.path.isabs(path) or normal == ".." or normal.startswith(".." + os.sep):
+                    raise ValueError(f"feature spec: file '{path}' of split '{split}' (feature "
+                                     f"'{chunk['features'][0]}') is not inside the dataset directory; give a path "
+                                     f"relative to it, without '..'")
+    num_numerical, table_sizes, sizes, poolings = spec_generator_layout(feature_spec)
+
+    def make_spec(staging: str) -> FeatureSpec:
+        spec = FeatureSpec(
+            feature_spec=copy.deepcopy(feature_spec.feature_spec),
+            channel_spec=copy.deepcopy(feature_spec.channel_spec),
+            source_spec={s: copy.deepcopy(feature_spec.source_spec[s]) for s in samples},
+            metadata={**copy.deepcopy(feature_spec.metadata), "synthetic": _synthetic_metadata(seed, batch_size, sizes)},
+            base_directory=staging,
+        )
+        spec.validate()
+        return spec
+
+    return _write_dataset(output_dir, make_spec, samples, num_numerical, table_sizes, sizes, poolings, batch_size,
+                          seed, overwrite, progress)
+
+
+def _synthetic_metadata(seed: int, batch_size: int, bag_sizes: list[int] | None) -> dict:
+    meta = {"seed": seed, "batch_size": batch_size, "generator": __name__}
+    if bag_sizes is not None:
+        meta["bag_sizes"] = list(bag_sizes)
+    return meta
+
+
+def _write_dataset(output_dir, make_spec, samples, num_numerical, table_sizes, sizes, poolings, batch_size, seed,
+                   overwrite, progress):
+    """The writing both entries share: staging beside ``output_dir``, a ``SplitBinaryWriter`` per
+    split filled from ``SyntheticDataset``, the spec (``make_spec(staging)``) last, then the rename."""
+    # Imported here: the on-disk format is only needed by this writer, not by the generator.
+    from dlrm.data.split_binary import SplitBinaryWriter
+
     output_dir = os.path.abspath(output_dir)
     check_writable_dir(output_dir, overwrite, "the dataset")
     with writing(output_dir, "the dataset"):
@@ -516,15 +606,7 @@ def write_synthetic_dataset(
         staging = temporary_name(output_dir)
         os.mkdir(staging)  # not mkdtemp: the dataset should get the usual permissions, not 0700
     with writing(output_dir, "the dataset", cleanup=lambda: shutil.rmtree(staging, ignore_errors=True)):
-        if sizes is None:
-            spec = FeatureSpec.default(num_numerical, list(table_sizes), splits=tuple(samples), base_directory=staging)
-        else:
-            layout = sizes if bag_layout == "fixed" else ["variable"] * len(sizes)
-            spec = FeatureSpec.default(num_numerical, list(table_sizes), splits=tuple(samples), base_directory=staging,
-                                       bag_sizes=layout, pooling=poolings)
-        spec.metadata = {"synthetic": {"seed": seed, "batch_size": batch_size, "generator": __name__}}
-        if sizes is not None:
-            spec.metadata["synthetic"]["bag_sizes"] = sizes
+        spec = make_spec(staging)
         for split, rows in samples.items():
             source = SyntheticDataset(num_numerical, table_sizes, rows, batch_size, seed=seed, split=split,
                                       bag_sizes=sizes, pooling=poolings or "sum")
@@ -535,3 +617,5 @@ def write_synthetic_dataset(
                         progress(split, writer.num_rows, rows)
         spec.to_yaml(os.path.join(staging, "feature_spec.yaml"))
         replace_dir(staging, output_dir, overwrite)
+    spec.base_directory = output_dir
+    return spec

@@ -30,41 +30,69 @@ from dlrm.data.split_binary import SplitBinaryWriter
 _SPLIT_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
+LABEL, NUMERICAL, CATEGORICAL = "label", "numerical", "categorical"
+
+
 @dataclass
 class _Chunk:
-    label: np.ndarray  # [n] bool
-    numerical: np.ndarray  # [n, num_numerical] float16
-    categorical: np.ndarray  # [n, num_categorical] int64
+    """Parsed rows of one file, by kind, each in the file's column order."""
+
+    label: np.ndarray | None  # [n] bool, None when the file has no label column
+    numerical: np.ndarray  # [n, numerical columns] float16
+    categorical: np.ndarray  # [n, categorical columns] int64
+
+    def __len__(self) -> int:
+        return self.numerical.shape[0]
+
+    def rows(self, start: int, stop: int) -> "_Chunk":
+        label = None if self.label is None else self.label[start:stop]
+        return _Chunk(label, self.numerical[start:stop], self.categorical[start:stop])
 
 
 @dataclass
 class _Layout:
-    """How to parse one line: field names and the numpy record type of a row."""
+    """How to parse one line of a file: the kind and name of each column, the numpy record type.
+
+    ``names[k]`` is how messages call column k (``numerical feature 0``, ``feature 'num_0'``);
+    ``cardinalities`` holds one bound (or None) per categorical column. With
+    ``integral_floats``, categorical ids may be written as integral floats (``5.0``), as
+    pandas writes a column of ids that shares a file with floats."""
 
     path: str
     delimiter: str
-    num_numerical: int
-    num_categorical: int
-    cardinalities: np.ndarray | None
+    kinds: list[str]
+    names: list[str]
+    cardinalities: np.ndarray | None  # int64 per categorical column; -1 for none
+    shape: str  # what a line holds, for the field-count message
+    raise_fix: str = "raise its value in `cardinalities` or leave cardinalities out to compute them from the data"
+    integral_floats: bool = False
 
     def __post_init__(self) -> None:
-        fields = [("label", np.float64)]
-        if self.num_numerical:
-            fields.append(("num", np.float64, (self.num_numerical,)))
-        if self.num_categorical:
-            fields.append(("cat", np.int64, (self.num_categorical,)))
-        self.dtype = np.dtype(fields)
-        self.width = 1 + self.num_numerical + self.num_categorical
+        self.width = len(self.kinds)
+        self.dtype = self._record(np.int64)
+
+    def _record(self, categorical_type) -> np.dtype:
+        return np.dtype([(f"c{k}", categorical_type if kind == CATEGORICAL else np.float64)
+                         for k, kind in enumerate(self.kinds)])
+
+    def columns(self, kind: str) -> list[int]:
+        return [k for k, c in enumerate(self.kinds) if c == kind]
 
     def field_name(self, k: int) -> str:
-        if k == 0:
-            return "label"
-        if k <= self.num_numerical:
-            return f"numerical feature {k - 1}"
-        return f"categorical feature {k - 1 - self.num_numerical}"
+        return self.names[k]
 
     def where(self, line_no: int) -> str:
         return f"{self.path}, line {line_no}"
+
+
+def _text_layout(path: str, delimiter: str, num_numerical: int, num_categorical: int,
+                 cardinalities: np.ndarray | None) -> _Layout:
+    """The layout of ``transcode``'s text files: label, numerical, categorical fields."""
+    kinds = [LABEL] + [NUMERICAL] * num_numerical + [CATEGORICAL] * num_categorical
+    names = ["label"] + [f"numerical feature {i}" for i in range(num_numerical)] + [
+        f"categorical feature {j}" for j in range(num_categorical)]
+    shape = f"label, {num_numerical} numerical, {num_categorical} categorical); check `delimiter` and the feature counts"
+    return _Layout(path, delimiter, kinds, names, cardinalities, f"({shape}")
 
 
 def _fill_empty(text: str, sep: str) -> str:
@@ -78,10 +106,10 @@ def _fill_empty(text: str, sep: str) -> str:
     return text[1:-1]
 
 
-def _load(lines: list[str], layout: _Layout) -> np.ndarray:
+def _load(lines: list[str], layout: _Layout, dtype: np.dtype | None = None) -> np.ndarray:
     return np.loadtxt(
         io.StringIO("\n".join(lines)),
-        dtype=layout.dtype,
+        dtype=layout.dtype if dtype is None else dtype,
         delimiter=layout.delimiter,
         comments=None,
         quotechar=None,
@@ -89,23 +117,46 @@ def _load(lines: list[str], layout: _Layout) -> np.ndarray:
     )
 
 
+def _load_integral_floats(lines: list[str], numbers: list[int], layout: _Layout) -> np.ndarray:
+    """Rows whose ids are written as integral floats (``5.0``): parsed as float64, checked to be
+    whole numbers that float64 holds exactly, then turned into the int64 record."""
+    rec = _load(lines, layout, layout._record(np.float64))
+    out = np.empty(rec.shape[0], dtype=layout.dtype)
+    for k, kind in enumerate(layout.kinds):
+        column = rec[f"c{k}"]
+        if kind == CATEGORICAL:
+            bad = (column != np.floor(column)) | (np.abs(column) > 2**53)
+            if bad.any():
+                i = int(np.argmax(bad))
+                value = lines[i].split(layout.delimiter)[k]
+                raise DatasetError(
+                    f"{layout.where(numbers[i])}: field {k + 1} ({layout.field_name(k)}) is {value!r}, expected "
+                    f"a non-negative integer id; fix or drop the line"
+                )
+            column = column.astype(np.int64)
+        out[f"c{k}"] = column
+    return out
+
+
 def _locate_parse_error(lines: list[str], numbers: list[int], layout: _Layout, cause: Exception) -> DatasetError:
     """Find the first line numpy rejects (halving, so about one extra parse of the chunk)."""
     lo, hi = 0, len(lines)  # invariant: lines[lo:hi] fails to parse
+    dtype = layout._record(np.float64) if layout.integral_floats else None
     while hi - lo > 1:
         mid = (lo + hi) // 2
         try:
-            _load(lines[lo:mid], layout)
+            _load(lines[lo:mid], layout, dtype)
             lo = mid
         except (ValueError, OverflowError):
             hi = mid
     fields = lines[lo].split(layout.delimiter)
     for k, value in enumerate(fields):
-        kind = np.int64 if k > layout.num_numerical else np.float64
+        integer = layout.kinds[k] == CATEGORICAL and not layout.integral_floats
         try:
-            np.loadtxt(io.StringIO(value), dtype=kind, comments=None, quotechar=None, ndmin=1)
+            np.loadtxt(io.StringIO(value), dtype=np.int64 if integer else np.float64, comments=None, quotechar=None,
+                       ndmin=1)
         except (ValueError, OverflowError):
-            expected = "a non-negative integer id" if kind is np.int64 else "a number"
+            expected = "a non-negative integer id" if layout.kinds[k] == CATEGORICAL else "a number"
             return DatasetError(
                 f"{layout.where(numbers[lo])}: field {k + 1} ({layout.field_name(k)}) is {value!r}, expected "
                 f"{expected}; fix or drop the line"
@@ -116,44 +167,50 @@ def _locate_parse_error(lines: list[str], numbers: list[int], layout: _Layout, c
 def _check(rec: np.ndarray, numbers: np.ndarray, layout: _Layout) -> _Chunk:
     """Value checks, vectorised; the first offending line is named."""
     n = rec.shape[0]
-    label = rec["label"]
-    bad = (label != 0) & (label != 1)
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise DatasetError(f"{layout.where(int(numbers[i]))}: label is {float(label[i])!r}, expected 0 or 1")
-
-    numerical = np.zeros((n, 0), np.float16)
-    if layout.num_numerical:
-        with np.errstate(over="ignore", invalid="ignore"):
-            numerical = rec["num"].astype(np.float16)
-        bad = ~np.isfinite(numerical)
+    label = None
+    for k in layout.columns(LABEL):
+        label = rec[f"c{k}"]
+        bad = (label != 0) & (label != 1)
         if bad.any():
-            i, j = (int(x[0]) for x in np.nonzero(bad))
+            i = int(np.argmax(bad))
+            raise DatasetError(f"{layout.where(int(numbers[i]))}: {layout.names[k]} is {float(label[i])!r}, "
+                               f"expected 0 or 1")
+        label = label.astype(np.bool_)
+
+    columns = layout.columns(NUMERICAL)
+    numerical = np.zeros((n, len(columns)), np.float16)
+    for j, k in enumerate(columns):
+        with np.errstate(over="ignore", invalid="ignore"):
+            numerical[:, j] = rec[f"c{k}"]
+        bad = ~np.isfinite(numerical[:, j])
+        if bad.any():
+            i = int(np.argmax(bad))
             raise DatasetError(
-                f"{layout.where(int(numbers[i]))}: numerical feature {j} is {float(rec['num'][i, j])!r}, which is not "
+                f"{layout.where(int(numbers[i]))}: {layout.names[k]} is {float(rec[f'c{k}'][i])!r}, which is not "
                 f"finite in float16 (max 65504); log-transform numerical features before transcoding"
             )
 
-    categorical = np.zeros((n, 0), np.int64)
-    if layout.num_categorical:
-        categorical = np.ascontiguousarray(rec["cat"])
+    columns = layout.columns(CATEGORICAL)
+    categorical = np.zeros((n, len(columns)), np.int64)
+    for j, k in enumerate(columns):
+        categorical[:, j] = rec[f"c{k}"]
+    if columns and n:
         bad = categorical < 0
         if layout.cardinalities is not None:
-            bad |= categorical >= layout.cardinalities
+            bad |= (categorical >= layout.cardinalities) & (layout.cardinalities >= 0)
         if bad.any():
             i, j = (int(x[0]) for x in np.nonzero(bad))
-            value = int(categorical[i, j])
+            value, name = int(categorical[i, j]), layout.names[columns[j]]
             if value < 0:
                 raise DatasetError(
-                    f"{layout.where(int(numbers[i]))}: categorical feature {j} is {value}; ids must be "
+                    f"{layout.where(int(numbers[i]))}: {name} is {value}; ids must be "
                     f"non-negative integers (0 is the missing/rare bucket)"
                 )
             raise DatasetError(
-                f"{layout.where(int(numbers[i]))}: categorical feature {j} is {value}, outside "
-                f"[0, {int(layout.cardinalities[j])}); raise its value in `cardinalities` or leave "
-                f"cardinalities out to compute them from the data"
+                f"{layout.where(int(numbers[i]))}: {name} is {value}, outside "
+                f"[0, {int(layout.cardinalities[j])}); {layout.raise_fix}"
             )
-    return _Chunk(label=label.astype(np.bool_), numerical=numerical, categorical=categorical)
+    return _Chunk(label=label, numerical=numerical, categorical=categorical)
 
 
 def _read_chunks(layout: _Layout, chunk_rows: int) -> Iterator[_Chunk]:
@@ -186,11 +243,7 @@ def _read_chunks(layout: _Layout, chunk_rows: int) -> Iterator[_Chunk]:
                     continue
                 count = line.count(sep) + 1
                 if count != layout.width:
-                    raise DatasetError(
-                        f"{layout.where(line_no)}: {count} fields, expected {layout.width} (label, "
-                        f"{layout.num_numerical} numerical, {layout.num_categorical} categorical); check "
-                        f"`delimiter` and the feature counts"
-                    )
+                    raise DatasetError(f"{layout.where(line_no)}: {count} fields, expected {layout.width} {layout.shape}")
                 lines.append(line)
                 numbers.append(line_no)
             if not lines:
@@ -199,7 +252,16 @@ def _read_chunks(layout: _Layout, chunk_rows: int) -> Iterator[_Chunk]:
             try:
                 rec = _load(lines, layout)
             except (ValueError, OverflowError) as e:
-                raise _locate_parse_error(lines, numbers, layout, e) from None
+                rec = None
+                if layout.integral_floats:
+                    try:
+                        rec = _load_integral_floats(lines, numbers, layout)
+                    except DatasetError:
+                        raise  # an id that is not a whole number, named
+                    except (ValueError, OverflowError):
+                        pass
+                if rec is None:
+                    raise _locate_parse_error(lines, numbers, layout, e) from None
             yield _check(rec, np.asarray(numbers, dtype=np.int64), layout)
 
 
@@ -211,11 +273,12 @@ def transcode(
     delimiter: str = "\t",
     cardinalities: Sequence[int] | None = None,
     chunk_rows: int = 1_000_000,
+    spec_name: str = SPEC_FILE_NAME,
 ) -> FeatureSpec:
     """Convert delimited text files (one per split) into a split-binary dataset in ``output_dir``.
 
     Each line: label (0/1), ``num_numerical`` numbers, ``num_categorical`` non-negative integer
-    ids; empty fields mean 0. Returns the spec that was written to ``output_dir/feature_spec.yaml``.
+    ids; empty fields mean 0. Returns the spec that was written to ``output_dir/spec_name``.
     """
     if not inputs:
         raise ValueError("inputs is empty; give at least one split, e.g. {'train': 'train.tsv'}")
@@ -228,10 +291,11 @@ def transcode(
         raise ValueError(f"delimiter must be one character that cannot occur in a number, got {delimiter!r}")
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    _check_spec_name(spec_name)
     check_can_create(output_dir, "the dataset", inside=True)  # a read-only file system fails before any reading
 
     def layout(path: str, cards: np.ndarray | None) -> _Layout:
-        return _Layout(os.fspath(path), delimiter, num_numerical, num_categorical, cards)
+        return _text_layout(os.fspath(path), delimiter, num_numerical, num_categorical, cards)
 
     if cardinalities is None:
         max_ids = np.full(num_categorical, -1, dtype=np.int64)
@@ -276,8 +340,13 @@ def transcode(
                     )
                 if writer.num_rows == 0:
                     raise DatasetError(f"{path}: no data lines; each split needs at least one row")
-    spec.to_yaml(os.path.join(output_dir, SPEC_FILE_NAME))
+    spec.to_yaml(os.path.join(output_dir, spec_name))
     return spec
+
+
+def _check_spec_name(name: str) -> None:
+    if os.sep in name or name in ("", ".", ".."):
+        raise ValueError(f"the feature spec's name {name!r} must be a file name (it is written in the output directory)")
 
 
 def _missing_dirs(output_dir: str, splits: tuple[str, ...]) -> list[str]:
@@ -288,3 +357,133 @@ def _missing_dirs(output_dir: str, splits: tuple[str, ...]) -> list[str]:
         missing.append(d)
         d = os.path.dirname(d)
     return missing
+
+
+# ---------------------------------------------------------------------------- NVIDIA's CSV layout
+
+
+def _csv_layout(source, chunk, cardinalities: dict[str, int | None]) -> _Layout:
+    kinds = [source.kind(name) for name in chunk.features]
+    names = [f"{'label' if kind == LABEL else 'feature'} '{name}'" for name, kind in zip(chunk.features, kinds)]
+    bounds = [cardinalities.get(name) for name, kind in zip(chunk.features, kinds) if kind == CATEGORICAL]
+    cards = np.array([-1 if b is None else b for b in bounds], dtype=np.int64)
+    shape = f"(the chunk's features {chunk.features}); fields are comma-separated"
+    return _Layout(chunk.path, ",", kinds, names, cards, shape,
+                   raise_fix="raise its cardinality in the feature spec or set it to auto", integral_floats=True)
+
+
+def _aligned(split: str, chunks, readers) -> Iterator[list[_Chunk]]:
+    """Blocks of the same rows from every file of a split (files may hold blank lines elsewhere,
+    so blocks are re-cut to the shortest); a file that ends before the others is an error."""
+    pending: list[_Chunk | None] = [None] * len(readers)
+    ended = [False] * len(readers)
+    done = 0
+    while True:
+        for i, reader in enumerate(readers):
+            while not ended[i] and (pending[i] is None or len(pending[i]) == 0):
+                block = next(reader, None)
+                if block is None:
+                    ended[i] = True
+                else:
+                    pending[i] = block
+        sizes = [0 if p is None else len(p) for p in pending]
+        if not any(sizes):
+            return
+        if not all(sizes):
+            short = chunks[sizes.index(0)].path
+            longer = chunks[next(i for i, n in enumerate(sizes) if n)].path
+            raise DatasetError(f"split '{split}': {short} ends after {done} rows but {longer} has more; every file of "
+                               f"a split holds one line per sample")
+        n = min(sizes)
+        yield [p.rows(0, n) for p in pending]
+        pending = [p.rows(n, len(p)) for p in pending]
+        done += n
+
+
+def transcode_csv_source(spec_path: str, output_dir: str, spec_out_name: str = SPEC_FILE_NAME,
+                         chunk_rows: int = 1_000_000) -> FeatureSpec:
+    """NVIDIA's transcode: the CSV files a CSV source spec (``csv_source``) describes -> a
+    split-binary dataset in ``output_dir`` with NVIDIA's default feature names (``num_<i>`` and
+    ``cat_<i>.bin`` in channel order, ``label``), one directory per split of the source spec,
+    and the spec as ``output_dir/spec_out_name``. Cardinalities ``auto`` become max id + 1 over
+    all splits (a first pass over the files that hold them); given ones bound the ids. Ids may
+    be written as integral floats (``5.0``). Nothing replaces an existing dataset unless every
+    split converts cleanly; the spec is written last."""
+    from dlrm.data.csv_source import CsvSource
+
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    _check_spec_name(spec_out_name)
+    source = CsvSource.from_yaml(spec_path)
+    for split in source.splits:
+        if not _SPLIT_NAME.match(split):
+            raise DatasetError(f"{source.path}: split name {split!r} must be a plain directory name (letters, digits, _ . -)")
+    check_can_create(output_dir, "the dataset", inside=True)
+    names = source.categorical_names
+    cards: dict[str, int | None] = {n: source.cardinality(n) for n in names}
+    auto = [n for n in names if cards[n] is None]
+    if auto:
+        found = {n: 0 for n in auto}
+        for split in source.splits:
+            for chunk in source.chunks(split):
+                mine = [n for n in chunk.features if n in found]
+                if not mine:
+                    continue
+                layout = _csv_layout(source, chunk, {})
+                columns = [n for n in chunk.features if source.kind(n) == CATEGORICAL]
+                for block in _read_chunks(layout, chunk_rows):
+                    if len(block):
+                        for n in mine:
+                            found[n] = max(found[n], int(block.categorical[:, columns.index(n)].max()) + 1)
+        cards.update({n: max(found[n], 1) for n in auto})
+    for n in names:
+        try:
+            dtype_for_cardinality(cards[n])
+        except ValueError as e:
+            raise DatasetError(f"categorical feature '{n}': {e}") from None
+
+    created = _missing_dirs(output_dir, tuple(source.splits))
+
+    def remove_created() -> None:
+        for d in created:
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
+
+    spec = FeatureSpec.default(len(source.numerical_names), [cards[n] for n in names], splits=tuple(source.splits),
+                               base_directory=os.path.abspath(output_dir))
+    spec.metadata = {"transcoded_from": {
+        "feature_spec": source.path,
+        "features": dict(zip(spec.numerical_names + spec.categorical_names + [spec.label_name],
+                             source.numerical_names + names + [source.label_name])),
+    }}
+    with writing(output_dir, "the dataset", cleanup=remove_created):
+        os.makedirs(output_dir, exist_ok=True)
+        with contextlib.ExitStack() as writers:  # all splits commit together, or none does
+            for split in source.splits:
+                chunks = source.chunks(split)
+                # Where each feature is: (file index, column among that file's columns of its kind).
+                where = {}
+                for i, chunk in enumerate(chunks):
+                    for kind in (LABEL, NUMERICAL, CATEGORICAL):
+                        of_kind = [n for n in chunk.features if source.kind(n) == kind]
+                        where.update({n: (i, k) for k, n in enumerate(of_kind)})
+                readers = [_read_chunks(_csv_layout(source, c, cards), chunk_rows) for c in chunks]
+                writer = writers.enter_context(SplitBinaryWriter(spec, split))
+                for blocks in _aligned(split, chunks, readers):
+                    n = len(blocks[0])
+                    numerical = np.empty((n, len(source.numerical_names)), np.float16)
+                    for j, name in enumerate(source.numerical_names):
+                        i, k = where[name]
+                        numerical[:, j] = blocks[i].numerical[:, k]
+                    categorical = np.empty((n, len(names)), np.int64)
+                    for j, name in enumerate(names):
+                        i, k = where[name]
+                        categorical[:, j] = blocks[i].categorical[:, k]
+                    label = blocks[where[source.label_name][0]].label
+                    writer.write(Batch(numerical=torch.from_numpy(numerical), categorical=torch.from_numpy(categorical),
+                                       label=torch.from_numpy(label)))
+                if writer.num_rows == 0:
+                    raise DatasetError(f"split '{split}': {chunks[0].path} holds no data lines; each split needs at "
+                                       f"least one row")
+        spec.to_yaml(os.path.join(output_dir, spec_out_name))
+    return spec

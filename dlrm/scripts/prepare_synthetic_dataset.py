@@ -5,8 +5,11 @@ r"""Write a synthetic split-binary dataset (labels from a hidden model, so it ca
         --preset criteo_fl15 --synthetic_dataset_num_entries 100000000
     python -m dlrm.scripts.prepare_synthetic_dataset --synthetic_dataset_dir /data/dlrmv2 \
         --preset mlperf_dlrmv2 --max_table_size 100000      # multi-hot, MLPerf DLRMv2's shape
+    python -m dlrm.scripts.prepare_synthetic_dataset --feature_spec tests/feature_specs/default.yaml \
+        --synthetic_dataset_dir /tmp/generated       # NVIDIA's: a dataset shaped by a feature spec
 
 The result trains like any other dataset: python -m dlrm.scripts.main --dataset /data/synthetic
+Without --num_validation_entries it has train and test splits only, as NVIDIA's reader requires.
 """
 
 from __future__ import annotations
@@ -18,13 +21,21 @@ import time
 from absl import app, flags
 
 from dlrm.data.atomic import StorageError
+from dlrm.data.errors import DatasetError
 from dlrm.data.synthetic import (
     FL15_CARDINALITIES, MLPERF_DLRMV2_CARDINALITIES, MLPERF_MULTI_HOT_SIZES, write_synthetic_dataset,
+    write_synthetic_dataset_for_spec,
 )
 from dlrm.scripts import cli
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("synthetic_dataset_dir", None, "Dataset directory to write (must be empty or absent).")
+flags.DEFINE_string("feature_spec", None,
+                    "A feature spec (feature_spec.yaml, or a dataset directory holding one) to shape the dataset "
+                    "by: its features, names, cardinalities, dtypes, bag sizes, splits and file paths (NVIDIA's "
+                    "flag). It replaces --num_numerical_features, --synthetic_dataset_table_sizes, --preset and "
+                    "the multi-hot flags; rows per split: train --synthetic_dataset_num_entries, validation "
+                    "--num_validation_entries if given, every other split --num_test_entries.")
 flags.DEFINE_integer("num_numerical_features", 13, "Numerical features per sample.", lower_bound=0)
 flags.DEFINE_list("synthetic_dataset_table_sizes", [str(100_000)] * 26,
                   "Comma-separated rows per categorical feature (ignored with --preset criteo_fl15).")
@@ -42,7 +53,9 @@ flags.DEFINE_integer("max_table_size", None, "Cap every table at this many rows 
                      lower_bound=1)
 flags.DEFINE_integer("synthetic_dataset_num_entries", 1 << 22, "Rows of the train split.", lower_bound=0)
 flags.DEFINE_integer("num_test_entries", 1 << 19, "Rows of the test split.", lower_bound=0)
-flags.DEFINE_integer("num_validation_entries", 1 << 19, "Rows of the validation split.", lower_bound=0)
+flags.DEFINE_integer("num_validation_entries", 0,
+                     "Rows of the validation split (0: none, as NVIDIA's reader, which takes train and test "
+                     "only, requires).", lower_bound=0)
 flags.DEFINE_integer("seed", 12345, "Seed of the hidden model and the samples.")
 flags.DEFINE_integer("batch_size", 65536, "Rows generated and written at a time.", lower_bound=1)
 flags.DEFINE_boolean("overwrite", False, "Replace a non-empty --synthetic_dataset_dir.")
@@ -51,6 +64,15 @@ flags.mark_flag_as_required("synthetic_dataset_dir")
 
 def _dir_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+def _split_bytes(path: str) -> dict[str, int]:
+    """Bytes of each split's files (a spec's files may lie anywhere in the dataset directory)."""
+    from dlrm.data.feature_spec import FeatureSpec
+
+    spec = FeatureSpec.from_yaml(path)
+    return {split: sum(os.path.getsize(os.path.join(path, f)) for chunk in chunks for f in chunk["files"])
+            for split, chunks in spec.source_spec.items()}
 
 
 def _multi_hot_sizes() -> list[int] | None:
@@ -70,9 +92,45 @@ def _multi_hot_sizes() -> list[int] | None:
     return sizes
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+_SPEC_REPLACES = ("num_numerical_features", "synthetic_dataset_table_sizes", "preset", "synthetic_multi_hot_sizes",
+                  "synthetic_pooling", "bag_layout", "max_table_size")
+
+
+def _spec_samples(splits: list[str]) -> dict[str, int]:
+    """Rows of each split of a --feature_spec."""
+    rows = {}
+    for split in splits:
+        if split == "train":
+            rows[split] = FLAGS.synthetic_dataset_num_entries
+        elif split == "validation" and FLAGS["num_validation_entries"].present:
+            rows[split] = FLAGS.num_validation_entries
+        else:
+            rows[split] = FLAGS.num_test_entries
+    return {split: n for split, n in rows.items() if n > 0}
+
+
+def _write_for_spec() -> dict[str, int]:
+    from dlrm.data.feature_spec import FeatureSpec
+
+    given = [f"--{name}" for name in _SPEC_REPLACES if FLAGS[name].present]
+    if given:
+        raise app.UsageError(f"--feature_spec sets the features; leave out {', '.join(given)}")
+    spec = FeatureSpec.from_yaml(FLAGS.feature_spec)  # a bad spec: DatasetError naming the file and the fix
+    samples = _spec_samples(spec.splits)
+    if not samples:
+        raise app.UsageError("every split has 0 rows; nothing to write")
+    write_synthetic_dataset_for_spec(FLAGS.synthetic_dataset_dir, spec, samples, batch_size=FLAGS.batch_size,
+                                     seed=FLAGS.seed, overwrite=FLAGS.overwrite, progress=_progress)
+    return samples
+
+
+def _progress(split: str, done: int, total: int) -> None:
+    if sys.stdout.isatty():
+        print(f"\r{split}: {done}/{total} rows", end="" if done < total else "\n", flush=True)
+
+
+def _write_from_flags() -> tuple[dict[str, int], str, int]:
+    """The dataset of the layout flags; returns (rows per split, kind of bags, tables)."""
     if FLAGS.preset == "criteo_fl15":
         table_sizes = list(FL15_CARDINALITIES)
     elif FLAGS.preset == "mlperf_dlrmv2" and not FLAGS["synthetic_dataset_table_sizes"].present:
@@ -93,18 +151,25 @@ def main(argv: list[str]) -> int:
     samples = {split: n for split, n in rows.items() if n > 0}  # a split of 0 rows is left out
     if not samples:
         raise app.UsageError("every split has 0 rows; nothing to write")
-    interactive = sys.stdout.isatty()
+    write_synthetic_dataset(FLAGS.synthetic_dataset_dir, FLAGS.num_numerical_features, table_sizes, samples,
+                            batch_size=FLAGS.batch_size, seed=FLAGS.seed, overwrite=FLAGS.overwrite,
+                            progress=_progress, bag_sizes=bag_sizes, pooling=FLAGS.synthetic_pooling,
+                            bag_layout=FLAGS.bag_layout)
+    kind = "one-hot" if bag_sizes is None else f"multi-hot ({FLAGS.bag_layout} bags, {FLAGS.synthetic_pooling} pooling)"
+    return samples, kind, len(table_sizes)
 
-    def progress(split: str, done: int, total: int) -> None:
-        if interactive:
-            print(f"\r{split}: {done}/{total} rows", end="" if done < total else "\n", flush=True)
 
+def main(argv: list[str]) -> int:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     start = time.perf_counter()
     try:
-        write_synthetic_dataset(FLAGS.synthetic_dataset_dir, FLAGS.num_numerical_features, table_sizes, samples,
-                                batch_size=FLAGS.batch_size, seed=FLAGS.seed, overwrite=FLAGS.overwrite,
-                                progress=progress, bag_sizes=bag_sizes, pooling=FLAGS.synthetic_pooling,
-                                bag_layout=FLAGS.bag_layout)
+        if FLAGS.feature_spec is not None:
+            samples = _write_for_spec()
+        else:
+            samples, kind, tables = _write_from_flags()
+    except DatasetError:
+        raise  # a bad --feature_spec: its message names the file, the feature and the fix (cli.run)
     except ValueError as e:  # settings the flags' own checks let through
         raise app.UsageError(str(e)) from None
     except StorageError:
@@ -117,11 +182,14 @@ def main(argv: list[str]) -> int:
                              f"{e.strerror}" + (f" ({e.filename})" if e.filename else "")) from None
     seconds = time.perf_counter() - start
     out = FLAGS.synthetic_dataset_dir
-    kind = "one-hot" if bag_sizes is None else f"multi-hot ({FLAGS.bag_layout} bags, {FLAGS.synthetic_pooling} pooling)"
-    print(f"wrote {out} in {seconds:.1f} s: {FLAGS.num_numerical_features} numerical, {len(table_sizes)} {kind} "
-          f"categorical features, seed {FLAGS.seed}")
+    if FLAGS.feature_spec is not None:
+        print(f"wrote {out} in {seconds:.1f} s, shaped by {FLAGS.feature_spec}, seed {FLAGS.seed}")
+    else:
+        print(f"wrote {out} in {seconds:.1f} s: {FLAGS.num_numerical_features} numerical, {tables} {kind} "
+              f"categorical features, seed {FLAGS.seed}")
+    split_bytes = _split_bytes(out)
     for split, rows in samples.items():
-        print(f"  {split:<10} {rows:>12} rows {_dir_bytes(os.path.join(out, split)):>16} bytes")
+        print(f"  {split:<10} {rows:>12} rows {split_bytes[split]:>16} bytes")
     total_rows = sum(samples.values())
     print(f"  {'total':<10} {total_rows:>12} rows {_dir_bytes(out):>16} bytes "
           f"({total_rows / max(seconds, 1e-9):.0f} rows/s)")

@@ -1,5 +1,13 @@
 r"""Convert CSV/TSV files of integer-coded features into a split-binary dataset.
 
+NVIDIA's form: CSV files described by a CSV feature spec in the input directory (chunks of
+``type: csv``; see docs/data_format.md), as NVIDIA's transcode.py takes them:
+
+    python -m dlrm.scripts.transcode --input /data --output /data/converted \
+        [--feature_spec_in feature_spec.yaml] [--feature_spec_out feature_spec.yaml] [--chunk_size 65536]
+
+One text file per split, label then numerical then categorical fields:
+
     python -m dlrm.scripts.transcode --train train.tsv --test test.tsv --output /data/mine \
         --num_numerical 13 --num_categorical 26 [--validation val.tsv] [--delimiter comma] \
         [--cardinalities 10,20,...]
@@ -12,10 +20,15 @@ import os
 from absl import app, flags
 
 from dlrm.data.errors import DatasetError
-from dlrm.data.transcode import transcode
+from dlrm.data.feature_spec import SPEC_FILE_NAME
+from dlrm.data.transcode import transcode, transcode_csv_source
 from dlrm.scripts import cli
 
 FLAGS = flags.FLAGS
+flags.DEFINE_string("input", None, "NVIDIA's form: the directory of the CSV files and their feature spec "
+                    "(--feature_spec_in).")
+flags.DEFINE_string("feature_spec_in", SPEC_FILE_NAME, "NVIDIA's form: the CSV feature spec, relative to --input.")
+flags.DEFINE_string("feature_spec_out", SPEC_FILE_NAME, "File name of the written feature spec, in --output.")
 flags.DEFINE_string("train", None, "Text file of the train split.")
 flags.DEFINE_string("test", None, "Text file of the test split.")
 flags.DEFINE_string("validation", None, "Text file of the validation split.")
@@ -24,15 +37,47 @@ flags.DEFINE_integer("num_numerical", 13, "Numerical fields per line, after the 
 flags.DEFINE_integer("num_categorical", 26, "Categorical id fields per line, after the numerical ones.", lower_bound=0)
 flags.DEFINE_enum("delimiter", "tab", ["tab", "comma"], "Field separator.")
 flags.DEFINE_list("cardinalities", None, "Comma-separated cardinality per categorical feature; default: max id + 1 over all splits.")
-flags.DEFINE_integer("chunk_rows", 1_000_000, "Lines parsed per chunk (bounds memory).", lower_bound=1)
-flags.mark_flags_as_required(["train", "output"])
+flags.DEFINE_integer("chunk_size", 1_000_000, "Lines parsed per chunk (bounds memory; NVIDIA's flag).", lower_bound=1)
+flags.DEFINE_alias("chunk_rows", "chunk_size")
+flags.mark_flags_as_required(["output"])
+
+_TEXT_FLAGS = ("train", "test", "validation", "num_numerical", "num_categorical", "delimiter", "cardinalities")
 
 _DELIMITERS = {"tab": "\t", "comma": ","}
+
+
+def _from_csv_source() -> int:
+    given = [f"--{name}" for name in _TEXT_FLAGS if FLAGS[name].present]
+    if given:
+        raise app.UsageError(f"--input reads the feature spec's CSV files; leave out {', '.join(given)} (the "
+                             f"other form), or drop --input")
+    if not os.path.isdir(FLAGS.input):
+        raise app.UsageError(f"--input {FLAGS.input} is not a directory; give the directory of the CSV files and "
+                             f"their feature spec")
+    try:
+        spec = transcode_csv_source(os.path.join(FLAGS.input, FLAGS.feature_spec_in), FLAGS.output,
+                                    spec_out_name=FLAGS.feature_spec_out, chunk_rows=FLAGS.chunk_size)
+    except DatasetError:
+        raise
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
+    print(f"wrote {FLAGS.output}: splits {spec.splits}, cardinalities {spec.cardinalities}, "
+          f"spec {os.path.join(FLAGS.output, FLAGS.feature_spec_out)}")
+    return 0
 
 
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if os.path.exists(FLAGS.output) and not os.path.isdir(FLAGS.output):
+        raise app.UsageError(f"--output {FLAGS.output} is a file; give a directory (created if missing)")
+    if FLAGS.input is not None:
+        return _from_csv_source()
+    if FLAGS.train is None:
+        raise app.UsageError("give --input DIR (CSV files and their feature spec, NVIDIA's form) or --train FILE")
+    if FLAGS["feature_spec_in"].present:
+        raise app.UsageError("--feature_spec_in goes with --input; the --train form takes the layout from "
+                             "--num_numerical and --num_categorical")
     inputs = {name: getattr(FLAGS, name) for name in ("train", "test", "validation") if getattr(FLAGS, name)}
     cardinalities = None
     if FLAGS.cardinalities:
@@ -40,8 +85,6 @@ def main(argv: list[str]) -> int:
             cardinalities = [int(c) for c in FLAGS.cardinalities]
         except ValueError:
             raise app.UsageError(f"--cardinalities must be integers, got {FLAGS.cardinalities}") from None
-    if os.path.exists(FLAGS.output) and not os.path.isdir(FLAGS.output):
-        raise app.UsageError(f"--output {FLAGS.output} is a file; give a directory (created if missing)")
     try:
         spec = transcode(
             inputs,
@@ -50,7 +93,8 @@ def main(argv: list[str]) -> int:
             num_categorical=FLAGS.num_categorical,
             delimiter=_DELIMITERS[FLAGS.delimiter],
             cardinalities=cardinalities,
-            chunk_rows=FLAGS.chunk_rows,
+            chunk_rows=FLAGS.chunk_size,
+            spec_name=FLAGS.feature_spec_out,
         )
     except DatasetError:
         raise  # bad input file: cli.run prints the message (file, line, fix) and exits 2

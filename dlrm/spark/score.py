@@ -103,12 +103,13 @@ def prepare_raw_rows(raw: Any, dataset_dir: str, line_column: str = "value", on_
     (its file and line with ``read_raw_lines``) and the reason; ``on_error='skip'`` leaves it
     out instead."""
     from preproc.report import malformed_error
-    from preproc.transform import COLUMNS, transform_columns, transform_lines
+    from preproc.transform import COLUMNS, dataset_numerical_rounding, transform_columns, transform_lines
     from preproc.vocab import load_dataset_vocabulary
 
     if on_error not in ("fail", "skip"):
         raise ValueError(f"`on_error` must be 'fail' or 'skip', got {on_error!r}")
     load_dataset_vocabulary(dataset_dir)  # a dataset without one fails here, on the driver
+    rounding = dataset_numerical_rounding(dataset_dir)
     numerical, categorical = prepared_columns(13, 26)
     fields = all(c in raw.columns for c in COLUMNS)
     if not fields and line_column not in raw.columns:
@@ -125,10 +126,10 @@ def prepare_raw_rows(raw: Any, dataset_dir: str, line_column: str = "value", on_
         seen: Counter = Counter()  # (file, split start) -> its lines in earlier batches
         for frame in batches:
             if fields:
-                rows = transform_columns(frame, vocabulary, on_error)
+                rows = transform_columns(frame, vocabulary, on_error, numerical_rounding=rounding)
             else:
                 text = "".join(line + "\n" for line in frame[line_column])
-                rows = transform_lines(text.encode(), vocabulary, on_error="skip")
+                rows = transform_lines(text.encode(), vocabulary, on_error="skip", numerical_rounding=rounding)
                 if rows.malformed and on_error == "fail":
                     index, _, detail = rows.malformed[0]
                     where, line = line_of(frame, index, seen) if located else (f"{line_column} column", index + 1)
