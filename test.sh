@@ -10,7 +10,7 @@
 # 3. starts the bare-install check (.ci/bare_install.sh: a fresh venv with the README's install
 #    line alone, then the README's commands from the repository root) beside pytest, since the
 #    prepared test environment cannot see what a new user's machine lacks; BARE_CHECK=0 skips it;
-# 4. runs pytest (two workers, pytest-xdist) with DLRM_REQUIRE_TRITON_SERVER=1, so the
+# 4. runs pytest (three workers, pytest-xdist) with DLRM_REQUIRE_TRITON_SERVER=1, so the
 #    real-server tests fail rather than skip when the server cannot start; then waits for the
 #    bare-install check.
 # Fails if either fails.
@@ -29,9 +29,9 @@ if [ "${BARE_CHECK:-1}" != 0 ]; then
     bare_pid=$!
 fi
 rc=0
-# Two pytest workers (PYTEST_WORKERS), a test file to a worker: most tests wait on subprocesses
-# (torch start-up, Spark, torchrun), so a second worker fills the time one leaves idle.
-DLRM_REQUIRE_TRITON_SERVER=1 "$python" -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadfile "$@" || rc=$?
+# Three pytest workers (PYTEST_WORKERS) on two cores, a test file to a worker: most tests wait on
+# subprocesses (torch start-up, Spark, torchrun): two workers kept 1.55 of 2 cores busy.
+DLRM_REQUIRE_TRITON_SERVER=1 "$python" -m pytest -n "${PYTEST_WORKERS:-3}" --dist loadfile "$@" || rc=$?
 if [ -n "$bare_pid" ]; then
     bare_rc=0
     wait "$bare_pid" || bare_rc=$?

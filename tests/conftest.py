@@ -56,6 +56,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="module")
+def spark():
+    """A local Spark session of two task slots for a test module (a module may define its own)."""
+    from dlrm.spark.launch import local_session
+
+    session = local_session("local[2]")
+    yield session
+    session.stop()
+
+
 def tensorboard_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
     """Every scalar of the event files in ``logdir``, read with TensorBoard's own reader:
     tag -> [(step, value)] in the order written."""

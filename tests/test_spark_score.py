@@ -16,7 +16,6 @@ from dlrm.data.feature_spec import FeatureSpec
 from dlrm.data.split_binary import SplitBinaryReader
 from dlrm.inference.export import build_inference_model, export_onnx
 from dlrm.model.dlrm import DLRM, DLRMConfig
-from dlrm.spark.launch import local_session
 from dlrm.spark.score import (
     OUTPUT, model_maps_any_id, prepare_raw_rows, prepared_columns, read_dataset, read_raw_lines, score, task_error,
 )
@@ -34,13 +33,6 @@ pytest.importorskip("onnxruntime")
 
 def records(path, kind):
     return [r for r in map(json.loads, open(path)) if r["type"] == kind]
-
-
-@pytest.fixture(scope="module")
-def spark():
-    session = local_session("local[2]")
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="module")
