@@ -124,6 +124,17 @@ def dense_reference_loss(model, inputs, targets, seed=None, kl_weight=0.0):
     return loss + kl_weight * kl
 
 
+def assert_loss_and_gradients_equal(model, got, want):
+    """The sparse loss and its gradients against the dense float64 reference's."""
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    got.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    want.backward()
+    for g, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(g, p.grad, rtol=1e-9, atol=1e-12)
+
+
 @pytest.mark.parametrize("error,output", [("ScaledMarginalCrossEntropy", "Sigmoid"), ("CrossEntropy", "Sigmoid"),
                                           ("CrossEntropy", "SoftMax"), ("SMCE", "SoftMax"), ("L2", "Sigmoid"),
                                           ("L1", "Sigmoid"), ("L2", "Linear")])
@@ -132,13 +143,7 @@ def test_sparse_loss_equals_dense_reference(error, output):
     inputs, targets = random_batch(seed=1), random_batch(seed=2, values=error in ("L2", "L1"))
     got = batch_loss(model, inputs, targets)
     want = dense_reference_loss(model, inputs, targets)
-    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
-    got.backward()
-    grads = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    want.backward()
-    for g, p in zip(grads, model.parameters()):
-        torch.testing.assert_close(g, p.grad, rtol=1e-9, atol=1e-12)
+    assert_loss_and_gradients_equal(model, got, want)
 
 
 @pytest.mark.parametrize("seed", [None, 11])  # inference (no noise; a latent's mean), training (noise from the seed)
@@ -155,13 +160,7 @@ def test_multinomial_loss_equals_dense_reference(latent, seed):
     inputs, targets = random_batch(seed=1), random_batch(seed=2, values=False)
     got = batch_loss(model, inputs, targets, dropout_seed=seed, kl_weight=0.3)
     want = dense_reference_loss(model, inputs, targets, seed=seed, kl_weight=0.3)
-    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
-    got.backward()
-    grads = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    want.backward()
-    for g, p in zip(grads, model.parameters()):
-        torch.testing.assert_close(g, p.grad, rtol=1e-9, atol=1e-12)
+    assert_loss_and_gradients_equal(model, got, want)
 
 
 def test_kl_weight_rises_linearly_to_beta():
