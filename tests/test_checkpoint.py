@@ -80,10 +80,10 @@ def test_failed_save_leaves_previous_checkpoint(tmp_path, monkeypatch):
     path = str(tmp_path / "c")
     m = DLRM(small_config())
     save_checkpoint(path, m, None, None, TrainState(step=1))
-    import dlrm.training.checkpoint as ck
+    import dlrm.training.checkpoint_store as store
 
     calls = {"n": 0}
-    real = ck.save_tensor_file
+    real = store.save_tensor_file
 
     def failing(obj, file):
         calls["n"] += 1
@@ -91,7 +91,7 @@ def test_failed_save_leaves_previous_checkpoint(tmp_path, monkeypatch):
             raise OSError("disk full")
         return real(obj, file)
 
-    monkeypatch.setattr(ck, "save_tensor_file", failing)
+    monkeypatch.setattr(store, "save_tensor_file", failing)
     with pytest.raises(OSError, match="disk full"):
         save_checkpoint(path, m, None, None, TrainState(step=2))
     assert read_meta(path)["train_state"]["step"] == 1

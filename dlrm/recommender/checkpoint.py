@@ -1,5 +1,6 @@
-"""Autoencoder checkpoints: a directory that any process count loads, written atomically and
-read without executing code (the DLRM checkpoint's machinery: ``dlrm.training.checkpoint``).
+"""Autoencoder checkpoints: what a recommender run saves, and the checks that a checkpoint fits
+the network it is loaded into. Files, checksums, staging, the lock and row blocks are the
+checkpoint store's (``dlrm.training.checkpoint_store``), as for DLRM's checkpoints.
 
     <path>/meta.json                   network definition, sizes, train state, files with sizes and CRC-32
     <path>/input_rows_<a>_<b>.pt       input table rows [a, b) and their optimizer state
@@ -8,15 +9,12 @@ read without executing code (the DLRM checkpoint's machinery: ``dlrm.training.ch
 
 Each process writes the item rows it owns; the first one the rest and, last, ``meta.json``. A
 process of a run with another process count reads the rows of its own ranges from whichever
-files cover them (memory-mapped). A save the file system refuses leaves the previous checkpoint
-as it was and raises a ``StorageError`` (``staged_directory``).
+files cover them.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -24,12 +22,15 @@ import torch
 
 from dlrm.recommender.model import SparseAutoencoder
 from dlrm.recommender.network import parse_network
-from dlrm.training.checkpoint import (META, CheckpointError, checkpoint_bytes, host_copy, load_tensor_file,
-                                      save_tensor_file, staged_directory, verify_checksums, write_meta)
+from dlrm.training import checkpoint_store as store
+from dlrm.training.checkpoint_store import CheckpointError, host_copy, latest_checkpoint, state_bytes
 
 FORMAT = "dlrm-autoencoder-checkpoint"
 VERSION = 1
-_PIECE = re.compile(r"^(input|output)_rows_(\d+)_(\d+)\.pt$")
+META_FORMAT = store.Format("autoencoder checkpoint", ("version", VERSION),
+                           {"network": dict, "n_input": int, "n_output": int, "hidden": list, "train_state": dict},
+                           marks={"format": FORMAT}, foreign="a DLRM checkpoint loads with dlrm.scripts.main, not here")
+read_meta = META_FORMAT.read_meta
 
 
 @dataclass
@@ -62,35 +63,35 @@ def _replicated(model: SparseAutoencoder) -> dict[str, torch.nn.Parameter]:
     return {name: p for name, p in model.named_parameters() if id(p) not in item}
 
 
+def _item_blocks(model: SparseAutoencoder) -> dict[str, tuple[int, tuple[int, int]]]:
+    """Per item layer (the names its files start with): its rows, and the range this process holds."""
+    return {"input": (model.n_input, model.input_range), "output": (model.n_output, model.output_range)}
+
+
 def save(path: str, model: SparseAutoencoder, optimizer: torch.optim.Optimizer | None, state: AutoencoderState,
          run_config: dict[str, Any] | None = None) -> None:
     """Every process of the model's run calls this at the same step."""
-    parallel = model.parallel
-    collectives = parallel.collectives(model.output_weight.device)
-    with staged_directory(path, collectives, checkpoint_bytes(path, model)) as tmp:
-        checksums = {}
+
+    def write_items(files: store.StagedFiles) -> None:
         for kind, params in _item_params(model).items():
-            start, stop = model.input_range if kind == "input" else model.output_range
-            if stop == start:
-                continue
-            piece = {name: host_copy(p) for name, p in params.items()}
-            piece["state"] = {name: _state_of(optimizer, p) for name, p in params.items()}
-            name = f"{kind}_rows_{start}_{stop}.pt"
-            checksums[name] = save_tensor_file(piece, os.path.join(tmp, name))
-        checksums = {name: crc for part in collectives.gather_objects(checksums) for name, crc in part.items()}
-        if parallel.rank == 0:
-            _write_rest(tmp, model, optimizer, state, run_config, checksums)
+            _, (start, stop) = _item_blocks(model)[kind]
+            if stop > start:
+                piece = {name: host_copy(p) for name, p in params.items()}
+                piece["state"] = {name: _state_of(optimizer, p) for name, p in params.items()}
+                files.save(store.piece_name(kind, (start, stop)), piece)
+
+    collectives = model.parallel.collectives(model.output_weight.device)
+    store.save_directory(path, collectives, state_bytes(model), write_items,
+                         lambda files: _write_rest(files, model, optimizer, state, run_config))
 
 
-def _write_rest(tmp: str, model: SparseAutoencoder, optimizer: torch.optim.Optimizer | None,
-                state: AutoencoderState, run_config: dict[str, Any] | None, checksums: dict[str, str]) -> None:
-    """The replicated weights and, last, ``meta.json`` (which makes the directory complete)."""
+def _write_rest(files: store.StagedFiles, model: SparseAutoencoder, optimizer: torch.optim.Optimizer | None,
+                state: AutoencoderState, run_config: dict[str, Any] | None) -> dict[str, Any]:
+    """The replicated weights; returns meta.json's entries."""
     replicated = _replicated(model)
-    checksums["replicated.pt"] = save_tensor_file(
-        {"params": {n: host_copy(p) for n, p in replicated.items()},
-         "state": {n: _state_of(optimizer, p) for n, p in replicated.items()}},
-        os.path.join(tmp, "replicated.pt"))
-    meta = {
+    files.save("replicated.pt", {"params": {n: host_copy(p) for n, p in replicated.items()},
+                                 "state": {n: _state_of(optimizer, p) for n, p in replicated.items()}})
+    return {
         "format": FORMAT, "version": VERSION,
         "network": model.config.to_json(),
         "n_input": model.n_input, "n_output": model.n_output,
@@ -100,9 +101,7 @@ def _write_rest(tmp: str, model: SparseAutoencoder, optimizer: torch.optim.Optim
         "train_state": asdict(state),
         "run_config": run_config or {},
         "world_size": model.parallel.world_size,
-        "files": {n: {"bytes": os.path.getsize(os.path.join(tmp, n)), "crc32": c} for n, c in sorted(checksums.items())},
     }
-    write_meta(tmp, meta)
 
 
 def best_path(path: str) -> str:
@@ -115,8 +114,6 @@ def model_path(path: str, best: bool = True) -> str:
     """The checkpoint to predict or evaluate with, given a run's ``path``: its best validation's
     (``best_path``) when ``best`` and the run validated, else its latest (``PATH.old`` when a save
     was cut off between its renames); a path of a ``.best`` directory is taken as it is."""
-    from dlrm.training.checkpoint import latest_checkpoint
-
     if best and not path.rstrip(os.sep).endswith(".best"):
         found = latest_checkpoint(best_path(path))
         if found is not None:
@@ -131,30 +128,6 @@ def describe(path: str) -> str:
         return (f"{path} (the best validation of its run: NDCG {state['best_metric']:.4f} after epoch "
                 f"{state['best_epoch']}, step {state['best_step']})")
     return f"{path} (step {state.get('step', 0)}, epoch {state.get('epoch', 0)})"
-
-
-def read_meta(path: str) -> dict[str, Any]:
-    """``meta.json`` checked: complete, of this format, every listed file of its saved size."""
-    meta_path = os.path.join(path, META)
-    if not os.path.isfile(meta_path):
-        raise CheckpointError(f"No autoencoder checkpoint at {path} (no {META}: not a checkpoint, or its save did "
-                              f"not finish; a complete earlier one may be at {path.rstrip(os.sep)}.old)")
-    try:
-        with open(meta_path, encoding="utf-8") as f:
-            meta = json.load(f)
-    except (ValueError, OSError) as e:
-        raise CheckpointError(f"{meta_path}: not readable as JSON ({e}): the checkpoint is damaged") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise CheckpointError(f"{meta_path}: not an autoencoder checkpoint (a DLRM checkpoint loads with "
-                              "dlrm.scripts.main, not here)")
-    if meta.get("version") != VERSION:
-        raise CheckpointError(f"{meta_path}: checkpoint version {meta.get('version')!r}, this version reads {VERSION}")
-    for name, entry in meta["files"].items():
-        file = os.path.join(path, name)
-        actual = os.path.getsize(file) if os.path.isfile(file) else None
-        if actual != entry["bytes"]:
-            raise CheckpointError(f"{file}: expected {entry['bytes']} bytes, found {actual}: the checkpoint is damaged")
-    return meta
 
 
 def network_of(path: str):
@@ -191,32 +164,19 @@ def _check_model(path: str, meta: dict[str, Any], model: SparseAutoencoder) -> N
             f"model has {this[0]}, {this[2]} and {this[1]}: load it with the network and datasets it was trained on")
 
 
-def _rows(path: str, pieces: list[tuple[int, int, str]], start: int, stop: int, cache: dict[str, Any]) -> dict:
-    """Rows [start, stop) of every tensor of a kind's pieces, assembled from the files covering them."""
-    out: dict[str, Any] = {}
-    covered = start
-    for a, b, name in sorted(pieces):
-        if b <= start or a >= stop:
-            continue
-        if a > covered:
-            break
-        piece = cache.setdefault(name, load_tensor_file(path, name, mmap=True))
-        lo, hi = max(a, start) - a, min(b, stop) - a
-        for key, value in piece.items():
-            if key == "state":
-                for param, state in value.items():
-                    for k, v in state.items():
-                        slot = out.setdefault("state", {}).setdefault(param, {})
-                        slot.setdefault(k, []).append(v[lo:hi] if v.dim() else v)
-            else:
-                out.setdefault(key, []).append(value[lo:hi])
-        covered = min(b, stop)
-    if covered < stop:
-        raise CheckpointError(f"{path}: no file holds rows [{covered}, {stop}): the checkpoint is incomplete")
-    joined = {k: torch.cat(v) for k, v in out.items() if k != "state"}
-    joined["state"] = {p: {k: (torch.cat(v) if v[0].dim() else v[0]) for k, v in s.items()}
-                       for p, s in out.get("state", {}).items()}
-    return joined
+def _restore(where: str, params: dict[str, torch.nn.Parameter], weights: dict[str, Any],
+             states: dict[str, dict[str, torch.Tensor]], optimizer: torch.optim.Optimizer | None) -> None:
+    """Copies the saved ``weights`` into ``params`` and, with ``optimizer``, their saved
+    ``states`` into it (copies: what was read may be memory-mapped; scalars such as Adam's step
+    count stay on the CPU, as torch's optimizers keep them)."""
+    for name, p in params.items():
+        if name not in weights:
+            raise CheckpointError(f"{where}: no weights for {name}: it was saved by another network")
+        store.check_shape(where, name, weights[name], p.shape)
+        p.copy_(weights[name])
+        if optimizer is not None and states.get(name):
+            optimizer.state[p] = {k: v.to(p.device, copy=True) if v.dim() else v.clone()
+                                  for k, v in states[name].items()}
 
 
 def load(path: str, model: SparseAutoencoder, optimizer: torch.optim.Optimizer | None = None,
@@ -225,33 +185,22 @@ def load(path: str, model: SparseAutoencoder, optimizer: torch.optim.Optimizer |
     ``optimizer``, its state too (for resuming). Returns the train state."""
     meta = read_meta(path)
     _check_model(path, meta, model)
-    pieces: dict[str, list[tuple[int, int, str]]] = {"input": [], "output": []}
-    for name in meta["files"]:
-        if match := _PIECE.match(name):
-            pieces[match.group(1)].append((int(match.group(2)), int(match.group(3)), name))
-    needed = ["replicated.pt"]
-    for kind, (start, stop) in (("input", model.input_range), ("output", model.output_range)):
-        needed += [n for a, b, n in pieces[kind] if a < stop and b > start]
-    if verify:
-        verify_checksums(path, meta, needed)
-    cache: dict[str, Any] = {}
+    reads = {kind: store.pieces_for(path, meta, kind, total, rows, f"the {kind} layer")
+             for kind, (total, rows) in _item_blocks(model).items()}
+    store.check_files(path, meta, ["replicated.pt", *(name for pieces in reads.values() for _, _, name in pieces)],
+                      verify)
+    replicated = store.load_tensor_file(path, "replicated.pt")
+    if not isinstance(replicated, dict) or not isinstance(replicated.get("params"), dict):
+        raise CheckpointError(f"{os.path.join(path, 'replicated.pt')}: does not hold what this program writes: "
+                              "the checkpoint is damaged")
     with torch.no_grad():
         for kind, params in _item_params(model).items():
-            start, stop = model.input_range if kind == "input" else model.output_range
-            if stop == start:
-                continue
-            rows = _rows(path, pieces[kind], start, stop, cache)
-            for name, p in params.items():
-                p.copy_(rows[name])
-                if optimizer is not None and rows["state"].get(name):
-                    optimizer.state[p] = {k: v.to(p.device) if v.dim() else v.clone()
-                                          for k, v in rows["state"][name].items()}
-        replicated = load_tensor_file(path, "replicated.pt")
-        for name, p in _replicated(model).items():
-            if name not in replicated["params"]:
-                raise CheckpointError(f"{path}/replicated.pt: no weights for {name}: it was saved by another network")
-            p.copy_(replicated["params"][name])
-            if optimizer is not None and replicated["state"].get(name):
-                optimizer.state[p] = {k: v.to(p.device) if v.dim() else v.clone()
-                                      for k, v in replicated["state"][name].items()}
-    return AutoencoderState(**meta["train_state"])
+            if reads[kind]:
+                rows = store.read_rows(path, reads[kind], _item_blocks(model)[kind][1])
+                _restore(os.path.join(path, reads[kind][0][2]), params, rows, rows.get("state", {}), optimizer)
+        _restore(os.path.join(path, "replicated.pt"), _replicated(model), replicated["params"],
+                 replicated.get("state", {}), optimizer)
+    try:
+        return AutoencoderState(**meta["train_state"])
+    except TypeError as e:
+        raise CheckpointError(f"{os.path.join(path, store.META)}: train_state is damaged ({e})") from None
