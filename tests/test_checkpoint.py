@@ -282,6 +282,8 @@ def test_lock_refuses_a_second_holder_and_dies_with_its_process(tmp_path):
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(CheckpointError, match=rf"another run \(pid {holder.pid} on .*\) is saving checkpoints"):
             CheckpointLock(path).acquire()
+        with pytest.raises(CheckpointError, match=r"give this run its own `checkpoint_path`"):
+            CheckpointLock(path, setting="checkpoint_path").acquire()  # a product whose setting has another name
     finally:
         holder.kill()  # like kill -9: no cleanup runs in the holder
         holder.wait()
