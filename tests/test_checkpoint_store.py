@@ -17,6 +17,7 @@ import torch
 from conftest import REPO
 from dlrm.distributed.collectives import Collectives
 from dlrm.training import checkpoint_store as store
+from test_checkpoint import _Exploit, _flip_byte
 
 FORMAT = store.Format("test checkpoint", ("version", 3), {"step": int}, marks={"kind": "test"},
                       foreign="written by another program")
@@ -117,14 +118,6 @@ def test_a_piece_whose_rows_differ_from_its_name_is_refused(tmp_path):
         store.read_rows(path, pieces, (0, 6))
 
 
-def _flip_byte(file: str, offset: int) -> None:
-    with open(file, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0xFF]))
-
-
 def test_a_flipped_byte_is_caught_by_the_checksum(tmp_path):
     path = str(tmp_path / "ck")
     weight = torch.randn(50, 4, generator=torch.Generator().manual_seed(1))
@@ -143,11 +136,6 @@ def test_a_flipped_byte_is_caught_by_the_checksum(tmp_path):
     assert not torch.equal(damaged, weight + 1)
     with pytest.raises(store.CheckpointError, match=r"meta.json: lists no c.pt"):
         store.check_files(path, meta, ["c.pt"])
-
-
-class _Exploit:
-    def __reduce__(self):
-        return (os.system, ("echo pwned > /dev/null",))
 
 
 def test_a_pickle_of_anything_but_tensors_is_never_loaded(tmp_path):

@@ -428,7 +428,9 @@ def read_rows(path: str, pieces: list[Piece], rows: tuple[int, int]) -> Any:
 
 
 def _join(path: str, parts: list[tuple[Piece, Any]], rows: tuple[int, int], what: str) -> Any:
-    (first_piece, first), start, stop = parts[0], *rows
+    """``read_rows`` of one level of the files' contents (``what`` in messages)."""
+    first_piece, first = parts[0]
+    start, stop = rows
     for (a, b, name), value in parts:
         file = os.path.join(path, name)
         if isinstance(first, dict):
