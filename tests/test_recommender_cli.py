@@ -270,3 +270,24 @@ def test_a_network_file_with_an_unknown_key_is_one_line_naming_it(cli, tmp_path)
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert lines[0].startswith(f"error: --network {network}: 'LearningRate': unknown key"), lines
     assert not os.path.exists(tmp_path / "ckpt")
+
+
+def test_dlrm_flag_names_and_the_earlier_ones_set_the_same(cli, data, trained):
+    """--save_checkpoint_path, --print_freq and --base_device (dlrm.scripts.main's names) train the
+    run --checkpoint_path, --log_every_steps and --device train (the 4-step run above), and
+    --load_checkpoint_path reads it as --checkpoint does; the log records each flag once."""
+    ckpt, log = str(data["root"] / "ckpt_new_names"), str(data["root"] / "new_names.json")
+    new = [a.replace("--log_every_steps", "--print_freq").replace("--device", "--base_device") for a in TRAIN]
+    cli("dlrm.scripts.recommender_train", "--network", data["network"], "--input", os.path.join(data["out"], "input"),
+        "--save_checkpoint_path", ckpt, "--max_steps", "4", "--log_path", log, *new)
+    resumed, uninterrupted = read_checkpoint(ckpt), read_checkpoint(trained["ckpt"])
+    assert resumed.keys() == uninterrupted.keys()
+    for key, value in uninterrupted.items():
+        assert torch.equal(resumed[key], value), key
+    (flags_record,) = [r for r in map(json.loads, open(log)) if r["type"] == "flags"]
+    assert flags_record["save_checkpoint_path"] == ckpt and flags_record["print_freq"] == 1
+    assert not {"checkpoint_path", "log_every_steps", "device"} & set(flags_record)
+    recs = str(data["root"] / "recs_new_names.txt")
+    cli("dlrm.scripts.recommender_predict", "--load_checkpoint_path", ckpt, "--input", os.path.join(data["out"], "input"),
+        "--k", str(K), "--output", recs, "--base_device", "cpu")
+    assert len(open(recs, encoding="utf-8").read().splitlines()) == USERS

@@ -28,19 +28,27 @@ and a hint " (or ... `setting`)" whose ``LIBRARY_FLAGS`` flag this script lacks 
 
 main's return value is the exit status (None: 0), as with ``app.run``, whose logging set-up this
 keeps: it is ``app.run`` with a flags parser and a guard around main.
+
+The other helpers every entry point shares: ``alias`` (an old flag name kept for a new one),
+``our_flags`` (this program's flags, for the run log), ``rank_prefix`` and ``run_processes``
+(under torchrun: errors name their rank, and a finished process leaves through ``exit_now``).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 import sys
-from typing import Callable, NoReturn
+from typing import Any, Callable, NoReturn
 
 from absl import app, flags
 
 from dlrm.extras import missing_extra
 
 FLAGS = flags.FLAGS
+# The flags ``alias`` defines belong to the module that calls it (its --help lists them), not to this one.
+flags.disclaim_key_flags()
 
 # Named, not imported: a class can only have been raised if its module was imported, so a name is
 # looked up in sys.modules when an exception arrives, and a script that never loads torch (which
@@ -59,6 +67,12 @@ LIBRARY_FLAGS = {
     "verify=False": "skip_checkpoint_verify",  # load_checkpoint(verify=False)
     "capacity": "device_memory_gb",  # plan_tables(capacity=bytes per rank)
     "override": "table_placement",  # plan_tables(override=placement)
+    # DataConfig's synthetic settings (dlrm.data.sources), named after NVIDIA's flags there
+    "synthetic_num_entries": "synthetic_dataset_num_entries",
+    "synthetic_num_test_entries": "synthetic_dataset_num_test_entries",
+    "synthetic_table_sizes": "synthetic_dataset_table_sizes",
+    "synthetic_num_numerical": "synthetic_dataset_numerical_features",
+    "synthetic_bag_sizes": "synthetic_multi_hot_sizes",
 }
 _SETTING = re.compile(r"`(\w+)(?:=([^`\s]*))?`")
 # " (or <something> `setting`)": a hint at another way, dropped where the script offers no flag for it.
@@ -142,7 +156,7 @@ def _flags_module(main: Callable) -> str:
         candidates.append(sys.argv[0])
     if module is not None and getattr(module, "__file__", None):
         candidates.append(module.__file__)
-    by_module = FLAGS.flags_by_module_dict()
+    by_module = {**FLAGS.flags_by_module_dict(), **FLAGS.key_flags_by_module_dict()}  # key flags: adopted ones
     for name in candidates:
         if name in by_module:
             return name
@@ -211,3 +225,70 @@ def run(
 
     app.run(guarded, flags_parser=_parser(main, prefix))
     raise AssertionError("app.run returned")  # it always exits
+
+
+def alias(name: str, original: str, why: str) -> None:
+    """Defines --``name`` as another name of --``original`` (both set the same value), listed in
+    the calling script's --help with ``why`` it is kept, e.g. "DSSTNE's name"."""
+    flags.DEFINE_alias(name, original)
+    FLAGS[name].help = f"Alias of --{original} ({why})."
+
+
+def is_alias(flag: flags.Flag) -> bool:
+    return type(flag).__name__ == "_FlagAlias"
+
+
+def our_flags(flag_values: flags.FlagValues = FLAGS) -> dict[str, Any]:
+    """This program's flags and their values, for the run log and the checkpoint's ``run_config``:
+    every flag but absl's own, under its one name (no short names, no aliases)."""
+    return {
+        name: flag_values[name].value
+        for name in flag_values
+        if (flag := flag_values[name]).name == name and not is_alias(flag)
+        and not flag_values.find_module_defining_flag(name, default="").startswith("absl")
+    }
+
+
+def dist_env() -> Any:
+    """torchrun's variables (``DistEnv``), or None; torch is imported only under torchrun, so that
+    --help and flag errors stay fast."""
+    if "WORLD_SIZE" not in os.environ:
+        return None
+    from dlrm.distributed.process_group import dist_env as _env
+
+    return _env()
+
+
+def rank_prefix() -> str:
+    """"rank R: " under torchrun, else "": the prefix of ``run``'s messages in a multi-process job."""
+    env = dist_env()
+    return f"rank {env.rank}: " if env is not None else ""
+
+
+def exit_now(code: int) -> NoReturn:
+    """Ends a finished multi-process run without interpreter finalization.
+
+    Everything is written, flushed and the process group destroyed by now. gloo's C++ threads can
+    still abort the process ("terminate called without an active exception") while the
+    interpreter tears down, turning a successful run into a failed job. So leave directly."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
+def run_processes(main: Callable[[list[str], Any], int], argv: list[str],
+                  errors: tuple[type[BaseException] | str, ...] = DEFAULT_ERRORS) -> int:
+    """Runs ``main(argv, env)`` (``env``: ``dist_env()``). Under torchrun an unexpected error is
+    printed with its rank first (``run`` reports usage and ``errors`` itself, one line) and a
+    finished process leaves through ``exit_now``."""
+    env = dist_env()
+    try:
+        code = main(argv, env)
+    except Exception as e:
+        if env is not None and not isinstance(e, (app.UsageError, *_resolve(errors))):
+            print(f"{rank_prefix()}failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        raise
+    if env is not None:
+        exit_now(code)
+    return code

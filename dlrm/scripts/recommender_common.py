@@ -1,48 +1,52 @@
-"""Helpers shared by the recommender scripts (recommender_train, _predict, _evaluate).
+"""Helpers the recommender scripts alone share (recommender_train, _predict, _evaluate); those of
+every script (rank prefix, exit-now, our flags, aliases) are dlrm.scripts.cli's.
 
-Flag-free: this module defines no absl flags and reads no FLAGS, so any script can import it;
-each function takes the flag values it needs. torch (and the library) is imported inside the
-functions only, so that --help and flag errors stay fast.
+It reads no FLAGS, and defines flags only when a script calls a ``define_*`` function (they
+then belong to that script: its --help lists them); each other function takes the flag values
+it needs. torch (and the library) is imported inside the functions only, so that --help and
+flag errors stay fast.
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import sys
-from collections.abc import Callable
 
-from absl import app
+from absl import app, flags
 
 from dlrm.scripts import cli
 
-
-def dist_env():
-    """torchrun's variables, or None; torch is imported only under torchrun (fast --help and flag errors)."""
-    if "WORLD_SIZE" not in os.environ:
-        return None
-    from dlrm.distributed.process_group import dist_env as _env
-
-    return _env()
+flags.disclaim_key_flags()  # the define_* functions' flags belong to the script that calls them
+AMP_DTYPE_HELP = ("Autocast dtype with --amp (fp16 on cuda only). auto: bf16, or float32 on a CPU without bf16 "
+                  "instructions (where bf16 is slower).")
 
 
-def rank_prefix() -> str:
-    """"rank R: " under torchrun, else ""; the prefix of cli.run's messages."""
-    env = dist_env()
-    return f"rank {env.rank}: " if env is not None else ""
+def define_checkpoint_to_load(help: str) -> None:
+    """--load_checkpoint_path (alias --checkpoint, the earlier name) and --best: the trained model."""
+    flags.DEFINE_string("load_checkpoint_path", None, help)
+    cli.alias("checkpoint", "load_checkpoint_path", "the earlier name")
+    flags.DEFINE_boolean("best", True, "Use the checkpoint of the best validation of the training run (PATH.best, "
+                         "kept by recommender_train when it validates); --nobest: the run's last checkpoint.")
+
+
+def define_device(amp_help: str, amp_dtypes: list[str], amp_dtype_help: str) -> None:
+    """--base_device (alias --device), --amp, --amp_dtype and --dist_timeout: where and how the model runs."""
+    flags.DEFINE_string("base_device", None, "Device: cuda, cuda:N or cpu; default: cuda if available, else cpu. "
+                        "Under torchrun each process takes cuda:LOCAL_RANK.")
+    cli.alias("device", "base_device", "the earlier name")
+    flags.DEFINE_boolean("amp", False, amp_help)
+    flags.DEFINE_enum("amp_dtype", "auto", amp_dtypes, amp_dtype_help)
+    flags.DEFINE_float("dist_timeout", 300, "Under torchrun: seconds a collective may wait for a peer.", lower_bound=1)
 
 
 def device(name: str | None, env):
-    """The torch device of --device ``name`` (None: cuda if available, else cpu); under torchrun
-    cuda:LOCAL_RANK."""
-    import torch
+    """The torch device of --base_device ``name`` (None: cuda if available, else cpu), as
+    dlrm.scripts.main's: under torchrun each process takes cuda:LOCAL_RANK."""
+    from dlrm.training.build import resolve_device
 
-    name = name or ("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise app.UsageError("--device cuda: CUDA is not available on this machine; use --device cpu")
-    if name == "cuda":
-        return torch.device("cuda", env.local_rank if env is not None else torch.cuda.current_device())
-    return torch.device("cpu")
+    try:
+        return resolve_device(name, env)
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
 
 
 def amp_dtype(amp: bool, dtype_name: str, device):
@@ -80,30 +84,6 @@ def dataset(flag: str, path: str | None, hint: str = ""):
     from dlrm.data.csr_dataset import CsrDataset
 
     return CsrDataset(path)
-
-
-def exit_now(code: int) -> None:
-    """Ends a finished multi-process run without interpreter teardown, where gloo's threads can
-    abort a process that succeeded (as dlrm.scripts.main does)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    logging.shutdown()
-    os._exit(code)
-
-
-def run_main(main: Callable[[list[str], object], int], argv: list[str]) -> int:
-    """Runs ``main(argv, env)``: under torchrun an unexpected error is printed with its rank first
-    (cli.run shows usage and library errors itself), and a finished run exits through exit_now."""
-    env = dist_env()
-    try:
-        code = main(argv, env)
-    except Exception as e:
-        if env is not None and not isinstance(e, (app.UsageError, *cli._resolve(cli.DEFAULT_ERRORS))):
-            print(f"{rank_prefix()}failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        raise
-    if env is not None:
-        exit_now(code)
-    return code
 
 
 def start_processes(env, device, timeout_s: float) -> None:

@@ -1,11 +1,11 @@
 r"""Ranking metrics of the sparse autoencoder and of standard baselines on a held-out split.
 
     python -m dlrm.scripts.recommender_evaluate --input /data/ml20m/input --heldout /data/ml20m/heldout \
-        --checkpoint ckpt/ --k 1,5,10,20 --output metrics.json
+        --load_checkpoint_path ckpt/ --k 1,5,10,20 --output metrics.json
 
 Every user's --input items are the history a recommender sees; their --heldout items (the same
 users in the same order, from recommender_generate's held-out split) are what it should find.
-The model (--checkpoint) and each of --baselines rank every item the user has not seen, through
+The model (--load_checkpoint_path) and each of --baselines rank every item the user has not seen, through
 the same exclusion and top-K path, and are scored with precision, recall and NDCG at each K and
 catalogue coverage (dlrm.recommender.metrics defines them). Baselines, fitted on the --input rows:
 popularity (item counts), itemknn (item-item cosine kNN, --knn_neighbours), mf (implicit ALS
@@ -15,6 +15,9 @@ autoencoder, --ease_lambda; its items x items matrices need items^2 x 12 bytes, 
 
 Under torchrun the model is evaluated with its item layers split across the processes; the
 baselines then run on the first process alone.
+
+--load_checkpoint_path and --base_device are dlrm.scripts.main's names; --checkpoint and
+--device are kept as aliases.
 """
 
 from __future__ import annotations
@@ -34,9 +37,7 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("input", None, "CSR dataset of the users' histories (e.g. DIR/input of recommender_generate).")
 flags.DEFINE_string("heldout", None, "CSR dataset of their held-out items (e.g. DIR/heldout), the same users in "
                     "the same order.")
-flags.DEFINE_string("checkpoint", None, "Checkpoint of recommender_train to evaluate; default: the baselines only.")
-flags.DEFINE_boolean("best", True, "Use the checkpoint of the best validation of the training run (PATH.best, "
-                     "kept by recommender_train when it validates); --nobest: the run's last checkpoint.")
+common.define_checkpoint_to_load("Checkpoint of recommender_train to evaluate; default: the baselines only.")
 flags.DEFINE_list("baselines", list(BASELINES), f"Baselines to evaluate, comma-separated, from "
                   f"{','.join(BASELINES)}; empty (--baselines=) for none.")
 flags.DEFINE_list("k", ["1", "5", "10", "20"], "Cut-offs K of the metrics, comma-separated.")
@@ -50,12 +51,8 @@ flags.DEFINE_float("ease_lambda", 250.0, "ease: L2 regularization lambda (> 0). 
                    "(250 is RecBole's default); pick it on a validation split, not on --heldout.")
 flags.DEFINE_float("ease_max_memory_gb", 12.0, "ease: refuse a catalogue whose items x items matrices need more "
                    "GiB than this (items^2 x 12 bytes; 12 GiB: up to 32,768 items).", lower_bound=0)
-flags.DEFINE_enum("device", None, ["cpu", "cuda"], "Device of the model; default: cuda if available, else cpu. "
-                  "Under torchrun each process takes cuda:LOCAL_RANK.")
-flags.DEFINE_boolean("amp", False, "Model: automatic mixed precision (torch.autocast, see --amp_dtype).")
-flags.DEFINE_enum("amp_dtype", "auto", ["auto", "bf16", "fp16"], "Autocast dtype with --amp (fp16 on cuda only). "
-                  "auto: bf16, or float32 on a CPU without bf16 instructions (where bf16 is slower).")
-flags.DEFINE_float("dist_timeout", 300, "Under torchrun: seconds a collective may wait for a peer.", lower_bound=1)
+common.define_device("Model: automatic mixed precision (torch.autocast, see --amp_dtype).", ["auto", "bf16", "fp16"],
+                     common.AMP_DTYPE_HELP)
 flags.mark_flags_as_required(["input", "heldout"])
 
 
@@ -85,8 +82,8 @@ def _check_flags() -> tuple[list[int], list[str]]:
     if "ease" in baselines and not FLAGS.ease_lambda > 0:
         raise app.UsageError(f"--ease_lambda {FLAGS.ease_lambda:g}: must be > 0, so that X^T X + lambda I is "
                              f"invertible")
-    if not baselines and not FLAGS.checkpoint:
-        raise app.UsageError("nothing to evaluate: give --checkpoint, or baselines with --baselines")
+    if not baselines and not FLAGS.load_checkpoint_path:
+        raise app.UsageError("nothing to evaluate: give --load_checkpoint_path, or baselines with --baselines")
     if FLAGS.output and os.path.isdir(FLAGS.output):
         raise app.UsageError(f"--output {FLAGS.output} is a directory; give a file name")
     return ks, baselines
@@ -130,7 +127,7 @@ def _table(results: dict[str, dict], ks: list[int]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    return common.run_main(_main, argv)
+    return cli.run_processes(_main, argv)
 
 
 def _evaluate_model(inputs, heldout, ks: list[int], env) -> tuple[dict | None, bool]:
@@ -141,12 +138,12 @@ def _evaluate_model(inputs, heldout, ks: list[int], env) -> tuple[dict | None, b
     from dlrm.recommender.item_parallel import ItemParallel
     from dlrm.recommender.predict import evaluate, model_scorer, recommend
 
-    device = common.device(FLAGS.device, env)
+    device = common.device(FLAGS.base_device, env)
     amp_dtype = common.amp_dtype(FLAGS.amp, FLAGS.amp_dtype, device)
-    path = checkpoint.model_path(FLAGS.checkpoint, FLAGS.best)
+    path = checkpoint.model_path(FLAGS.load_checkpoint_path, FLAGS.best)
     network = checkpoint.network_of(path)
     if (network.input.n, network.output.n) != (inputs.n_features, heldout.n_features):
-        raise app.UsageError(f"--checkpoint {FLAGS.checkpoint} has {network.input.n:,} inputs and "
+        raise app.UsageError(f"--load_checkpoint_path {FLAGS.load_checkpoint_path} has {network.input.n:,} inputs and "
                              f"{network.output.n:,} outputs, --input and --heldout {inputs.n_features:,} and "
                              f"{heldout.n_features:,} items; evaluate on the datasets it was trained for")
     common.start_processes(env, device, FLAGS.dist_timeout)
@@ -178,7 +175,7 @@ def _main(argv: list[str], env) -> int:
     if "ease" in baselines:
         _check_ease_memory(inputs.n_features, baselines)
     results: dict[str, dict] = {}
-    if FLAGS.checkpoint:
+    if FLAGS.load_checkpoint_path:
         results["model"], first = _evaluate_model(inputs, heldout, ks, env)
         if not first:
             return 0
@@ -204,7 +201,8 @@ def _main(argv: list[str], env) -> int:
         from dlrm.data.atomic import write_text_atomically
 
         report = {"input": os.path.abspath(FLAGS.input), "heldout": os.path.abspath(FLAGS.heldout),
-                  "checkpoint": os.path.abspath(FLAGS.checkpoint) if FLAGS.checkpoint else None, "k": ks,
+                  "checkpoint": os.path.abspath(FLAGS.load_checkpoint_path) if FLAGS.load_checkpoint_path else None,
+                  "k": ks,
                   "users": users, "results": results}
         write_text_atomically(FLAGS.output, json.dumps(report, indent=1) + "\n")
         print(f"wrote {FLAGS.output}")
@@ -212,4 +210,4 @@ def _main(argv: list[str], env) -> int:
 
 
 if __name__ == "__main__":
-    cli.run(main, prefix=common.rank_prefix)
+    cli.run(main, prefix=cli.rank_prefix)

@@ -1,9 +1,9 @@
 r"""Top-K recommendations of a trained sparse autoencoder (DSSTNE's predict).
 
-    python -m dlrm.scripts.recommender_predict --checkpoint ckpt/ --input /data/ml20m/input \
+    python -m dlrm.scripts.recommender_predict --load_checkpoint_path ckpt/ --input /data/ml20m/input \
         --features_index /data/ml20m/features_index.txt --samples_index /data/ml20m/samples_index.txt \
         --k 10 --output recs.txt
-    torchrun --nproc_per_node 4 -m dlrm.scripts.recommender_predict --checkpoint ckpt/ ...
+    torchrun --nproc_per_node 4 -m dlrm.scripts.recommender_predict --load_checkpoint_path ckpt/ ...
 
 Writes DSSTNE's output, one line per user of --input, best first:
 
@@ -20,6 +20,9 @@ recommender_generate; without them users and items are shown as their row and co
 Under torchrun each process scores its own item range and the lists are merged exactly; the
 first process writes the file. --scores_path also writes every score before exclusion, a float32
 .npy of [users, items] (one process only: it is as large as users x items x 4 bytes).
+
+--load_checkpoint_path and --base_device are dlrm.scripts.main's names; --checkpoint and
+--device are kept as aliases.
 """
 
 from __future__ import annotations
@@ -33,9 +36,7 @@ from dlrm.scripts import cli
 from dlrm.scripts import recommender_common as common
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("checkpoint", None, "Checkpoint directory of recommender_train.")
-flags.DEFINE_boolean("best", True, "Use the checkpoint of the best validation of the training run (PATH.best, "
-                     "kept by recommender_train when it validates); --nobest: the run's last checkpoint.")
+common.define_checkpoint_to_load("Checkpoint directory of recommender_train (its --save_checkpoint_path).")
 flags.DEFINE_string("input", None, "CSR dataset of the users' histories to recommend for (e.g. DIR/input).")
 flags.DEFINE_integer("k", 10, "Recommendations per user.", lower_bound=1)
 flags.DEFINE_string("output", None, "Text file of the recommendations (DSSTNE's format), written atomically.")
@@ -51,13 +52,9 @@ flags.DEFINE_string("score_format", "%.6g", "printf format of the scores (one fl
 flags.DEFINE_integer("batch_size", 1024, "Users scored at once.", lower_bound=1)
 flags.DEFINE_string("scores_path", None, "Also write every raw score, before exclusion, as a float32 .npy "
                     "[users, items] (one process only).")
-flags.DEFINE_enum("device", None, ["cpu", "cuda"], "Device; default: cuda if available, else cpu. Under torchrun "
-                  "each process takes cuda:LOCAL_RANK.")
-flags.DEFINE_boolean("amp", False, "Automatic mixed precision (torch.autocast, see --amp_dtype).")
-flags.DEFINE_enum("amp_dtype", "auto", ["auto", "bf16", "fp16"], "Autocast dtype with --amp (fp16 on cuda only). "
-                  "auto: bf16, or float32 on a CPU without bf16 instructions (where bf16 is slower).")
-flags.DEFINE_float("dist_timeout", 300, "Under torchrun: seconds a collective may wait for a peer.", lower_bound=1)
-flags.mark_flags_as_required(["checkpoint", "input", "output"])
+common.define_device("Automatic mixed precision (torch.autocast, see --amp_dtype).", ["auto", "bf16", "fp16"],
+                     common.AMP_DTYPE_HELP)
+flags.mark_flags_as_required(["load_checkpoint_path", "input", "output"])
 
 
 
@@ -79,7 +76,7 @@ def _names(flag: str, count: int, exact: bool) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    return common.run_main(_main, argv)
+    return cli.run_processes(_main, argv)
 
 
 def _main(argv: list[str], env) -> int:
@@ -113,9 +110,9 @@ def _main(argv: list[str], env) -> int:
         raise app.UsageError(f"--score_format {FLAGS.score_format!r}: give a printf format of one float, e.g. %.6g "
                              f"(the default) or %4.3f (DSSTNE's)") from None
 
-    device = common.device(FLAGS.device, env)
+    device = common.device(FLAGS.base_device, env)
     amp_dtype = common.amp_dtype(FLAGS.amp, FLAGS.amp_dtype, device)
-    path = checkpoint.model_path(FLAGS.checkpoint, FLAGS.best)
+    path = checkpoint.model_path(FLAGS.load_checkpoint_path, FLAGS.best)
     network = checkpoint.network_of(path)
     inputs = common.dataset("input", FLAGS.input)
     if inputs.n_features != network.input.n:
@@ -187,4 +184,4 @@ def _main(argv: list[str], env) -> int:
 
 
 if __name__ == "__main__":
-    cli.run(main, prefix=common.rank_prefix)
+    cli.run(main, prefix=cli.rank_prefix)

@@ -1,12 +1,12 @@
 r"""Train the sparse autoencoder recommender on CSR user histories (DSSTNE's train).
 
     python -m dlrm.scripts.recommender_train --network configs/recommender/movielens_autoencoder.json \
-        --input /data/ml20m/input --checkpoint_path ckpt/ --epochs 10 --batch_size 256
+        --input /data/ml20m/input --save_checkpoint_path ckpt/ --epochs 10 --batch_size 256
     # continue where it stopped (the same draws as an uninterrupted run)
-    python -m dlrm.scripts.recommender_train --network ... --input ... --checkpoint_path ckpt/ --resume
+    python -m dlrm.scripts.recommender_train --network ... --input ... --save_checkpoint_path ckpt/ --resume
     # item layers split across processes (one GPU each, or CPU processes with gloo)
     torchrun --nproc_per_node 4 -m dlrm.scripts.recommender_train --network ... --input ... \
-        --checkpoint_path ckpt/
+        --save_checkpoint_path ckpt/
 
 --network is a DSSTNE JSON network definition ("N": "auto" takes the dataset's item count);
 its Optimizer block (this project's addition) can be overridden with --optimizer, --alpha, --mu
@@ -16,8 +16,12 @@ approximation for very large catalogues, not the exact loss DSSTNE computed.
 
 A checkpoint is written every --checkpoint_every_steps steps (else at the end of every epoch)
 and where the run stops; --resume continues from it exactly, given the same --seed and
---batch_size. Without --resume an existing checkpoint at --checkpoint_path is an error, never
-silently replaced.
+--batch_size. Without --resume an existing checkpoint at --save_checkpoint_path is an error,
+never silently replaced.
+
+Flag names are dlrm.scripts.main's for the same settings: --save_checkpoint_path, --print_freq
+and --base_device; the earlier names --checkpoint_path, --log_every_steps and --device are
+kept as aliases.
 """
 
 from __future__ import annotations
@@ -57,19 +61,19 @@ flags.DEFINE_integer("validate_every_steps", 0, "Validate every this many steps;
                      lower_bound=0)
 flags.DEFINE_integer("seed", 0, "Seed of the weights and of every random draw (user order, denoising, dropout, "
                      "negatives).")
-flags.DEFINE_string("checkpoint_path", None, "Checkpoint directory, written during and at the end of the run.")
-flags.DEFINE_boolean("resume", False, "Continue from the checkpoint at --checkpoint_path if there is one (exactly "
-                     "where it stopped; same --seed and --batch_size).")
+flags.DEFINE_string("save_checkpoint_path", None, "Checkpoint directory, written during and at the end of the "
+                    "run (and the one --resume continues).")
+cli.alias("checkpoint_path", "save_checkpoint_path", "the earlier name")
+flags.DEFINE_boolean("resume", False, "Continue from the checkpoint at --save_checkpoint_path if there is one "
+                     "(exactly where it stopped; same --seed and --batch_size).")
 flags.DEFINE_integer("checkpoint_every_steps", 0, "Save every this many steps; 0: at the end of every epoch.",
                      lower_bound=0)
 flags.DEFINE_integer("max_steps", None, "Stop after this many steps of this run (the checkpoint resumes).",
                      lower_bound=1)
-flags.DEFINE_boolean("amp", False, "Automatic mixed precision (torch.autocast, see --amp_dtype).")
-flags.DEFINE_enum("amp_dtype", "auto", ["auto", "bf16"], "Autocast dtype with --amp. auto: bf16, or float32 on a CPU "
-                  "without bf16 instructions (where bf16 is slower). fp16 is not offered "
-                  "because the training loop does no loss scaling (fp16 gradients underflow).")
-flags.DEFINE_enum("device", None, ["cpu", "cuda"], "Device; default: cuda if available, else cpu. Under torchrun "
-                  "each process takes cuda:LOCAL_RANK.")
+common.define_device("Automatic mixed precision (torch.autocast, see --amp_dtype).", ["auto", "bf16"],
+                     "Autocast dtype with --amp. auto: bf16, or float32 on a CPU without bf16 instructions (where "
+                     "bf16 is slower). fp16 is not offered because the training loop does no loss scaling (fp16 "
+                     "gradients underflow).")
 flags.DEFINE_integer("negatives", None, "Sampled negative items per step (an approximation of the full loss for "
                      "large catalogues); default: every item is scored.", lower_bound=1)
 flags.DEFINE_enum("optimizer", None, ["sgd", "momentum", "nesterov", "adagrad", "rmsprop", "adam"],
@@ -82,10 +86,10 @@ flags.DEFINE_string("log_path", None, "JSON-lines log: the flags, periodic train
 flags.DEFINE_string("tensorboard_dir", None, "Also write the logged metrics (train/loss, validation/ndcg, ...) as "
                     "TensorBoard scalars to this directory, to watch with `tensorboard --logdir DIR` (pip extra: "
                     "tensorboard).")
-flags.DEFINE_integer("log_every_steps", 100, "Print and log the loss every this many steps; 0: never.",
+flags.DEFINE_integer("print_freq", 100, "Print and log the loss every this many steps; 0: never.",
                      lower_bound=0)
-flags.DEFINE_float("dist_timeout", 300, "Under torchrun: seconds a collective may wait for a peer.", lower_bound=1)
-flags.mark_flags_as_required(["network", "input", "checkpoint_path"])
+cli.alias("log_every_steps", "print_freq", "the earlier name")
+flags.mark_flags_as_required(["network", "input", "save_checkpoint_path"])
 
 # Flags a resumed run must share with the checkpoint's run to draw what it would have drawn.
 _MUST_MATCH_ON_RESUME = ("seed", "batch_size", "validation_users", "validation_max_users", "validation_items")
@@ -129,13 +133,8 @@ def _network():
     return config
 
 
-def _our_flags() -> dict:
-    return {name: FLAGS[name].value for name in FLAGS
-            if not FLAGS.find_module_defining_flag(name, default="").startswith("absl")}
-
-
 def main(argv: list[str]) -> int:
-    return common.run_main(_main, argv)
+    return cli.run_processes(_main, argv)
 
 
 def _main(argv: list[str], env) -> int:
@@ -156,16 +155,16 @@ def _main(argv: list[str], env) -> int:
     from dlrm.training.checkpoint import latest_checkpoint
     from dlrm.training.logger import RunLogger
 
-    device = common.device(FLAGS.device, env)
+    device = common.device(FLAGS.base_device, env)
     amp_dtype = common.amp_dtype(FLAGS.amp, FLAGS.amp_dtype, device)
     if FLAGS.negatives is not None and network.output.activation == "softmax":
         raise app.UsageError("--negatives needs an element-wise output activation; the network's Output layer is "
                              "SoftMax, which needs every item's score: drop --negatives")
-    path = FLAGS.checkpoint_path
+    path = FLAGS.save_checkpoint_path
     found = latest_checkpoint(path)
     if found is not None and not FLAGS.resume:
-        raise app.UsageError(f"--checkpoint_path {path} already holds a checkpoint; pass --resume to continue it, or "
-                             f"give another --checkpoint_path")
+        raise app.UsageError(f"--save_checkpoint_path {path} already holds a checkpoint; pass --resume to continue it, "
+                             f"or give another --save_checkpoint_path")
     if found is not None:
         saved = checkpoint.read_meta(found).get("run_config", {})
         for name in _MUST_MATCH_ON_RESUME:
@@ -201,7 +200,7 @@ def _main(argv: list[str], env) -> int:
     best_path = checkpoint.best_path(path)
     cfg = TrainConfig(batch_size=FLAGS.batch_size, epochs=FLAGS.epochs or FLAGS.max_epochs, seed=FLAGS.seed,
                       shuffle=network.shuffle_indices, negatives=FLAGS.negatives, amp_dtype=amp_dtype,
-                      log_every_steps=FLAGS.log_every_steps, checkpoint_path=path,
+                      log_every_steps=FLAGS.print_freq, checkpoint_path=path,
                       checkpoint_every_steps=FLAGS.checkpoint_every_steps, max_steps=FLAGS.max_steps,
                       best_checkpoint_path=best_path if validating else None,
                       patience=FLAGS.patience if FLAGS.epochs is None else None,
@@ -217,7 +216,7 @@ def _main(argv: list[str], env) -> int:
             raise app.UsageError(f"--validation_users: {e}") from None
         validate = functools.partial(validate_split, model, inputs, split, v_cfg, amp_dtype)
     logger = RunLogger(FLAGS.log_path, enabled=parallel.rank == 0, tensorboard_dir=FLAGS.tensorboard_dir)
-    run_config = _our_flags()
+    run_config = cli.our_flags()
     with logger:
         logger.record("flags", **run_config)
         hidden = " x ".join(str(layer.n) for layer in network.hidden)
@@ -245,4 +244,4 @@ def _main(argv: list[str], env) -> int:
 
 
 if __name__ == "__main__":
-    cli.run(main, prefix=common.rank_prefix)
+    cli.run(main, prefix=cli.rank_prefix)

@@ -1,14 +1,14 @@
 r"""Top-K recommendations of a trained sparse autoencoder in Spark (recommender_predict on a cluster).
 
     # the CSR dataset recommender_predict reads: the same text file it writes
-    python -m dlrm.scripts.spark_recommend --checkpoint /shared/ae --input /shared/ml20m/input \
+    python -m dlrm.scripts.spark_recommend --load_checkpoint_path /shared/ae --input /shared/ml20m/input \
         --features_index /shared/ml20m/features_index.txt --samples_index /shared/ml20m/samples_index.txt \
         --k 10 --output recs.txt
     # DSSTNE text files (user<TAB>item:item:...), recommendations as Parquet
-    python -m dlrm.scripts.spark_recommend --checkpoint /shared/ae --text /shared/histories.txt \
+    python -m dlrm.scripts.spark_recommend --load_checkpoint_path /shared/ae --text /shared/histories.txt \
         --features_index /shared/ml20m/features_index.txt --output /shared/recs.parquet --output_format parquet
     # a Parquet table of histories: user, items (array of item names or column numbers), weights (optional)
-    python -m dlrm.scripts.spark_recommend --checkpoint /shared/ae --parquet /shared/histories.parquet \
+    python -m dlrm.scripts.spark_recommend --load_checkpoint_path /shared/ae --parquet /shared/histories.parquet \
         --features_index /shared/ml20m/features_index.txt --output /shared/recs.parquet --output_format parquet
 
 --output_format text writes DSSTNE's predict output, one line per user, byte for byte what
@@ -16,7 +16,8 @@ recommender_predict writes for the same users and flags (the lines pass through 
 file). --output_format parquet writes a Parquet directory of user and recommendations
 (array<struct<item: string, score: float>>, best first), as Spark ML's ALS does. Either appears only
 once complete: a failed run leaves --output as it was. The checkpoint, the datasets and the index
-files must be on storage every executor reaches. See docs/spark.md.
+files must be on storage every executor reaches. --checkpoint is kept as an alias of
+--load_checkpoint_path. See docs/spark.md.
 """
 
 from __future__ import annotations
@@ -27,11 +28,10 @@ import time
 from absl import app, flags
 
 from dlrm.scripts import cli
+from dlrm.scripts.recommender_common import define_checkpoint_to_load
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("checkpoint", None, "Checkpoint directory of recommender_train (its --checkpoint_path).")
-flags.DEFINE_boolean("best", True, "Use the checkpoint of the best validation of the training run (PATH.best, "
-                     "kept by recommender_train when it validates); --nobest: the run's last checkpoint.")
+define_checkpoint_to_load("Checkpoint directory of recommender_train (its --save_checkpoint_path).")
 flags.DEFINE_string("input", None, "CSR dataset of the users' histories, as recommender_predict reads (e.g. DIR/input). "
                     "One source of --input, --text, --parquet.")
 flags.DEFINE_list("text", None, "DSSTNE text files of the histories (user<TAB>item[,value]:...), comma-separated, "
@@ -60,7 +60,7 @@ flags.DEFINE_enum("output_format", "text", ["text", "parquet"], "text: DSSTNE's 
                   "through the driver; parquet: user and recommendations, written by the executors.")
 flags.DEFINE_integer("users_per_partition", 65536, "--input: users a Spark task reads and scores.", lower_bound=1)
 flags.DEFINE_string("spark_master", None, "Spark master URL; default: spark-submit's, else local[*].")
-flags.mark_flags_as_required(["checkpoint", "output"])
+flags.mark_flags_as_required(["load_checkpoint_path", "output"])
 
 _SOURCE_FLAGS = {"input": ("samples_index", "users_per_partition"),
                  "text": (),
@@ -125,7 +125,7 @@ def main(argv: list[str]) -> int:
     from dlrm.spark.recommend import open_recommender
 
     try:  # before Spark starts: a missing checkpoint or index is one line at once
-        recommender = open_recommender(FLAGS.checkpoint, FLAGS.best, FLAGS.features_index)
+        recommender = open_recommender(FLAGS.load_checkpoint_path, FLAGS.best, FLAGS.features_index)
     except ValueError as e:
         raise app.UsageError(str(e)) from None
     if FLAGS.input:

@@ -1,0 +1,220 @@
+"""A DLRM run built from its ``RunConfig``: device, precision, data, the planned model, optimizer.
+
+What ``dlrm.scripts.main`` does between its flags and the loop, for Python users and tests:
+
+    run = build_run(cfg, device=resolve_device(cfg.base_device))
+    optimizer, scaler = make_optimizer_and_scaler(run)
+    summary = train(run.model, optimizer, scaler, run.precision, run.source("train", cfg.batch_size),
+                    run.source("test", cfg.test_batch_size), cfg.train, run.device, logger)
+
+Errors a user can fix raise ``ValueError`` (or the data's, checkpoint's and planner's own errors)
+naming the setting of ``RunConfig`` in backquotes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from dlrm.data.errors import DatasetError
+from dlrm.data.feature_spec import FeatureSpec
+from dlrm.data.sources import load_feature_spec, make_rank_source, make_source, table_sizes
+from dlrm.distributed.collectives import Collectives, process_group_collectives
+from dlrm.distributed.parallelize import parallelize
+from dlrm.distributed.planner import format_plan, load_placement, plan_tables
+from dlrm.distributed.process_group import DistEnv, device_memory_bytes, init_process_group
+from dlrm.model.dlrm import DLRM, EMBEDDING_DTYPES, DLRMConfig
+from dlrm.model.precision import Precision
+from dlrm.nn.embeddings import TableShard
+from dlrm.training.checkpoint import TrainState, latest_checkpoint, load_checkpoint
+from dlrm.training.cuda_graphs import check_cuda_graphs_supported
+from dlrm.training.logger import RunLogger
+from dlrm.training.optimizers import make_optimizer
+from dlrm.training.run_config import RunConfig
+
+EXCHANGE_DTYPES = {"auto": None, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def resolve_device(name: str | None, env: DistEnv | None = None) -> torch.device:
+    """``base_device`` as a torch device with an index: None is cuda if available, else cpu; under
+    a launcher (``env``) each process takes cuda:LOCAL_RANK."""
+    name = name or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"`base_device` {name}: not a device; use cuda, cuda:N or cpu") from None
+    if device.type not in ("cuda", "cpu"):
+        raise ValueError(f"`base_device` {name}: this program runs on cuda or cpu")
+    if env is not None and device.type == "cuda":
+        device = torch.device("cuda", env.local_rank)  # one GPU per process
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"`base_device` {name}: CUDA is not available on this machine; use `base_device=cpu`")
+    if device.type == "cuda" and device.index is None:  # torch.cuda.set_device needs an index
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def start_processes(cfg: RunConfig, env: DistEnv | None, device: torch.device) -> Collectives:
+    """Joins the process group under a launcher and selects the GPU; seeds torch. Returns the
+    collectives of the run (one process: the null ones)."""
+    collectives = Collectives()
+    if env is not None:
+        init_process_group(env, device, cfg.parallel.dist_timeout)
+        collectives = process_group_collectives(device, gradient_sync=cfg.parallel.gradient_sync,
+                                                bucket_bytes=int(cfg.parallel.gradient_bucket_mb * 2**20))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = cfg.allow_tf32
+        torch.backends.cudnn.allow_tf32 = cfg.allow_tf32
+    torch.manual_seed(cfg.seed)
+    return collectives
+
+
+def model_config(cfg: RunConfig, device: torch.device) -> tuple[FeatureSpec, DLRMConfig]:
+    """The data's feature spec and the model it and ``cfg.model`` describe (checked; nothing built)."""
+    spec = load_feature_spec(cfg.data)
+    if cfg.train.cuda_graphs and spec.multi_hot_features:
+        raise ValueError(f"`cuda_graphs` needs one-hot data: the multi-hot features "
+                         f"({', '.join(spec.multi_hot_features)}) hold a different number of ids in every batch, "
+                         "which a captured graph cannot take; drop `cuda_graphs`")
+    shape = cfg.model
+    interaction_op = shape.interaction_op
+    if interaction_op == "auto":
+        interaction_op = "cuda_dot" if device.type == "cuda" else "dot"
+    model_cfg = DLRMConfig(
+        num_numerical_features=spec.num_numerical,
+        table_sizes=table_sizes(spec, shape.max_table_size),
+        embedding_dim=shape.embedding_dim,
+        bottom_mlp_sizes=list(shape.bottom_mlp_sizes),
+        top_mlp_sizes=list(shape.top_mlp_sizes),
+        interaction_op=interaction_op,
+        dcn_num_layers=shape.dcn_num_layers,
+        dcn_low_rank_dim=shape.dcn_low_rank_dim,
+        embedding_type=shape.embedding_type,
+        hash_indices=cfg.data.hash_indices,
+        poolings=[pooling or "sum" for pooling in spec.poolings],  # one-hot: a bag of one, either pooling
+        embedding_dtype=shape.embedding_dtype,
+    )
+    model_cfg.validate()
+    return spec, model_cfg
+
+
+def capacity(cfg: RunConfig, device: torch.device, local_world_size: int) -> int:
+    """Bytes of tables one process may hold: ``device_memory_gb``, else 90% of its device's share."""
+    if cfg.parallel.device_memory_gb is not None:
+        return int(cfg.parallel.device_memory_gb * 2**30)
+    return int(0.9 * device_memory_bytes(device, local_world_size))
+
+
+def table_bytes(cfg: RunConfig, model_cfg: DLRMConfig) -> dict[str, int]:
+    """What a table row costs besides its values: optimizer state (training only), bytes a value."""
+    state = cfg.optimizer.state_bytes_per_row(model_cfg.embedding_dim) if cfg.mode == "train" else 0
+    return {"state_bytes_per_row": state, "bytes_per_value": EMBEDDING_DTYPES[model_cfg.embedding_dtype].itemsize}
+
+
+def plan_one_device(cfg: RunConfig, model_cfg: DLRMConfig, device: torch.device, logger: RunLogger) -> list[int]:
+    """Every table on this device, or the largest in host memory when they do not all fit there
+    (``host_tables``): logs the bytes, and stops with the numbers (not an out-of-memory crash
+    half-way through building the model) when they do not fit. Returns the host tables."""
+    host_tables = cfg.parallel.host_tables
+    if device.type != "cuda" and host_tables == "auto":
+        host_tables = "none"  # on the CPU the host's memory is the device's: nothing to gain
+    plan = plan_tables(model_cfg.table_sizes, model_cfg.embedding_dim, 1, capacity(cfg, device, 1),
+                       host_tables=host_tables, host_capacity=int(0.9 * device_memory_bytes(torch.device("cpu"), 1)),
+                       **table_bytes(cfg, model_cfg))
+    logger.print(format_plan(plan))
+    if plan.host:
+        logger.record("plan", **plan.to_json(), bytes=[plan.rank_bytes(0)], host_bytes=plan.host_bytes())
+    return plan.host
+
+
+def plan_ranks(cfg: RunConfig, model_cfg: DLRMConfig, env: DistEnv, device: torch.device,
+               logger: RunLogger) -> list[list[int | TableShard]]:
+    """Tables (or row blocks of tables) per rank: the memory-balancing planner, as ``table_placement`` says."""
+    placement = load_placement(cfg.parallel.table_placement)
+    plan = plan_tables(model_cfg.table_sizes, model_cfg.embedding_dim, env.world_size,
+                       capacity(cfg, device, env.local_world_size), override=placement.tables,
+                       row_wise=placement.row_wise, host_tables=cfg.parallel.host_tables,
+                       **table_bytes(cfg, model_cfg))
+    logger.print(format_plan(plan))
+    logger.record("plan", **plan.to_json(), bytes=[plan.rank_bytes(r) for r in range(env.world_size)])
+    return [plan.entries(rank) for rank in range(env.world_size)]
+
+
+@dataclass
+class Run:
+    """What every mode works with: built once by ``build_run``."""
+
+    cfg: RunConfig
+    device: torch.device
+    precision: Precision
+    collectives: Collectives
+    spec: FeatureSpec
+    model_cfg: DLRMConfig
+    model: DLRM
+    source: Callable[[str, int], Any]  # (split, batch size) -> this process's source of the split, or None
+    logger: RunLogger
+
+    def load(self, *args: Any, path: str | None = None, **kwargs: Any) -> TrainState:
+        """``load_checkpoint`` of ``path`` (default: ``load_checkpoint_path``) into the model."""
+        return load_checkpoint(path or self.cfg.checkpoint.load_checkpoint_path, self.model, *args,
+                               verify=self.cfg.checkpoint.verify, **kwargs)
+
+
+def build_run(cfg: RunConfig, device: torch.device, env: DistEnv | None = None,
+              collectives: Collectives | None = None, logger: RunLogger | None = None,
+              shape: tuple[FeatureSpec, DLRMConfig] | None = None) -> Run:
+    """Precision, data and the model (placed by the planner in a multi-process run, ``env``).
+    ``shape``: ``model_config(cfg, device)`` when the caller has it already."""
+    collectives = collectives or Collectives()
+    logger = logger or RunLogger(enabled=False)
+    precision = Precision.parse(cfg.amp, cfg.amp_dtype, device)
+    spec, model_cfg = shape or model_config(cfg, device)
+    if env is None:
+        model = DLRM(model_cfg, device=device, host_tables=plan_one_device(cfg, model_cfg, device, logger))
+        source = lambda split, batch_size: make_source(cfg.data, spec, split, batch_size, device)  # noqa: E731
+    else:
+        model, parallel = parallelize(model_cfg, plan_ranks(cfg, model_cfg, env, device, logger), device,
+                                      collectives, EXCHANGE_DTYPES[cfg.parallel.exchange_dtype])
+        source = lambda split, batch_size: make_rank_source(  # noqa: E731
+            cfg.data, spec, split, batch_size, device, parallel.tables, parallel.rank, parallel.world_size)
+    if cfg.train.cuda_graphs:  # before any data is read; the training step checks again as a library guard
+        check_cuda_graphs_supported(model, device, collectives.world_size, training=cfg.mode == "train")
+    return Run(cfg, device, precision, collectives, spec, model_cfg, model, source, logger)
+
+
+def start_training(run: Run) -> tuple[Any, torch.amp.GradScaler, TrainState | None]:
+    """The optimizer, the gradient scaler and the state to continue from: with ``resume`` the run's
+    own checkpoint (``save_checkpoint_path``) or else ``load_checkpoint_path``, exactly; without
+    it ``load_checkpoint_path``'s weights and a fresh run from step 0 (NVIDIA's meaning)."""
+    cfg = run.cfg
+    optimizer = make_optimizer(run.model, cfg.train.schedule.lr, cfg.optimizer)
+    scaler = run.precision.grad_scaler(process_group=run.collectives.process_group)
+    save_path, load_path = cfg.train.save_checkpoint_path, cfg.checkpoint.load_checkpoint_path
+    own = latest_checkpoint(save_path) if cfg.checkpoint.resume and save_path else None
+    resume_from = own or (load_path if cfg.checkpoint.resume else None)
+    if resume_from:
+        state = run.load(optimizer, scaler, restore_rng=True, path=resume_from)
+        run.logger.print(f"Resuming from {resume_from} at step {state.step}")
+        return optimizer, scaler, state
+    if load_path:
+        run.load()
+        run.logger.print(f"Weights from {load_path}; training starts at step 0 (resuming would continue that run)")
+    return optimizer, scaler, None
+
+
+def validate_sources(run: Run, *sources: object) -> None:
+    """Reads every value the run will read before the first step (``validate_dataset``). Each
+    process checks the columns it reads; all stop together if any finds bad data, rather than
+    the others waiting for it in the first exchange until ``dist_timeout``."""
+    error = None
+    try:
+        for source in sources:
+            if run.cfg.validate_dataset and hasattr(source, "validate"):
+                source.validate()
+    except DatasetError as e:
+        error = e
+    if run.collectives.any(error is not None):
+        raise error or DatasetError("another process found bad data in the dataset: its error says where")
