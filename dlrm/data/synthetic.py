@@ -113,9 +113,9 @@ def zipf_ids(u: torch.Tensor, neg_span: torch.Tensor, max_id: torch.Tensor, expo
     frequency-ranked Criteo ids. ``neg_span = (size + 1) ** (1 - exponent) - 1`` (``log(size + 1)``
     for exponent 1), ``max_id = size - 1``, both in ``u``'s dtype. Overwrites ``u``.
 
-    Criteo's skew: the log-log rank-frequency curves of the Criteo Terabyte features fall with
-    slopes near -1 to -1.2 over most of their range (docs/synthetic_data.md, "Id skew"); 1.2,
-    the default, is the steeper end."""
+    Skew: 1.2, the default, is this generator's law since it was written (docs/synthetic_data.md);
+    NVIDIA's HugeCTR embedding-cache benchmarks draw synthetic ids with exponent 1.1 (and 1.01),
+    for which ``zipf_exponent=1.1`` (docs/benchmarks.md, "Tables larger than device memory")."""
     if exponent == 1.0:  # log-uniform: y = (size + 1) ** u
         x = u.mul_(neg_span).exp_().sub_(1.0)
     else:
