@@ -43,7 +43,8 @@ def device_name(device: torch.device) -> str:
 
 def hit_rates(tables: list[int], fractions: list[float], exponent: float, batch: int, steps: int,
               warmup: int, policy: str) -> list[tuple[float, int, float]]:
-    """(fraction, cache rows, hit rate over ``steps`` after ``warmup``) per fraction."""
+    """(fraction, cache rows, hit rate over ``steps`` after ``warmup``) per fraction; a cache is
+    at least one step's lookups (the most distinct rows a step can need)."""
     data = SyntheticDataset(1, tables, batch * (steps + warmup), batch, seed=5, zipf_exponent=exponent)
     batches = [data.read_batch(i).categorical for i in range(len(data))]
     out = []
@@ -107,7 +108,7 @@ def main() -> None:
         fractions = [float(f) for f in args.fractions.split(",")]
         for fraction, rows, rate in hit_rates(tables, fractions, args.zipf_exponent, args.batch_size, args.steps,
                                               5, args.policy):
-            print(f"cache {fraction:6.1%} of rows ({rows:,} rows): hit rate {rate:.4f}")
+            print(f"cache {fraction:6.1%} of rows asked, {rows:,} rows ({rows / sum(tables):.1%}): hit rate {rate:.4f}")
         return
     dim = 128 if not args.tables else 16
     mlp = dict(bottom_mlp_sizes=[512, 256, dim], top_mlp_sizes=[1024, 1024, 512, 256, 1])
