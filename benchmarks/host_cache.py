@@ -60,7 +60,8 @@ def hit_rates(tables: list[int], fractions: list[float], exponent: float, batch:
     return out
 
 
-def train_rate(config: DLRMConfig, device: torch.device, batches: list, steps: int, cache_rows: int) -> tuple[float, float]:
+def train_rate(config: DLRMConfig, device: torch.device, batches: list, steps: int,
+               cache_rows: int) -> tuple[float, float]:
     """(samples/s over ``steps`` after 2 warm-up steps, hit rate); ``cache_rows`` 0: every table on ``device``."""
     torch.manual_seed(0)
     host = list(range(len(config.table_sizes))) if cache_rows else []

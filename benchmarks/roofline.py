@@ -14,7 +14,8 @@ import argparse
 
 import torch
 
-from dlrm.data.synthetic import FL15_CARDINALITIES, MLPERF_MULTI_HOT_SIZES, MLPERF_DLRMV2_CARDINALITIES, SyntheticDataset
+from dlrm.data.synthetic import (FL15_CARDINALITIES, MLPERF_DLRMV2_CARDINALITIES, MLPERF_MULTI_HOT_SIZES,
+                                 SyntheticDataset)
 from dlrm.model.cost_model import H100_SXM, step_cost
 from dlrm.model.dlrm import DLRMConfig
 

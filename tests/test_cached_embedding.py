@@ -7,7 +7,7 @@ run's. On a CPU machine the "device" is the CPU: every path of the cache runs.""
 import pytest
 import torch
 
-from dlrm.data.batch import Bags, Batch
+from dlrm.data.batch import Batch
 from dlrm.data.synthetic import SyntheticDataset
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.model.precision import Precision
