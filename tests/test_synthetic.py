@@ -384,3 +384,26 @@ def test_staging_left_by_a_killed_writer_is_removed_by_the_next_write(tmp_path):
     assert [n for n in os.listdir(tmp_path) if n.startswith(".data.")], "the killed writer left nothing to clean"
     write_synthetic_dataset(out, 2, [10, 20], {"train": 100}, batch_size=10)
     assert os.listdir(tmp_path) == ["data"]
+
+
+@pytest.mark.parametrize("exponent", [0.9, 1.05, 1.2])
+def test_ids_follow_the_power_law_of_zipf_exponent(exponent):
+    """A log-log fit of frequency against rank (ranks 1..300 of a 100k-row table, 2M seeded
+    draws) has slope -exponent. Ids are a continuous law floored, so id k holds the mass of
+    [k + 1, k + 2): its frequency is about (k + 1.5) ** -exponent, the rank used in the fit."""
+    import numpy as np
+
+    from dlrm.data.synthetic import HiddenModel
+
+    model = HiddenModel(1, [100_000], seed=3, zipf_exponent=exponent)
+    _, ids = model.sample_features(2_000_000, torch.Generator().manual_seed(11))
+    counts = torch.bincount(ids[:, 0], minlength=100_000).double()
+    ranks = torch.arange(300, dtype=torch.float64) + 1.5
+    slope = np.polyfit(ranks.log().numpy(), counts[:300].log().numpy(), 1)[0]
+    assert slope == pytest.approx(-exponent, abs=0.02)
+    assert torch.equal(counts.argsort(descending=True, stable=True)[:5], torch.arange(5))
+
+
+def test_a_non_positive_zipf_exponent_is_refused():
+    with pytest.raises(ValueError, match="`zipf_exponent` must be positive, got 0"):
+        SyntheticDataset(1, [10], 10, 5, zipf_exponent=0)

@@ -55,9 +55,9 @@ _MASK64 = (1 << 64) - 1
 # Odd multiplier below 2**31: a 32-bit value times it stays below 2**63, so int64 arithmetic
 # never overflows and CPU and CUDA agree bit for bit.
 _HASH_MULTIPLIER = 0x45D9F3B
-# Id frequencies fall like (id + 1) ** -1.2 = (id + 1) ** -(1 + 1 / _ZIPF_POWER); the inverse CDF
-# then takes a fifth power, which a few multiplications compute faster than pow().
-_ZIPF_POWER = 5
+# Id frequencies fall like (id + 1) ** -ZIPF_EXPONENT by default (see `zipf_ids`); at 1.2 the
+# inverse CDF takes a fifth power, which a few multiplications compute faster than pow().
+ZIPF_EXPONENT = 1.2
 _VECTOR_DIM = 4  # dimension of the hidden per-id vectors used by pairwise interactions
 _MAX_INTERACTION_TABLES = 8
 _MAX_TABLE_PAIRS = 8
@@ -107,6 +107,32 @@ def hash_ids(ids: torch.Tensor, salts: torch.Tensor, wide: bool = True) -> torch
     return h
 
 
+def zipf_ids(u: torch.Tensor, neg_span: torch.Tensor, max_id: torch.Tensor, exponent: float) -> torch.Tensor:
+    """Ids in [0, size) with P(id) proportional to (id + 1) ** -exponent (a bounded, continuous
+    Zipf law, floored), from uniforms ``u`` by the inverse CDF; id 0 is the most frequent, as in
+    frequency-ranked Criteo ids. ``neg_span = (size + 1) ** (1 - exponent) - 1`` (``log(size + 1)``
+    for exponent 1), ``max_id = size - 1``, both in ``u``'s dtype. Overwrites ``u``.
+
+    Skew: 1.2, the default, is this generator's law since it was written (docs/synthetic_data.md);
+    NVIDIA's HugeCTR embedding-cache benchmarks draw synthetic ids with exponent 1.1 (and 1.01),
+    for which ``zipf_exponent=1.1`` (docs/benchmarks.md, "Tables larger than device memory")."""
+    if exponent == 1.0:  # log-uniform: y = (size + 1) ** u
+        x = u.mul_(neg_span).exp_().sub_(1.0)
+    else:
+        base = u.mul_(neg_span).add_(1.0)  # in ((size + 1) ** (1 - exponent), 1] for exponent > 1
+        if exponent == 1.2:
+            x = base.square().square_().mul_(base).reciprocal_().sub_(1.0)  # base ** -5 - 1, fast
+        else:
+            x = base.pow_(-1.0 / (exponent - 1.0)).sub_(1.0)
+    # Rounding can give x == size for the largest draws; max ids are exact in this dtype.
+    return torch.minimum(x, max_id, out=x).long()
+
+
+def _span_power(exponent: float) -> float:
+    """1 - exponent; -1/5 exactly for the default (1 - 1.2 is not -0.2 in binary)."""
+    return -1.0 / 5 if exponent == 1.2 else 1.0 - exponent
+
+
 @dataclass
 class _Layout:
     """Which features the hidden model's interaction terms pair up."""
@@ -134,7 +160,11 @@ class HiddenModel:
         weights: tuple[float, float, float] = (0.3, 0.4, 0.3),
         bag_sizes: Sequence[int] | None = None,
         pooling: str | Sequence[str] = "sum",
+        zipf_exponent: float = ZIPF_EXPONENT,
     ) -> None:
+        if not zipf_exponent > 0:
+            raise ValueError(f"`zipf_exponent` must be positive, got {zipf_exponent!r}")
+        self.zipf_exponent = float(zipf_exponent)
         self.num_numerical = num_numerical
         self.table_sizes = [int(s) for s in table_sizes]
         if any(s < 1 for s in self.table_sizes):
@@ -213,10 +243,7 @@ class HiddenModel:
         # Categorical: a continuous Zipf (bounded Pareto) law on [1, size + 1) by inverse CDF,
         # floored and shifted to [0, size): id 0 is the most frequent, like frequency-ranked ids.
         u = torch.rand(rows, len(self.table_sizes), generator=gen, device=device, dtype=c["max_id"].dtype)
-        base = u.mul_(c["neg_zipf_span"]).add_(1.0)  # in ((size + 1) ** -0.2, 1]
-        x = base.square().square_().mul_(base).reciprocal_().sub_(1.0)  # base ** -5 - 1, fast
-        # Rounding can give x == size for the largest draws; max ids are exact in this dtype.
-        categorical = torch.minimum(x, c["max_id"], out=x).long()
+        categorical = zipf_ids(u, c["neg_zipf_span"], c["max_id"], self.zipf_exponent)
         # Numerical: log1p of floor(lognormal) counts, with missing values as 0 (Criteo-like).
         g = torch.randn(rows, self.num_numerical, generator=gen, device=device)
         missing = torch.rand(rows, self.num_numerical, generator=gen, device=device) < c["num_missing"]
@@ -236,9 +263,7 @@ class HiddenModel:
         values = []
         for t, size in enumerate(self.bag_sizes):  # feature-major: table t's bags are contiguous
             u = torch.rand(rows * size, generator=gen, device=device, dtype=c["max_id"].dtype)
-            base = u.mul_(c["neg_zipf_span"][t]).add_(1.0)
-            x = base.square().square_().mul_(base).reciprocal_().sub_(1.0)
-            values.append(torch.minimum(x, c["max_id"][t]).long())
+            values.append(zipf_ids(u, c["neg_zipf_span"][t], c["max_id"][t], self.zipf_exponent))
         g = torch.randn(rows, self.num_numerical, generator=gen, device=device)
         missing = torch.rand(rows, self.num_numerical, generator=gen, device=device) < c["num_missing"]
         counts = g.mul_(c["num_sigma"]).add_(c["num_mu"]).exp_().floor_()
@@ -344,7 +369,8 @@ class HiddenModel:
             # to reach every id.
             dtype = torch.float64 if max(self.table_sizes, default=1) > 2**24 else torch.float32
             tensors = {
-                "neg_zipf_span": ((sizes + 1.0).pow(-1.0 / _ZIPF_POWER) - 1.0).to(dtype),
+                "neg_zipf_span": ((sizes + 1.0).log() if self.zipf_exponent == 1.0
+                                  else (sizes + 1.0).pow(_span_power(self.zipf_exponent)) - 1.0).to(dtype),
                 "max_id": (sizes - 1.0).to(dtype),  # exact in that dtype
                 "num_missing": self.num_missing,
                 "num_mu": self.num_mu,
@@ -415,7 +441,9 @@ class SyntheticDataset:
         split: str = "train",
         bag_sizes: Sequence[int] | None = None,
         pooling: str | Sequence[str] = "sum",
+        zipf_exponent: float = ZIPF_EXPONENT,
     ) -> None:
+        """``zipf_exponent``: ids of every table are drawn with P(id) ~ (id + 1) ** -zipf_exponent."""
         if num_samples < 0 or batch_size < 1:
             raise ValueError(f"need num_samples >= 0 and batch_size >= 1, got {num_samples}, {batch_size}")
         self.num_numerical = num_numerical
@@ -428,11 +456,8 @@ class SyntheticDataset:
         # Multi-hot: `bag_sizes[t]` ids per sample of table t, pooled by `pooling` (one mode, or
         # one per table); batches then carry Bags. None: one id per table, as before.
         self.bag_sizes, self.poolings = _bag_config(bag_sizes, pooling, len(self.table_sizes))
-        if self.bag_sizes is None:
-            self.hidden_model = HiddenModel(num_numerical, self.table_sizes, seed)
-        else:
-            self.hidden_model = HiddenModel(num_numerical, self.table_sizes, seed,
-                                            bag_sizes=self.bag_sizes, pooling=self.poolings)
+        self.hidden_model = HiddenModel(num_numerical, self.table_sizes, seed, bag_sizes=self.bag_sizes,
+                                        pooling=self.poolings or "sum", zipf_exponent=zipf_exponent)
         self._id_dtype = torch.int32 if max(self.table_sizes, default=1) <= 2**31 else torch.int64
 
     def __len__(self) -> int:

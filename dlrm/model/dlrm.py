@@ -11,6 +11,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from numbers import Integral
 
 import torch
@@ -18,6 +19,7 @@ from torch import nn
 
 from dlrm.data.batch import Bags
 from dlrm.data.feature_spec import POOLINGS
+from dlrm.nn.cached_embedding import CachedEmbedding
 from dlrm.nn.embeddings import JointEmbedding, JointFusedEmbedding, MultiTableEmbedding, TableShard, table_of
 from dlrm.nn.interactions import CatInteraction, DCNInteraction, DotInteraction
 from dlrm.nn.mlp import MLP
@@ -172,17 +174,22 @@ class DLRM(nn.Module):
     def __init__(
         self, config: DLRMConfig, device: torch.device | str | None = None,
         tables: Sequence[int | TableShard] | None = None, host_tables: Sequence[int] = (),
+        host_cache_rows: int = 0,
     ) -> None:
         """``tables``: the embedding tables to build (all by default), each a global table index
         or a ``TableShard`` (a block of a table's rows, for row-wise sharding). Hybrid parallelism
         builds each process's share; ``embed`` then takes those tables' columns only.
         ``host_tables``: whole tables among them to keep in host memory and look up on the host
-        (``host_embeddings``), for a model whose tables do not all fit on ``device``."""
+        (``host_embeddings``), for a model whose tables do not all fit on ``device``.
+        ``host_cache_rows``: with ``joint_fused``, look the host tables up through that many
+        rows cached on ``device`` (``dlrm.nn.cached_embedding``) instead of on the host."""
         super().__init__()
         config.validate()
         self.config = config
         blocks = _table_blocks(config, range(config.num_categorical_features) if tables is None else tables)
         host = _check_host_tables(config, blocks, host_tables)
+        if host_cache_rows and config.embedding_type != "joint_fused":
+            raise ValueError(f"`host_cache_rows` needs embedding_type='joint_fused', got {config.embedding_type!r}")
         # Positions of the device and the host tables among ``blocks`` (the input's columns).
         self._device_columns = [i for i, block in enumerate(blocks) if block.table not in host]
         self._host_columns = [i for i, block in enumerate(blocks) if block.table in host]
@@ -190,7 +197,8 @@ class DLRM(nn.Module):
         # On the host: the same tables, with the same per-table initialisation (the seed is
         # shared, the draws are made on ``device``).
         self.host_embeddings = None if not host else self._embedding_module(
-            [blocks[i] for i in self._host_columns], "cpu", init_seed=self.embeddings.init_seed, init_device=device)
+            [blocks[i] for i in self._host_columns], "cpu", init_seed=self.embeddings.init_seed, init_device=device,
+            cache=None if not host_cache_rows else {"cache_rows": host_cache_rows, "cache_device": device})
         order = torch.tensor(self._device_columns + self._host_columns, dtype=torch.int64).argsort()
         self.register_buffer("_column_order", order.to(torch.get_default_device() if device is None else device),
                              persistent=False)
@@ -214,9 +222,11 @@ class DLRM(nn.Module):
 
     def _embedding_module(self, blocks: list[TableShard], device: torch.device | str | None,
                           init_seed: int | None = None,
-                          init_device: torch.device | str | None = None) -> JointEmbedding | MultiTableEmbedding:
+                          init_device: torch.device | str | None = None,
+                          cache: dict | None = None) -> JointEmbedding | MultiTableEmbedding:
         config, indices = self.config, [block.table for block in blocks]
-        return _EMBEDDING_CLASSES[config.embedding_type](
+        make = _EMBEDDING_CLASSES[config.embedding_type] if cache is None else partial(CachedEmbedding, **cache)
+        return make(
             [block.rows for block in blocks], config.embedding_dim, hash_indices=config.hash_indices,
             device=device, table_indices=indices, init_seed=init_seed, init_device=init_device,
             poolings=None if config.poolings is None else [config.poolings[t] for t in indices],
@@ -241,12 +251,13 @@ class DLRM(nn.Module):
         on_device = self.embeddings(_columns(categorical, self._device_columns)) if self._device_columns else None
         # The host tables' ids go to the host and their embeddings come back, in the device
         # part's dtype (cast before the copy: under AMP half the bytes cross the bus).
-        on_host = self.host_embeddings(_columns(categorical, self._host_columns).to("cpu"))
+        host_ids = _columns(categorical, self._host_columns)  # a cache looks them up on the device
+        on_host = self.host_embeddings(host_ids if isinstance(self.host_embeddings, CachedEmbedding)
+                                       else host_ids.to("cpu"))
         on_host = on_host.to(on_device.dtype if on_device is not None else self.embeddings.output_dtype())
-        if device.type == "cuda":
-            on_host = on_host.pin_memory().to(device, non_blocking=True)
-        else:
-            on_host = on_host.to(device)
+        if on_host.device != device:
+            on_host = (on_host.pin_memory().to(device, non_blocking=True) if device.type == "cuda"
+                       else on_host.to(device))
         if on_device is None:
             return on_host
         return torch.cat([on_device, on_host], dim=1).index_select(1, self._column_order)
