@@ -9,15 +9,10 @@ from fractions import Fraction
 
 import pytest
 
-from dlrm.distributed.planner import (
-    GIB,
-    Plan,
-    Placement,
-    PlanError,
-    format_plan,
-    load_placement,
-    plan_tables,
-)
+from dlrm.distributed.placement import load_placement, Placement
+from dlrm.distributed.plan import GIB, Plan, PlanError
+from dlrm.distributed.plan_report import format_plan
+from dlrm.distributed.planner import plan_tables
 from dlrm.nn.embeddings import TableShard
 from test_planner import FL15, parse_rows
 
