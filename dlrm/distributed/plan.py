@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Union
 
+from dlrm.data.partition import split_bounds
 from dlrm.nn.embeddings import TableShard
 
 GIB = 2**30
@@ -61,10 +62,12 @@ def table_names(tables: Sequence[int]) -> str:
     return ", ".join(map(str, tables))
 
 def row_bounds(rows: int, world_size: int) -> list[int]:
-    """Equal row-wise split of a table of ``rows`` rows: rank ``r`` holds rows
-    ``[b[r], b[r+1])`` with ``b[r] = r * rows // world_size`` (a block is empty when
-    ``rows < world_size`` leaves that rank nothing)."""
-    return [r * rows // world_size for r in range(world_size + 1)]
+    """Row-wise split of a table of ``rows`` rows by the engine's one convention
+    (``dlrm.data.partition``): rank ``r`` holds rows ``[b[r], b[r+1])``, the first
+    ``rows % world_size`` ranks one row more (a block is empty when ``rows < world_size`` leaves
+    that rank nothing). Checkpoints store blocks by row range, so ones written under another
+    split load all the same."""
+    return split_bounds(rows, world_size)
 
 
 def block_bytes(bounds: Sequence[int], size: int, rank: int) -> int:
