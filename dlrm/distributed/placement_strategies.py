@@ -20,9 +20,9 @@ from dlrm.distributed.plan import (
     format_bytes,
     ranks_word,
     row_bounds,
+    table_index,
     table_names,
     tables_word,
-    whole_number,
 )
 
 
@@ -87,15 +87,8 @@ def check_assignment(
             raise PlanError(f"the table placement for rank {rank} must be a list of table indices")
         ranked = []
         for table in tables:
-            try:
-                index = whole_number(table, f"table index on rank {rank}")
-            except ValueError as error:
-                raise PlanError(f"the table placement is invalid: {error}") from None
-            if index >= num_tables:
-                raise PlanError(
-                    f"the table placement puts table {index} on rank {rank}, but there are only "
-                    f"{num_tables} tables (0 to {num_tables - 1})"
-                )
+            index = table_index(table, num_tables, "the table placement", f"table index on rank {rank}",
+                                "the table placement puts", f" on rank {rank}")
             if index in split:
                 raise PlanError(
                     f"the table placement puts table {index} on rank {rank}, but table {index} is "

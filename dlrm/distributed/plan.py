@@ -41,6 +41,20 @@ def whole_number(value: object, what: str, minimum: int = 0) -> int:
     return number
 
 
+def table_index(value: object, num_tables: int, name: str, item: str, says: str, where: str = "") -> int:
+    """``value`` as a table index below ``num_tables``; errors call the list ``name`` and an
+    entry ``item``, and read ``{says} table {index}{where}, but there are only ...``."""
+    try:
+        index = whole_number(value, item)
+    except ValueError as error:
+        raise PlanError(f"{name} is invalid: {error}") from None
+    if index >= num_tables:
+        raise PlanError(
+            f"{says} table {index}{where}, but there are only {num_tables} tables (0 to {num_tables - 1})"
+        )
+    return index
+
+
 def format_bytes(num_bytes: int) -> str:
     """Bytes for people: GiB with 2 decimals, or MiB / bytes when GiB would print as 0.00."""
     if num_bytes == 0 or abs(num_bytes) >= GIB / 100:

@@ -58,6 +58,7 @@ from dlrm.distributed.plan import (
     ranks_word,
     row_bounds,
     table_bytes,
+    table_index,
     table_names,
     whole_number,
 )
@@ -111,15 +112,7 @@ def _table_list(values: Sequence[object], num_tables: int, name: str, item: str)
     an entry ``item``."""
     tables: list[int] = []
     for table in values:
-        try:
-            index = whole_number(table, item)
-        except ValueError as error:
-            raise PlanError(f"{name} is invalid: {error}") from None
-        if index >= num_tables:
-            raise PlanError(
-                f"{name} names table {index}, but there are only {num_tables} tables "
-                f"(0 to {num_tables - 1})"
-            )
+        index = table_index(table, num_tables, name, item, f"{name} names")
         if index in tables:
             raise PlanError(f"{name} names table {index} twice")
         tables.append(index)
