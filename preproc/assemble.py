@@ -23,7 +23,7 @@ import numpy as np
 
 from dlrm.data.batch import Batch
 from dlrm.data.feature_spec import SPEC_FILE_NAME, FeatureSpec, dtype_for_cardinality
-from dlrm.data.split_binary import SplitBinaryWriter
+from dlrm.data.split_binary_writer import SplitBinaryWriter
 from preproc.fragments import record_dtype
 from preproc.job import NUM_CATEGORICAL, NUM_NUMERICAL, Job, Result
 from preproc.progress import Progress

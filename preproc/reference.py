@@ -48,7 +48,7 @@ import numpy as np
 from dlrm.data.batch import Batch
 from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import FeatureSpec
-from dlrm.data.split_binary import SplitBinaryWriter
+from dlrm.data.split_binary_writer import SplitBinaryWriter
 from preproc.numeric import DEFAULT_ROUNDING, check_rounding, to_float16
 from preproc.vocab import Vocabulary, save_dataset_vocabulary
 

@@ -20,7 +20,7 @@ from dlrm.distributed.collectives import ProcessGroupCollectives
 from dlrm.distributed.exchange import EmbeddingExchange
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.model.precision import Precision
-from dlrm.nn.embeddings import JointEmbedding, JointFusedEmbedding, MultiTableEmbedding
+from dlrm.nn.embeddings import JointEmbedding, JointFusedEmbedding, MultiTableEmbedding, table_specs
 from dlrm.training.optimizers import OptimizerConfig, make_optimizer
 from dlrm.training.train import evaluate, fused_train_step, make_train_step
 from test_distributed import free_port
@@ -94,7 +94,7 @@ def tables64(module):
 
 
 def module(layout, sizes=SIZES, poolings=POOLINGS, **kwargs):
-    return LAYOUTS[layout](sizes, DIM, init_seed=3, poolings=poolings, **kwargs)
+    return LAYOUTS[layout](table_specs(sizes, poolings), DIM, init_seed=3, **kwargs)
 
 
 # ----------------------------------------------------------------------------- forward

@@ -10,7 +10,8 @@ from sklearn.metrics import roc_auc_score
 
 from dlrm.data.batch import Batch
 from dlrm.data.feature_spec import FeatureSpec
-from dlrm.data.split_binary import SplitBinaryReader, SplitBinaryWriter
+from dlrm.data.split_binary import SplitBinaryReader
+from dlrm.data.split_binary_writer import SplitBinaryWriter
 from dlrm.data.synthetic import write_synthetic_dataset
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.training.checkpoint import load_checkpoint

@@ -166,7 +166,7 @@ def test_rank_source_reads_own_columns_and_rows_only(tmp_path, world):
     tables = [3, 1000, 17, 250, 5, 40]
     root = str(tmp_path)
     spec = FeatureSpec.default(5, tables, splits=("train",), base_directory=root)
-    from dlrm.data.split_binary import SplitBinaryWriter
+    from dlrm.data.split_binary_writer import SplitBinaryWriter
 
     data = SyntheticDataset(5, tables, 1000, 1000, seed=2)
     with SplitBinaryWriter(spec, "train") as w:

@@ -22,7 +22,7 @@ from dlrm.distributed.collectives import ProcessGroupCollectives
 from dlrm.distributed.exchange import EmbeddingExchange
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.model.precision import Precision
-from dlrm.nn.embeddings import JointEmbedding, JointFusedEmbedding
+from dlrm.nn.embeddings import JointEmbedding, JointFusedEmbedding, table_specs
 from dlrm.training.checkpoint import TrainState, load_checkpoint, save_checkpoint
 from dlrm.training.optimizers import OptimizerConfig, RowWiseAdagrad, make_optimizer
 from dlrm.training.train import fused_train_step, make_train_step
@@ -158,8 +158,8 @@ def test_several_backward_passes_before_one_update_sum_before_the_accumulator_mo
     ``weight.grad`` and ``RowWiseAdagrad`` coalesces it."""
     sizes, dim = [5, 9], 4
     torch.manual_seed(0)
-    fused = JointFusedEmbedding(sizes, dim, poolings=["sum", "mean"])
-    plain = JointEmbedding(sizes, dim, poolings=["sum", "mean"])
+    fused = JointFusedEmbedding(table_specs(sizes, ["sum", "mean"]), dim)
+    plain = JointEmbedding(table_specs(sizes, ["sum", "mean"]), dim)
     plain.load_state_dict(fused.state_dict())
     ids = torch.tensor([[1, 3], [1, 8], [4, 3]])
     bags = bags_of([[[1], [], [1, 1, 2]], [[3, 0], [8], []]])

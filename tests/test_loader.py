@@ -9,7 +9,8 @@ import torch
 from dlrm.data.batch import Batch
 from dlrm.data.feature_spec import FeatureSpec
 from dlrm.data.loader import PrefetchLoader, batch_order
-from dlrm.data.split_binary import SplitBinaryReader, SplitBinaryWriter
+from dlrm.data.split_binary import SplitBinaryReader
+from dlrm.data.split_binary_writer import SplitBinaryWriter
 
 
 class Source:

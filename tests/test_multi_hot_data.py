@@ -19,7 +19,8 @@ from dlrm.data.feature_spec import FeatureSpec
 from dlrm.data.loader import PrefetchLoader
 from dlrm.data.rank_source import RankSource, local_batch_sizes
 from dlrm.data.sources import DataConfig, load_feature_spec, make_rank_source, make_source
-from dlrm.data.split_binary import SplitBinaryReader, SplitBinaryWriter
+from dlrm.data.split_binary import SplitBinaryReader
+from dlrm.data.split_binary_writer import SplitBinaryWriter
 from dlrm.data.synthetic import (
     MLPERF_DLRMV2_CARDINALITIES,
     MLPERF_MULTI_HOT_SIZES,

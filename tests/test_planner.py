@@ -7,16 +7,10 @@ import random
 
 import pytest
 
-from dlrm.distributed.planner import (
-    GIB,
-    Plan,
-    PlanError,
-    format_plan,
-    Placement,
-    load_placement,
-    plan_tables,
-    table_bytes,
-)
+from dlrm.distributed.placement import load_placement, Placement
+from dlrm.distributed.plan import GIB, Plan, PlanError, table_bytes
+from dlrm.distributed.plan_report import format_plan
+from dlrm.distributed.planner import plan_tables
 
 # NVIDIA's Criteo 1TB cardinalities with frequency threshold 15 (its README, tests/feature_specs).
 FL15 = [7912889, 33823, 17139, 7339, 20046, 4, 7105, 1382, 63, 5554114, 582469, 245828, 11, 2209,

@@ -6,14 +6,10 @@ import random
 
 import pytest
 
-from dlrm.distributed.planner import (
-    GIB,
-    Plan,
-    PlanError,
-    format_plan,
-    load_placement,
-    plan_tables,
-)
+from dlrm.distributed.placement import load_placement
+from dlrm.distributed.plan import GIB, Plan, PlanError
+from dlrm.distributed.plan_report import format_plan
+from dlrm.distributed.planner import plan_tables
 
 from test_planner import FL15  # NVIDIA's Criteo 1TB cardinalities at frequency threshold 15
 

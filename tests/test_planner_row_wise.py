@@ -5,19 +5,14 @@ import itertools
 import json
 import math
 import random
-from fractions import Fraction
 
+import numpy as np
 import pytest
 
-from dlrm.distributed.planner import (
-    GIB,
-    Plan,
-    Placement,
-    PlanError,
-    format_plan,
-    load_placement,
-    plan_tables,
-)
+from dlrm.distributed.placement import load_placement, Placement
+from dlrm.distributed.plan import GIB, Plan, PlanError
+from dlrm.distributed.plan_report import format_plan
+from dlrm.distributed.planner import plan_tables
 from dlrm.nn.embeddings import TableShard
 from test_planner import FL15, parse_rows
 
@@ -26,8 +21,8 @@ from test_planner import FL15, parse_rows
 
 
 def equal_bounds(rows, world_size):
-    """Block r is [floor(r * rows / W), floor((r + 1) * rows / W)), by exact rational floor."""
-    return [math.floor(Fraction(r * rows, world_size)) for r in range(world_size + 1)]
+    """Block r holds the rows numpy.array_split gives part r (the first rows % W one more)."""
+    return [0] + list(itertools.accumulate(len(part) for part in np.array_split(np.arange(rows), world_size)))
 
 
 def block_bytes(rows, world_size, rank, per_row):
@@ -123,15 +118,16 @@ def test_all_row_wise_uses_equal_split_bounds(rows, world_size):
 
 
 def test_row_wise_blocks_may_be_empty_when_rows_are_fewer_than_ranks():
-    # 4 ranks. Table 0 (3 rows): bounds [0, 0, 1, 2, 3], rank 0 holds none of it.
-    # Table 1 (10 rows): [0, 2, 5, 7, 10]. Table 2 (1 row): [0, 0, 0, 0, 1], only rank 3.
+    # 4 ranks, the first rows % 4 ranks one row more. Table 0 (3 rows): bounds [0, 1, 2, 3, 3],
+    # rank 3 holds none of it. Table 1 (10 rows): [0, 3, 6, 8, 10]. Table 2 (1 row):
+    # [0, 1, 1, 1, 1], only rank 0.
     plan = plan_tables([3, 10, 1], 1, 4, 100, row_wise="all")
-    assert plan.row_wise == {0: [0, 0, 1, 2, 3], 1: [0, 2, 5, 7, 10], 2: [0, 0, 0, 0, 1]}
-    assert plan.tables == [[1], [0, 1], [0, 1], [0, 1, 2]]
-    assert plan.entries(0) == [TableShard(1, 0, 2)]
-    assert plan.entries(3) == [TableShard(0, 2, 3), TableShard(1, 7, 10), TableShard(2, 0, 1)]
-    assert [plan.rank_bytes(r) for r in range(4)] == [8, 16, 12, 20]  # 4 bytes a row
-    assert [plan.rank_lookup_share(r) for r in range(4)] == [1 / 8, 2 / 8, 2 / 8, 3 / 8]
+    assert plan.row_wise == {0: [0, 1, 2, 3, 3], 1: [0, 3, 6, 8, 10], 2: [0, 1, 1, 1, 1]}
+    assert plan.tables == [[0, 1, 2], [0, 1], [0, 1], [1]]
+    assert plan.entries(0) == [TableShard(0, 0, 1), TableShard(1, 0, 3), TableShard(2, 0, 1)]
+    assert plan.entries(3) == [TableShard(1, 8, 10)]
+    assert [plan.rank_bytes(r) for r in range(4)] == [20, 16, 12, 8]  # 4 bytes a row
+    assert [plan.rank_lookup_share(r) for r in range(4)] == [3 / 8, 2 / 8, 2 / 8, 1 / 8]
     assert_valid_row_wise(plan, [3, 10, 1], 1, 4, 100)
 
 
@@ -445,12 +441,12 @@ def test_format_plan_shows_differing_block_sizes():
     text = format_plan(plan)
     assert text.splitlines()[0].endswith(", 1 split row-wise")
     assert "table 0 (3 rows, 12 bytes): row-wise over 4 ranks, 0-1 rows (0-4 bytes) each" in text
-    # bounds [0, 0, 1, 2, 3]: rank 0 holds nothing of table 0; table 1 goes whole to rank 0
-    # (all ranks have 100 - 0 or 100 - 4 bytes free: rank 0 is the freest)
-    assert plan.tables == [[1], [0], [0], [0]]
+    # bounds [0, 1, 2, 3, 3]: rank 3 holds nothing of table 0; table 1 goes whole to rank 3
+    # (all ranks have 100 - 0 or 100 - 4 bytes free: rank 3 is the freest)
+    assert plan.tables == [[0], [0], [0], [1]]
     rows = parse_rows(text)
-    assert [rows[str(r)][:2] for r in range(4)] == [["1", "10"], ["0r", "1"], ["0r", "1"],
-                                                   ["0r", "1"]]
+    assert [rows[str(r)][:2] for r in range(4)] == [["0r", "1"], ["0r", "1"], ["0r", "1"],
+                                                   ["1", "10"]]
 
 
 # ------------------------------------------------------------------------------------------------

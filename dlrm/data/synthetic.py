@@ -621,7 +621,7 @@ def _write_dataset(output_dir, make_spec, samples, num_numerical, table_sizes, s
     """The writing both entries share: staging beside ``output_dir``, a ``SplitBinaryWriter`` per
     split filled from ``SyntheticDataset``, the spec (``make_spec(staging)``) last, then the rename."""
     # Imported here: the on-disk format is only needed by this writer, not by the generator.
-    from dlrm.data.split_binary import SplitBinaryWriter
+    from dlrm.data.split_binary_writer import SplitBinaryWriter
 
     output_dir = os.path.abspath(output_dir)
     check_writable_dir(output_dir, overwrite, "the dataset")

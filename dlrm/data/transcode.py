@@ -25,7 +25,7 @@ from dlrm.data.atomic import check_can_create, writing
 from dlrm.data.batch import Batch
 from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import SPEC_FILE_NAME, FeatureSpec, dtype_for_cardinality
-from dlrm.data.split_binary import SplitBinaryWriter
+from dlrm.data.split_binary_writer import SplitBinaryWriter
 
 _SPLIT_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 

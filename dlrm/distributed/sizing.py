@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dlrm.distributed.planner import Plan, PlanError, plan_tables
+from dlrm.distributed.plan import Plan, PlanError
+from dlrm.distributed.planner import plan_tables
 from dlrm.model.dlrm import DLRM, DLRMConfig
 
 USABLE_FRACTION = 0.9  # of a device's memory; the rest is the framework's and the allocator's

@@ -20,7 +20,14 @@ from torch import nn
 from dlrm.data.batch import Bags
 from dlrm.data.feature_spec import POOLINGS
 from dlrm.nn.cached_embedding import CachedEmbedding
-from dlrm.nn.embeddings import JointEmbedding, JointFusedEmbedding, MultiTableEmbedding, TableShard, table_of
+from dlrm.nn.embeddings import (
+    JointEmbedding,
+    JointFusedEmbedding,
+    MultiTableEmbedding,
+    TableShard,
+    TableSpec,
+    table_of,
+)
 from dlrm.nn.interactions import CatInteraction, DCNInteraction, DotInteraction
 from dlrm.nn.mlp import MLP
 
@@ -224,14 +231,13 @@ class DLRM(nn.Module):
                           init_seed: int | None = None,
                           init_device: torch.device | str | None = None,
                           cache: dict | None = None) -> JointEmbedding | MultiTableEmbedding:
-        config, indices = self.config, [block.table for block in blocks]
+        config = self.config
+        specs = [TableSpec(block.table, config.table_sizes[block.table], block.start, block.stop,
+                           "sum" if config.poolings is None else config.poolings[block.table]) for block in blocks]
         make = _EMBEDDING_CLASSES[config.embedding_type] if cache is None else partial(CachedEmbedding, **cache)
         return make(
-            [block.rows for block in blocks], config.embedding_dim, hash_indices=config.hash_indices,
-            device=device, table_indices=indices, init_seed=init_seed, init_device=init_device,
-            poolings=None if config.poolings is None else [config.poolings[t] for t in indices],
-            weight_dtype=EMBEDDING_DTYPES[config.embedding_dtype],
-            row_starts=[block.start for block in blocks], full_table_sizes=[config.table_sizes[t] for t in indices],
+            specs, config.embedding_dim, hash_indices=config.hash_indices, device=device, init_seed=init_seed,
+            init_device=init_device, weight_dtype=EMBEDDING_DTYPES[config.embedding_dtype], empty_ok=True,
         )
 
     def embedding_modules(self) -> list[JointEmbedding | MultiTableEmbedding]:

@@ -17,6 +17,7 @@ table's row, so do not turn the data-side check off without ``hash_indices``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -53,36 +54,62 @@ def table_of(entry: int | TableShard) -> int:
     return entry.table if isinstance(entry, TableShard) else entry
 
 
+@dataclass(frozen=True)
+class TableSpec:
+    """One table held by an embedding module, or a row-wise block of it: global index ``index``,
+    the whole table's ``rows``, the block ``[start, stop)`` of them held here (default: all) and
+    how its bags pool (``"sum"`` or ``"mean"``). One record per table instead of parallel lists,
+    so a table's facts travel together from the model config to the module."""
+
+    index: int
+    rows: int
+    start: int = 0
+    stop: int | None = None  # None: rows
+    pooling: str = "sum"
+
+    def __post_init__(self) -> None:
+        if self.stop is None:
+            object.__setattr__(self, "stop", self.rows)
+
+    @property
+    def block_rows(self) -> int:
+        """Rows held here: ``stop - start``."""
+        return self.stop - self.start
+
+
+def table_specs(table_sizes: Sequence[int], poolings: Sequence[str] | None = None) -> list[TableSpec]:
+    """Whole tables ``0 .. len(table_sizes) - 1`` with their poolings ("sum" for all when None)."""
+    poolings = _check_poolings(poolings, len(table_sizes))
+    return [TableSpec(i, int(rows), pooling=pooling) for i, (rows, pooling) in enumerate(zip(table_sizes, poolings))]
+
+
 class EmbeddingTables(nn.Module):
     """What both layouts share: table bookkeeping, id preparation, per-table weight access."""
 
     def __init__(
         self,
-        table_sizes: Sequence[int],
+        tables: Sequence[TableSpec | int],
         embedding_dim: int,
         hash_indices: bool,
-        table_indices: Sequence[int] | None = None,
         init_seed: int | None = None,
-        poolings: Sequence[str] | None = None,
         weight_dtype: torch.dtype = torch.float32,
-        row_starts: Sequence[int] | None = None,
-        full_table_sizes: Sequence[int] | None = None,
         init_device: torch.device | str | None = None,
+        empty_ok: bool = False,
     ) -> None:
         super().__init__()
-        table_sizes = [int(rows) for rows in table_sizes]
-        if any(rows < 1 for rows in table_sizes) or (not table_sizes and table_indices is None):
-            raise ValueError(f"table_sizes must be a non-empty list of positive row counts, got {table_sizes}")
+        specs = [table if isinstance(table, TableSpec) else TableSpec(i, int(table)) for i, table in enumerate(tables)]
+        table_sizes = [spec.block_rows for spec in specs]
+        if any(rows < 1 for rows in table_sizes) or (not specs and not empty_ok):
+            raise ValueError(f"tables must be a non-empty list of tables of positive row counts, got {table_sizes}")
         if embedding_dim < 1:
             raise ValueError(f"embedding_dim must be positive, got {embedding_dim}")
+        self.specs = tuple(specs)
         self.table_sizes = table_sizes
         self.num_tables = len(table_sizes)
         self.embedding_dim = embedding_dim
         self.hash_indices = hash_indices
         # Global indices of the tables held here (all of them unless hybrid parallelism splits them).
-        self.table_indices = list(range(len(table_sizes))) if table_indices is None else [int(t) for t in table_indices]
-        if len(self.table_indices) != len(table_sizes):
-            raise ValueError(f"{len(table_sizes)} table sizes but {len(self.table_indices)} table indices")
+        self.table_indices = [spec.index for spec in specs]
         # One draw from the global generator whatever the tables, so layers built after the
         # embeddings get the same weights in every process.
         self.init_seed = int(torch.randint(0, 2**62, ())) if init_seed is None else init_seed
@@ -92,11 +119,8 @@ class EmbeddingTables(nn.Module):
         self.init_device = None if init_device is None else torch.device(init_device)
         # Row-wise sharding: local table i holds rows [row_starts[i], row_starts[i] + table_sizes[i])
         # of a table of full_table_sizes[i] rows (by default every table is whole).
-        self.row_starts = [0] * len(table_sizes) if row_starts is None else [int(s) for s in row_starts]
-        self.full_table_sizes = list(table_sizes) if full_table_sizes is None else [int(r) for r in full_table_sizes]
-        if len(self.row_starts) != len(table_sizes) or len(self.full_table_sizes) != len(table_sizes):
-            raise ValueError(f"{len(table_sizes)} table sizes but {len(self.row_starts)} row starts and "
-                             f"{len(self.full_table_sizes)} full table sizes")
+        self.row_starts = [spec.start for spec in specs]
+        self.full_table_sizes = [spec.rows for spec in specs]
         for i, (start, rows, full) in enumerate(zip(self.row_starts, table_sizes, self.full_table_sizes)):
             if start < 0 or start + rows > full:
                 raise ValueError(f"table {self.table_indices[i]}: rows [{start}, {start + rows}) are not inside "
@@ -107,7 +131,7 @@ class EmbeddingTables(nn.Module):
         self.register_buffer("rows", torch.tensor(self.full_table_sizes, dtype=torch.int64), persistent=False)
         self.register_buffer("row_start", torch.tensor(self.row_starts, dtype=torch.int64), persistent=False)
         self.register_buffer("block_rows", torch.tensor(table_sizes, dtype=torch.int64), persistent=False)
-        self.poolings = _check_poolings(poolings, len(table_sizes))
+        self.poolings = _check_poolings([spec.pooling for spec in specs], len(table_sizes))
         # Per table: whether its bags are mean-pooled (a device copy, so building weights never syncs).
         self.register_buffer("mean_pooled", torch.tensor([p == "mean" for p in self.poolings], dtype=torch.bool),
                              persistent=False)
@@ -261,20 +285,16 @@ class JointEmbedding(EmbeddingTables):
 
     def __init__(
         self,
-        table_sizes: Sequence[int],
+        tables: Sequence[TableSpec | int],
         embedding_dim: int,
         hash_indices: bool = False,
         device: torch.device | str | None = None,
-        table_indices: Sequence[int] | None = None,
         init_seed: int | None = None,
-        poolings: Sequence[str] | None = None,
         weight_dtype: torch.dtype = torch.float32,
-        row_starts: Sequence[int] | None = None,
-        full_table_sizes: Sequence[int] | None = None,
         init_device: torch.device | str | None = None,
+        empty_ok: bool = False,
     ) -> None:
-        super().__init__(table_sizes, embedding_dim, hash_indices, table_indices, init_seed, poolings, weight_dtype,
-                         row_starts, full_table_sizes, init_device)
+        super().__init__(tables, embedding_dim, hash_indices, init_seed, weight_dtype, init_device, empty_ok)
         starts = [0]
         for rows in self.table_sizes:
             starts.append(starts[-1] + rows)
@@ -327,20 +347,16 @@ class MultiTableEmbedding(EmbeddingTables):
 
     def __init__(
         self,
-        table_sizes: Sequence[int],
+        tables: Sequence[TableSpec | int],
         embedding_dim: int,
         hash_indices: bool = False,
         device: torch.device | str | None = None,
-        table_indices: Sequence[int] | None = None,
         init_seed: int | None = None,
-        poolings: Sequence[str] | None = None,
         weight_dtype: torch.dtype = torch.float32,
-        row_starts: Sequence[int] | None = None,
-        full_table_sizes: Sequence[int] | None = None,
         init_device: torch.device | str | None = None,
+        empty_ok: bool = False,
     ) -> None:
-        super().__init__(table_sizes, embedding_dim, hash_indices, table_indices, init_seed, poolings, weight_dtype,
-                         row_starts, full_table_sizes, init_device)
+        super().__init__(tables, embedding_dim, hash_indices, init_seed, weight_dtype, init_device, empty_ok)
         # skip_init: nn.Embedding's default N(0, 1) init would be overwritten anyway.
         device = torch.get_default_device() if device is None else device
         self.tables = nn.ModuleList(
@@ -471,20 +487,16 @@ class JointFusedEmbedding(JointEmbedding):
 
     def __init__(
         self,
-        table_sizes: Sequence[int],
+        tables: Sequence[TableSpec | int],
         embedding_dim: int,
         hash_indices: bool = False,
         device: torch.device | str | None = None,
-        table_indices: Sequence[int] | None = None,
         init_seed: int | None = None,
-        poolings: Sequence[str] | None = None,
         weight_dtype: torch.dtype = torch.float32,
-        row_starts: Sequence[int] | None = None,
-        full_table_sizes: Sequence[int] | None = None,
         init_device: torch.device | str | None = None,
+        empty_ok: bool = False,
     ) -> None:
-        super().__init__(table_sizes, embedding_dim, hash_indices, device, table_indices, init_seed, poolings,
-                         weight_dtype, row_starts, full_table_sizes, init_device)
+        super().__init__(tables, embedding_dim, hash_indices, device, init_seed, weight_dtype, init_device, empty_ok)
         self._pending: list[PendingUpdate | PendingBagUpdate] = []
 
     def forward(self, ids: torch.Tensor | Bags) -> torch.Tensor:
