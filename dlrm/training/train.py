@@ -1,7 +1,8 @@
 """The training loop: one batch from the loader to the loss to the update, plus evaluation.
 
 A reader follows a step here top to bottom: ``train_step`` is the whole update, ``evaluate`` the
-whole test pass, and ``train`` only schedules them (printing, testing, checkpointing, stopping).
+whole test pass, and ``train`` hands them to the run loop both products share
+(``dlrm.training.loop``: printing, testing, checkpointing, stopping) as DLRM's loop parts.
 """
 
 from __future__ import annotations
