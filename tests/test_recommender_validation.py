@@ -1,13 +1,16 @@
 """Validation inside the recommender's training, and the run's endings as DLRM's: the split
 against its definition, validation metrics against a plain float64 reference, early stopping
 with the best checkpoint kept, exact resume with validation, a real SIGTERM and Ctrl-C (saved,
-exit 143 / 130, resumed exactly), and an empty dataset refused."""
+exit 143 / 130, resumed exactly), kill -9 then an exact resume from the last checkpoint, an error
+mid-run saved and resumed exactly, and an empty dataset refused."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -202,3 +205,77 @@ def test_an_empty_dataset_is_refused_in_one_line(tmp_path):
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "has no users" in lines[0], proc.stderr
     assert not os.path.exists(tmp_path / "ck" / "meta.json")
+
+
+def test_kill_9_then_resume_from_the_last_checkpoint_equals_the_uninterrupted_run(dataset, tmp_path):
+    ckpt = str(tmp_path / "ck")
+    args = ("--batch_size", "2", "--epochs", "50", "--validation_users", "0", "--checkpoint_every_steps", "3")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dlrm.scripts.recommender_train", "--network", os.path.join(dataset, "network.json"),
+         "--input", os.path.join(dataset, "all"), "--checkpoint_path", ckpt, *args, "--log_every_steps", "1",
+         "--device", "cpu"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        for line in proc.stdout:
+            if line.startswith("epoch 0 step 8/"):  # saved at steps 3 and 6, in the middle of what comes next
+                break
+        proc.kill()
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGKILL
+    steps = json.load(open(os.path.join(ckpt, "meta.json")))["train_state"]["step"]
+    assert steps >= 6 and steps % 3 == 0
+    more = _train(dataset, ckpt, *args, "--resume", "--max_steps", "4")
+    assert more.returncode == 0 and f"resuming at step {steps}" in more.stdout, more.stderr
+    straight = _train(dataset, str(tmp_path / "straight"), *args, "--max_steps", str(steps + 4))
+    assert straight.returncode == 0, straight.stderr
+    for name in ("replicated.pt", "input_rows_0_50.pt", "output_rows_0_50.pt"):
+        a = torch.load(os.path.join(ckpt, name), weights_only=True)
+        b = torch.load(tmp_path / "straight" / name, weights_only=True)
+        flat_a, flat_b = torch.utils._pytree.tree_flatten(a), torch.utils._pytree.tree_flatten(b)
+        assert flat_a[1] == flat_b[1]
+        assert all(torch.equal(x, y) for x, y in zip(flat_a[0], flat_b[0])), name
+
+
+def test_an_error_mid_run_saves_the_last_whole_step_and_the_fixed_data_resumes_exactly(dataset, tmp_path):
+    from dlrm.recommender import checkpoint
+    from dlrm.recommender.train import TrainConfig, make_optimizer, train
+    from dlrm.training.logger import RunLogger
+
+    source = CsrDataset(os.path.join(dataset, "all"))
+    offsets = np.asarray(source.offsets)
+    bad = str(tmp_path / "bad")
+    shutil.copytree(os.path.join(dataset, "all"), bad)
+    indices_path = os.path.join(bad, "indices.bin")
+    indices = np.fromfile(indices_path, dtype=np.int32)
+    indices[offsets[7]] = 10**6  # user 7: batch 3 of 2 users, unshuffled
+    indices.tofile(indices_path)
+    network = parse_network(NETWORK).resolve(source.n_features, source.n_features)
+    cfg = TrainConfig(batch_size=2, epochs=1, seed=3, shuffle=False, log_every_steps=1, max_steps=8,
+                      checkpoint_path=str(tmp_path / "ck"))
+
+    def run(data: str, cfg: TrainConfig, log: str, state=None) -> dict:
+        model = SparseAutoencoder(network, seed=4)
+        optimizer = make_optimizer(model, network.optimizer)
+        if state == "resume":
+            state = checkpoint.load(cfg.checkpoint_path, model, optimizer)
+        with RunLogger(log, stream=open(os.devnull, "w")) as logger:
+            return train(model, optimizer, CsrDataset(data), CsrDataset(data), cfg, logger, torch.device("cpu"), state)
+
+    with pytest.raises(Exception) as failure:
+        run(bad, cfg, str(tmp_path / "bad.json"))
+    (summary,) = _records(str(tmp_path / "bad.json"), "summary")
+    assert summary["stop_reason"] == "error" and summary["steps"] == 3, summary
+    assert summary["error"].startswith(type(failure.value).__name__)
+    assert json.load(open(tmp_path / "ck" / "meta.json"))["train_state"]["step"] == 3
+    resumed = run(os.path.join(dataset, "all"), dataclasses.replace(cfg, max_steps=5), str(tmp_path / "r.json"),
+                  "resume")
+    assert resumed["steps"] == 8
+    straight_cfg = dataclasses.replace(cfg, checkpoint_path=str(tmp_path / "straight"))
+    run(os.path.join(dataset, "all"), straight_cfg, str(tmp_path / "s.json"))
+    assert ([r["loss"] for r in _records(str(tmp_path / "r.json"), "train")]
+            == [r["loss"] for r in _records(str(tmp_path / "s.json"), "train")][3:])
+    a = torch.load(tmp_path / "ck" / "replicated.pt", weights_only=True)["params"]
+    b = torch.load(tmp_path / "straight" / "replicated.pt", weights_only=True)["params"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

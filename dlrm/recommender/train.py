@@ -12,14 +12,12 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
 
-from dlrm.data.atomic import StorageError
 from dlrm.data.csr_dataset import CsrDataset
-from dlrm.data.errors import DatasetError
 from dlrm.recommender import checkpoint
 from dlrm.recommender.checkpoint import AutoencoderState
 from dlrm.recommender.loss import batch_loss, kl_weight_at
@@ -28,6 +26,7 @@ from dlrm.recommender.model import SparseAutoencoder
 from dlrm.recommender.network import Optimizer
 from dlrm.training.checkpoint import CheckpointLock, check_can_save
 from dlrm.training.logger import RunLogger, format_eta
+from dlrm.training.loop import LoopParts, LoopSettings, Meter, Window, run_loop
 
 Csr = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
@@ -47,6 +46,14 @@ class TrainConfig:
     best_checkpoint_path: str | None = None  # where the best validation's checkpoint goes
     patience: int | None = None  # validations without a better NDCG@K before the run stops; None: never
     validate_every_steps: int = 0  # 0: validate at the end of every epoch
+
+    @property
+    def loop(self) -> LoopSettings:
+        """The run loop's schedule: a line every ``log_every_steps``, validation and checkpoints
+        every so many steps or at the end of each epoch."""
+        return LoopSettings(log_every=self.log_every_steps, eval_every=self.validate_every_steps,
+                            checkpoint_every=self.checkpoint_every_steps,
+                            checkpoint_each_epoch=not self.checkpoint_every_steps)
 
 
 def make_optimizer(model: SparseAutoencoder, config: Optimizer) -> torch.optim.Optimizer:
@@ -129,6 +136,120 @@ def check_datasets(inputs: CsrDataset, targets: CsrDataset, model: SparseAutoenc
                              f"{what} layer {n}: use the dataset it was built for, or `N` \"auto\"")
 
 
+class _AutoencoderRun:
+    """The autoencoder's parts of the run loop: batches of users in the epoch's seeded order
+    (``epoch_order``, ``take_rows``), the step, NDCG validation with patience and the best
+    checkpoint, the checkpoint, and its progress line and summary."""
+
+    def __init__(self, model: SparseAutoencoder, optimizer: torch.optim.Optimizer, inputs: CsrDataset,
+                 targets: CsrDataset, cfg: TrainConfig, logger: RunLogger, device: torch.device,
+                 state: AutoencoderState, run_config: dict | None, validate: Callable[[], RankingMetrics] | None,
+                 train_mask: np.ndarray | None):
+        self.model, self.optimizer, self.inputs, self.targets, self.cfg = model, optimizer, inputs, targets, cfg
+        self.logger, self.device, self.state, self.run_config = logger, device, state, run_config
+        self.validate, self.train_mask = validate, train_mask
+        self.n_batches = math.ceil(len(inputs) / cfg.batch_size)
+        self.total_steps = self.n_batches * cfg.epochs
+        self.start_step, self.start_samples, self.start_time = state.step, state.samples, time.perf_counter()
+        self.autocast = (torch.autocast(device.type, dtype=cfg.amp_dtype) if cfg.amp_dtype is not None
+                         else contextlib.nullcontext())
+
+    def parts(self) -> LoopParts:
+        return LoopParts(
+            state=self.state, samples_per_epoch=len(self.inputs),
+            empty=f"the input dataset {self.inputs.path} has no users: add data to it", ended=self.ended,
+            batches=self.batches, step=self.step, progress=self.progress,
+            steps_left=lambda: self.total_steps - self.state.step, summary=self.summary,
+            evaluate=self.evaluate if self.validate is not None else None, save=self.save,
+            save_path=self.cfg.checkpoint_path, loss_dtype=torch.float64)
+
+    def ended(self) -> str | None:
+        if self.state.epoch >= self.cfg.epochs:
+            return "completed"
+        if self.cfg.max_steps is not None and self.state.step - self.start_step >= self.cfg.max_steps:
+            return "max_steps"
+        return None
+
+    def batches(self) -> Iterator[tuple[int, Csr, Csr]]:
+        """The rest of the epoch, up to ``max_steps``, each batch read just before its step (the
+        denoising draws from the step it is for)."""
+        state, cfg = self.state, self.cfg
+        if state.batch >= self.n_batches:  # a checkpoint taken after the epoch's last step
+            state.epoch, state.batch = state.epoch + 1, 0
+            return
+        order = epoch_order(len(self.inputs), cfg.seed, state.epoch, cfg.shuffle)
+        last = self.n_batches
+        if cfg.max_steps is not None:
+            last = min(last, state.batch + cfg.max_steps - (state.step - self.start_step))
+        for batch in range(state.batch, last):
+            ids = order[batch * cfg.batch_size:(batch + 1) * cfg.batch_size]
+            rows = take_rows(self.inputs, ids, self.train_mask)
+            y = rows if self.targets is self.inputs else take_rows(self.targets, ids)  # an autoencoder reads once
+            x = denoise(rows, self.model.config.denoising_p, cfg.seed, state.step)
+            yield len(ids), _to(x, self.device), _to(y, self.device)
+
+    def step(self, batch: tuple[int, Csr, Csr]) -> tuple[torch.Tensor, int, bool]:
+        users, x, y = batch
+        state, cfg, model = self.state, self.cfg, self.model
+        with self.autocast:
+            loss = batch_loss(model, x, y, dropout_seed=cfg.seed * 1_000_003 + state.step, negatives=cfg.negatives,
+                              sample_seed=cfg.seed * 1_000_003 + state.step,
+                              kl_weight=kl_weight_at(model.config.variational, state.step))
+        loss.backward()
+        model.parallel.sync_gradients(model.replicated_parameters())
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        state.batch, state.step, state.samples = state.batch + 1, state.step + 1, state.samples + users
+        epoch_done = state.batch >= self.n_batches
+        if epoch_done:
+            state.epoch, state.batch = state.epoch + 1, 0
+        return loss.detach().double() * users, users, epoch_done
+
+    def progress(self, window: Window, epoch_done: bool) -> None:
+        state = self.state
+        epoch = state.epoch - epoch_done
+        rate = window.samples / max(window.seconds, 1e-9)
+        loss = window.loss / window.samples
+        left = (self.total_steps - state.step) * self.cfg.batch_size / max(rate, 1e-9)
+        self.logger.print(f"epoch {epoch} step {state.step}/{self.total_steps} loss {loss:.5f} {rate:,.0f} users/s "
+                          f"eta {format_eta(left)}")
+        self.logger.record("train", epoch=epoch, step=state.step, loss=loss, users_per_s=rate)
+
+    def evaluate(self, meter: Meter) -> str | None:
+        """Validates and keeps the best checkpoint; "early_stopped" once patience has run out."""
+        state, cfg = self.state, self.cfg
+        metrics = self.validate()
+        self.model.train()
+        better = state.best_metric is None or metrics.ndcg > state.best_metric
+        if better:
+            state.best_metric, state.best_step, state.best_epoch, state.stale = metrics.ndcg, state.step, state.epoch, 0
+        else:
+            state.stale += 1
+        self.logger.print(f"validation at step {state.step} (epoch {state.epoch}): NDCG@{metrics.k} {metrics.ndcg:.4f}  "
+                          f"P@{metrics.k} {metrics.precision:.4f}  R@{metrics.k} {metrics.recall:.4f}  over "
+                          f"{metrics.users:,} users" + ("  (best)" if better else f"  (best {state.best_metric:.4f} at "
+                                                        f"epoch {state.best_epoch}, {state.stale} since)"))
+        self.logger.record("validation", step=state.step, epoch=state.epoch, k=metrics.k, ndcg=metrics.ndcg,
+                           precision=metrics.precision, recall=metrics.recall, users=metrics.users, best=better)
+        if better and cfg.best_checkpoint_path:
+            checkpoint.save(cfg.best_checkpoint_path, self.model, self.optimizer, state, self.run_config)
+            self.logger.record("checkpoint", path=cfg.best_checkpoint_path, step=state.step)
+        return "early_stopped" if cfg.patience is not None and state.stale >= cfg.patience else None
+
+    def save(self) -> None:
+        checkpoint.save(self.cfg.checkpoint_path, self.model, self.optimizer, self.state, self.run_config)
+
+    def summary(self, meter: Meter) -> dict:
+        state = self.state
+        seconds = time.perf_counter() - self.start_time
+        summary = {"steps": state.step, "epochs": state.epoch, "seconds": seconds,
+                   "users_per_s": (state.samples - self.start_samples) / max(seconds, 1e-9)}
+        if state.best_metric is not None:
+            summary.update(best_validation_ndcg=state.best_metric, best_epoch=state.best_epoch,
+                           best_step=state.best_step)
+        return summary
+
+
 def train(model: SparseAutoencoder, optimizer: torch.optim.Optimizer, inputs: CsrDataset, targets: CsrDataset,
           cfg: TrainConfig, logger: RunLogger, device: torch.device, state: AutoencoderState | None = None,
           run_config: dict | None = None, should_stop: Callable[[], bool] = lambda: False,
@@ -140,134 +261,19 @@ def train(model: SparseAutoencoder, optimizer: torch.optim.Optimizer, inputs: Cs
     (or every ``validate_every_steps``); the best NDCG@K's checkpoint goes to
     ``best_checkpoint_path`` and ``patience`` validations without a better one end the run
     ("early_stopped"). ``train_mask`` (bool per stored entry) leaves the validation entries out
-    of every batch. Whatever ends the run, the log gets a ``summary`` record with the reason; an
-    error after a step of a one-process run saves a checkpoint first."""
+    of every batch. The loop's guarantees (the summary record, the save on a stop or an error,
+    the refusal of an empty dataset) are ``run_loop``'s."""
     check_datasets(inputs, targets, model)
     if cfg.amp_dtype == torch.float16:
         raise ValueError("`amp_dtype` float16 needs loss scaling, which the recommender's training loop does not do "
                          "(fp16 gradients underflow): use bfloat16")
     if cfg.batch_size < 1:
         raise ValueError(f"`batch_size` must be >= 1, got {cfg.batch_size}")
-    if len(inputs) == 0:
-        raise DatasetError(f"the input dataset {inputs.path} has no users: add data to it")
-    state = state or AutoencoderState()
-    parallel, network = model.parallel, model.config
-    collectives = parallel.collectives(device)
-    n = len(inputs)
-    batches = math.ceil(n / cfg.batch_size)
-    lock = CheckpointLock(cfg.checkpoint_path) if cfg.checkpoint_path and parallel.rank == 0 else None
-    autocast = (torch.autocast(device.type, dtype=cfg.amp_dtype) if cfg.amp_dtype is not None
-                else contextlib.nullcontext())
-    start_step, start_samples, start_time = state.step, state.samples, time.perf_counter()
-    # The window's loss stays on the device until a log line needs it: no sync, no all-reduce per step.
-    window_loss, window_users, window_time = torch.zeros((), dtype=torch.float64, device=device), 0, time.perf_counter()
-    total_steps = batches * cfg.epochs
-    stop_reason, error, saved_step = "completed", None, state.step
-
-    def save(path: str | None = cfg.checkpoint_path) -> None:
-        nonlocal saved_step
-        checkpoint.save(path, model, optimizer, state, run_config)
-        logger.record("checkpoint", path=path, step=state.step)
-        if path == cfg.checkpoint_path:
-            saved_step = state.step
-
-    def run_validation() -> bool:
-        """Validates, keeps the best checkpoint; True when patience has run out."""
-        metrics = validate()
+    run = _AutoencoderRun(model, optimizer, inputs, targets, cfg, logger, device, state or AutoencoderState(),
+                          run_config, validate, train_mask)
+    saves = cfg.checkpoint_path and model.parallel.rank == 0
+    with CheckpointLock(cfg.checkpoint_path) if saves else contextlib.nullcontext():
+        if saves and len(inputs):
+            check_can_save(cfg.checkpoint_path, model)  # before the first step, not at the first save
         model.train()
-        better = state.best_metric is None or metrics.ndcg > state.best_metric
-        if better:
-            state.best_metric, state.best_step, state.best_epoch, state.stale = metrics.ndcg, state.step, state.epoch, 0
-        else:
-            state.stale += 1
-        logger.print(f"validation at step {state.step} (epoch {state.epoch}): NDCG@{metrics.k} {metrics.ndcg:.4f}  "
-                     f"P@{metrics.k} {metrics.precision:.4f}  R@{metrics.k} {metrics.recall:.4f}  over "
-                     f"{metrics.users:,} users" + ("  (best)" if better else f"  (best {state.best_metric:.4f} at "
-                                                   f"epoch {state.best_epoch}, {state.stale} since)"))
-        logger.record("validation", step=state.step, epoch=state.epoch, k=metrics.k, ndcg=metrics.ndcg,
-                      precision=metrics.precision, recall=metrics.recall, users=metrics.users, best=better)
-        if better and cfg.best_checkpoint_path:
-            save(cfg.best_checkpoint_path)
-        return cfg.patience is not None and state.stale >= cfg.patience
-
-    try:
-        with lock if lock is not None else contextlib.nullcontext():
-            if lock is not None:
-                check_can_save(cfg.checkpoint_path, model)  # before the first step, not at the first save
-            model.train()
-            while state.epoch < cfg.epochs and stop_reason == "completed":
-                order = epoch_order(n, cfg.seed, state.epoch, cfg.shuffle)
-                while state.batch < batches:
-                    if cfg.max_steps is not None and state.step - start_step >= cfg.max_steps:
-                        stop_reason = "max_steps"
-                        break
-                    ids = order[state.batch * cfg.batch_size:(state.batch + 1) * cfg.batch_size]
-                    rows = take_rows(inputs, ids, train_mask)
-                    y = rows if targets is inputs else take_rows(targets, ids)  # an autoencoder reads its rows once
-                    x = denoise(rows, network.denoising_p, cfg.seed, state.step)
-                    with autocast:
-                        loss = batch_loss(model, _to(x, device), _to(y, device),
-                                          dropout_seed=cfg.seed * 1_000_003 + state.step, negatives=cfg.negatives,
-                                          sample_seed=cfg.seed * 1_000_003 + state.step,
-                                          kl_weight=kl_weight_at(network.variational, state.step))
-                    loss.backward()
-                    parallel.sync_gradients(model.replicated_parameters())
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                    state.batch += 1
-                    state.step += 1
-                    state.samples += len(ids)
-                    window_loss += loss.detach().double() * len(ids)
-                    window_users += len(ids)
-                    if cfg.log_every_steps and state.step % cfg.log_every_steps == 0:
-                        now = time.perf_counter()
-                        rate = window_users / max(now - window_time, 1e-9)
-                        mean_loss = float(parallel.sum(window_loss)) / window_users
-                        left = (total_steps - state.step) * cfg.batch_size / max(rate, 1e-9)
-                        logger.print(f"epoch {state.epoch} step {state.step}/{total_steps} loss "
-                                     f"{mean_loss:.5f} {rate:,.0f} users/s eta {format_eta(left)}")
-                        logger.record("train", epoch=state.epoch, step=state.step, loss=mean_loss, users_per_s=rate)
-                        window_loss, window_users, window_time = torch.zeros_like(window_loss), 0, now
-                    if validate is not None and cfg.validate_every_steps and state.step % cfg.validate_every_steps == 0:
-                        if run_validation():
-                            stop_reason = "early_stopped"
-                    if cfg.checkpoint_path and cfg.checkpoint_every_steps and state.step % cfg.checkpoint_every_steps == 0:
-                        save()
-                    if stop_reason == "completed" and collectives.any(should_stop()):
-                        stop_reason = "interrupted"
-                    if stop_reason != "completed":
-                        break
-                if stop_reason != "completed":
-                    break
-                state.epoch += 1
-                state.batch = 0
-                if validate is not None and not cfg.validate_every_steps and run_validation():
-                    stop_reason = "early_stopped"
-                if cfg.checkpoint_path and not cfg.checkpoint_every_steps:
-                    save()
-                if stop_reason == "completed" and collectives.any(should_stop()):
-                    stop_reason = "interrupted"
-            if cfg.checkpoint_path and state.step > saved_step:
-                save()  # where it stopped, unless that step was just saved
-    except BaseException as e:
-        stop_reason, error = ("error", e) if isinstance(e, Exception) else ("aborted", e)
-        # One process only: peers of a failed process may be blocked in a collective, and a save
-        # needs all of them. A save the file system refused is not tried again.
-        if (isinstance(e, Exception) and not isinstance(e, StorageError) and parallel.world_size == 1
-                and cfg.checkpoint_path and state.step > saved_step):
-            try:
-                save()
-            except Exception as save_error:  # noqa: BLE001 - the original error is what the user needs
-                logger.print(f"Could not save a checkpoint after the error: {save_error}")
-        raise
-    finally:
-        seconds = time.perf_counter() - start_time
-        summary = {"stop_reason": stop_reason, "steps": state.step, "epochs": state.epoch, "seconds": seconds,
-                   "users_per_s": (state.samples - start_samples) / max(seconds, 1e-9)}
-        if state.best_metric is not None:
-            summary.update(best_validation_ndcg=state.best_metric, best_epoch=state.best_epoch,
-                           best_step=state.best_step)
-        if error is not None:
-            summary["error"] = f"{type(error).__name__}: {error}"
-        logger.record("summary", **summary)
-    return summary
+        return run_loop(run.parts(), cfg.loop, device, logger, model.parallel.collectives(device), should_stop)

@@ -1,23 +1,21 @@
 """The training loop: one batch from the loader to the loss to the update, plus evaluation.
 
 A reader follows a step here top to bottom: ``train_step`` is the whole update, ``evaluate`` the
-whole test pass, and ``train`` only schedules them (printing, testing, checkpointing, stopping).
+whole test pass, and ``train`` hands them to the run loop both products share
+(``dlrm.training.loop``: printing, testing, checkpointing, stopping) as DLRM's loop parts.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.nn.functional as F
 
-from dlrm.data.atomic import StorageError
 from dlrm.data.batch import Batch
-from dlrm.data.errors import DatasetError
 from dlrm.data.loader import PrefetchLoader, remaining_batches
 from dlrm.data.metrics import roc_auc
 from dlrm.distributed.collectives import Collectives
@@ -26,6 +24,7 @@ from dlrm.training.checkpoint import CheckpointError, TrainState, check_can_save
 from dlrm.training.cuda_graphs import GraphedInference, GraphedTrainStep, check_cuda_graphs_supported
 from dlrm.training.grad_scaler import DeviceScalerState
 from dlrm.training.logger import RunLogger, format_eta
+from dlrm.training.loop import LoopParts, LoopSettings, Meter, Window, run_loop, synchronize
 from dlrm.training.lr_schedule import LRSchedule
 from dlrm.training.optimizers import device_dense_step_
 
@@ -47,6 +46,15 @@ class TrainConfig:
     prefetch: int = 2
     cuda_graphs: bool = False  # capture the training step and the test forward (CUDA, joint_fused)
     auc_device: str | None = None  # where tests compute the AUC (None: the device holding the scores)
+
+    @property
+    def loop(self) -> LoopSettings:
+        """The run loop's schedule: a line every ``print_freq`` steps, tests every ``test_freq``
+        steps (or at each epoch's end), checkpoints every ``checkpoint_freq``, and the last step
+        reported and tested."""
+        return LoopSettings(log_every=self.print_freq, eval_every=self.test_freq or 0,
+                            checkpoint_every=self.checkpoint_freq or 0, report_last_step=True,
+                            warmup_steps=self.benchmark_warmup_steps)
 
 
 @dataclass
@@ -75,6 +83,16 @@ def global_batch_loss(model: torch.nn.Module, batch: Batch, precision: Precision
     return bce_loss(logits, batch.label, reduction="sum") / batch.categorical_rows
 
 
+def _backward(model: torch.nn.Module, batch: Batch, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+              precision: Precision, collectives: Collectives, autocast_cache: bool = True) -> torch.Tensor:
+    """The loss and its (scaled) gradients, summed over processes: the first half of both steps."""
+    loss = global_batch_loss(model, batch, precision, autocast_cache)
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    collectives.sync_gradients(model)
+    return loss
+
+
 def train_step(
     model: torch.nn.Module,
     batch: Batch,
@@ -89,10 +107,7 @@ def train_step(
     the global batch; ``label`` only this process's rows), so with gradients summed across
     processes a distributed step equals a single-device step on the same batch.
     """
-    loss = global_batch_loss(model, batch, precision)
-    optimizer.zero_grad(set_to_none=True)
-    scaler.scale(loss).backward()
-    collectives.sync_gradients(model)
+    loss = _backward(model, batch, optimizer, scaler, precision, collectives)
     scaler.step(optimizer)  # skipped as a whole when fp16 gradients overflowed
     scaler.update()
     return loss.detach()
@@ -129,10 +144,7 @@ def fused_train_step(
     if lr is None:
         lr = torch.tensor(optimizer.param_groups[0]["lr"], dtype=torch.float32, device=device)
     fused = model.fused_embeddings()
-    loss = global_batch_loss(model, batch, precision, autocast_cache)
-    optimizer.zero_grad(set_to_none=True)
-    scaler.scale(loss).backward()
-    collectives.sync_gradients(model)
+    loss = _backward(model, batch, optimizer, scaler, precision, collectives, autocast_cache)
     with torch.no_grad():  # the updates below are in place on leaf weights
         grads = [p.grad for p in params if p.grad is not None]
         skip, grad_scale, scaler_state = None, 1.0, None
@@ -193,12 +205,6 @@ def make_train_step(
     return step
 
 
-def synchronize(device: torch.device) -> None:
-    """Waits for the work queued on ``device`` (a no-op on the CPU), so wall-clock times count it."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 @torch.no_grad()
 def evaluate(
     model: torch.nn.Module,
@@ -245,74 +251,6 @@ def evaluate(
     return EvalResult(auc=auc, loss=loss, samples=samples, seconds=time.perf_counter() - start)
 
 
-class Meter:
-    """Step time and throughput: wall time between laps, synchronised with the device so queued
-    work is counted. The progress line's window holds every step since the last line; the run's
-    average leaves out the first ``warmup_steps`` steps, and both leave out testing and saving."""
-
-    def __init__(self, device: torch.device, warmup_steps: int = 0):
-        self.device = device
-        self.warmup_steps = warmup_steps
-        self.steps = 0  # steps taken by this run
-        self.seconds, self.samples = 0.0, 0  # after warm-up
-        self.test_seconds, self.test_samples = 0.0, 0
-        self._window_seconds, self._window_steps, self._window_samples = 0.0, 0, 0
-        self._window_loss = torch.zeros((), device=device)
-        self._restart()
-
-    def _restart(self) -> None:
-        synchronize(self.device)
-        self._t = time.perf_counter()
-
-    def _lap(self) -> None:
-        synchronize(self.device)
-        now = time.perf_counter()
-        elapsed, self._t = now - self._t, now
-        self._window_seconds += elapsed
-        if self.steps > self.warmup_steps:
-            self.seconds += elapsed
-
-    def step(self, samples: int, loss: torch.Tensor) -> None:
-        self.steps += 1
-        self._window_loss += loss
-        self._window_steps += 1
-        self._window_samples += samples
-        if self.steps > self.warmup_steps:
-            self.samples += samples
-        elif self.steps == self.warmup_steps:
-            self._lap()  # warm-up ends: its time goes to the printed step time only
-
-    def window(self, collectives: Collectives) -> tuple[float, float, float]:
-        """(step time, mean loss over all processes, samples/s) since the last call."""
-        self._lap()
-        step_time = self._window_seconds / self._window_steps
-        loss = float(collectives.sum(self._window_loss)) / self._window_steps
-        throughput = self._window_samples / self._window_seconds
-        self._window_seconds, self._window_steps, self._window_samples = 0.0, 0, 0
-        self._window_loss.zero_()
-        return step_time, loss, throughput
-
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """Time spent inside (testing, saving) counts in neither figure."""
-        self._lap()
-        try:
-            yield
-        finally:
-            self._restart()
-
-    def finish(self) -> None:
-        self._lap()
-
-    def figures(self) -> dict[str, float]:
-        nan = float("nan")
-        return {
-            "average_train_throughput": self.samples / self.seconds if self.seconds > 0 else nan,
-            "average_test_throughput": self.test_samples / self.test_seconds if self.test_seconds > 0 else nan,
-            "train_seconds": self.seconds,
-        }
-
-
 def _check_resumable(state: TrainState, batch_size: int, cfg: TrainConfig) -> None:
     """A shuffled epoch is an order of batches of one size: another size cannot continue it."""
     if cfg.shuffle_batch_order and state.sample_in_epoch and state.batch_size != batch_size:
@@ -321,72 +259,6 @@ def _check_resumable(state: TrainState, batch_size: int, cfg: TrainConfig) -> No
             f"order is of batches of {state.batch_size} samples: resume with `batch_size={state.batch_size}` "
             "(a different batch size can continue in unshuffled order, or from the start of an epoch)"
         )
-
-
-class _Schedule:
-    """What happens between steps, in one place: the progress line, tests, checkpoints."""
-
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-                 precision: Precision, test_source: Any | None, cfg: TrainConfig, device: torch.device,
-                 logger: RunLogger, meter: Meter, collectives: Collectives, run_config: dict[str, Any] | None,
-                 steps_per_epoch: int):
-        self.model, self.optimizer, self.scaler, self.precision = model, optimizer, scaler, precision
-        self.test_source, self.cfg, self.device, self.logger = test_source, cfg, device, logger
-        self.meter, self.collectives, self.run_config = meter, collectives, run_config
-        self.steps_per_epoch = steps_per_epoch
-        self.eval_forward = GraphedInference(model, precision) if cfg.cuda_graphs else None
-        self.saved_step: int | None = None
-        self.save_refused = False  # the file system refused a save: trying again would only fail again
-
-    def after_step(self, state: TrainState, epochs: float, step_epoch: int, epoch_done: bool, steps_left: int,
-                   lr: float) -> str | None:
-        """Runs what is due after a step; returns a stop reason when the run should end."""
-        cfg, last = self.cfg, steps_left == 0
-        if state.step % cfg.print_freq == 0 or last:
-            step_time, loss, throughput = self.meter.window(self.collectives)
-            in_epoch = self.steps_per_epoch if epoch_done else -(-state.sample_in_epoch // state.batch_size)
-            self.logger.print(
-                f"Epoch:[{step_epoch}/{cfg.epochs}] [{in_epoch}/{self.steps_per_epoch}]  "
-                f"eta: {format_eta(step_time * steps_left)}  loss: {loss:.4f}  step_time: {step_time:.6f}  lr: {lr:.4f}"
-            )
-            self.logger.record("train", step=state.step, epoch=step_epoch, loss=loss, lr=lr, step_time=step_time,
-                               throughput=throughput)
-        test_due = (state.step % cfg.test_freq == 0) if cfg.test_freq else epoch_done
-        if self.test_source is not None and epochs >= cfg.test_after and (test_due or last):
-            self.test(state, epochs)
-            if cfg.auc_threshold is not None and state.best_auc >= cfg.auc_threshold:
-                return "auc_threshold"
-        if cfg.save_checkpoint_path and cfg.checkpoint_freq and state.step % cfg.checkpoint_freq == 0:
-            self.checkpoint(state)
-        return None
-
-    def test(self, state: TrainState, epochs: float) -> None:
-        with self.meter.paused():
-            result = evaluate(self.model, self.test_source, self.device, self.precision, self.cfg.prefetch,
-                              self.collectives, self.eval_forward, self.cfg.auc_device)
-        self.meter.test_samples += result.samples
-        self.meter.test_seconds += result.seconds
-        if math.isnan(state.best_auc) or result.auc > state.best_auc:
-            state.best_auc = result.auc
-        self.logger.print(f"Test at step {state.step} (epoch {epochs:.2f}): auc {result.auc:.6f}  "
-                          f"loss {result.loss:.6f}  throughput {result.throughput:,.0f} samples/s")
-        self.logger.record("eval", step=state.step, epoch=epochs, auc=result.auc, loss=result.loss,
-                           throughput=result.throughput, samples=result.samples)
-
-    def checkpoint(self, state: TrainState) -> None:
-        """Saves unless this step is saved already."""
-        if not self.cfg.save_checkpoint_path or self.saved_step == state.step or self.save_refused:
-            return
-        with self.meter.paused():
-            try:
-                save_checkpoint(self.cfg.save_checkpoint_path, self.model, self.optimizer, self.scaler, state,
-                                self.run_config, self.collectives)
-            except StorageError:
-                self.save_refused = True
-                raise
-        self.saved_step = state.step
-        self.logger.print(f"Saved checkpoint at step {state.step} to {self.cfg.save_checkpoint_path}")
-        self.logger.record("checkpoint", step=state.step, path=self.cfg.save_checkpoint_path)
 
 
 def _throughput_text(summary: dict[str, Any], warmup_steps: int) -> str:
@@ -398,6 +270,105 @@ def _throughput_text(summary: dict[str, Any], warmup_steps: int) -> str:
                   if warmup_steps else "no train step run")
     test_text = f"average test throughput {test:,.0f} samples/s" if not math.isnan(test) else "no test run"
     return f"{train_text}  {test_text}"
+
+
+
+
+class _DlrmRun:
+    """DLRM's parts of the run loop: batches from a sample position (``remaining_batches``, read
+    ahead by a ``PrefetchLoader``), the learning-rate schedule and the step, the AUC test, the
+    checkpoint, and its progress line and summary."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                 precision: Precision, train_source: Any, test_source: Any | None, cfg: TrainConfig,
+                 device: torch.device, logger: RunLogger, state: TrainState, run_config: dict[str, Any] | None,
+                 collectives: Collectives):
+        self.model, self.optimizer, self.scaler, self.precision = model, optimizer, scaler, precision
+        self.train_source, self.test_source, self.cfg, self.device = train_source, test_source, cfg, device
+        self.logger, self.state, self.run_config, self.collectives = logger, state, run_config, collectives
+        self.batch_size, self.num_samples = train_source.batch_size, train_source.num_samples
+        self.steps_per_epoch = len(train_source)
+        self.max_steps = cfg.max_steps if cfg.max_steps is not None else math.inf
+        self.final_step: float = 0
+        self.lr = cfg.schedule.lr_at(state.step + 1)
+        self.step_fn: Callable[[Batch], torch.Tensor] | None = None  # set by ``train`` once the checks pass
+        self.eval_forward = GraphedInference(model, precision) if cfg.cuda_graphs else None
+
+    def parts(self) -> LoopParts:
+        return LoopParts(
+            state=self.state, samples_per_epoch=self.steps_per_epoch,
+            empty="the training split has no samples: add data to it", ended=self.ended, batches=self.batches,
+            step=self.step, progress=self.progress, steps_left=lambda: self.final_step - self.state.step,
+            summary=self.summary, evaluate=self.evaluate if self.test_source is not None else None,
+            save=self.save, save_path=self.cfg.save_checkpoint_path, finish_line=self.finish_line)
+
+    def ended(self) -> str | None:
+        return "completed" if self.state.epoch >= self.cfg.epochs or self.state.step >= self.max_steps else None
+
+    def batches(self) -> Iterable[Batch]:
+        state, cfg = self.state, self.cfg
+        source, order, state.sample_in_epoch = remaining_batches(
+            self.train_source, state.epoch, state.sample_in_epoch, cfg.seed, cfg.shuffle_batch_order)
+        order = order[: int(min(len(order), self.max_steps - state.step))]
+        if len(order) == 0:
+            if state.sample_in_epoch >= self.num_samples:  # nothing was left of the epoch
+                state.advance(0, self.batch_size, self.num_samples)
+            return []
+        self.final_step = min(self.max_steps,
+                              state.step + len(order) + (cfg.epochs - state.epoch - 1) * self.steps_per_epoch)
+        return PrefetchLoader(source, order, self.device, cfg.prefetch)
+
+    def step(self, batch: Batch) -> tuple[torch.Tensor, int, bool]:
+        self.lr = self.cfg.schedule.apply(self.optimizer, self.state.step + 1)
+        loss = self.step_fn(batch)
+        epoch_done = self.state.advance(batch.categorical_rows, self.batch_size, self.num_samples)  # global batch
+        return loss, batch.categorical_rows, epoch_done
+
+    def epochs(self) -> float:
+        return self.state.epoch + self.state.sample_in_epoch / self.num_samples
+
+    def progress(self, window: Window, epoch_done: bool) -> None:
+        state, cfg = self.state, self.cfg
+        step_epoch = state.epoch - epoch_done
+        in_epoch = self.steps_per_epoch if epoch_done else -(-state.sample_in_epoch // state.batch_size)
+        loss, step_time = window.loss / window.steps, window.step_time
+        self.logger.print(
+            f"Epoch:[{step_epoch}/{cfg.epochs}] [{in_epoch}/{self.steps_per_epoch}]  "
+            f"eta: {format_eta(step_time * (self.final_step - state.step))}  loss: {loss:.4f}  "
+            f"step_time: {step_time:.6f}  lr: {self.lr:.4f}"
+        )
+        self.logger.record("train", step=state.step, epoch=step_epoch, loss=loss, lr=self.lr, step_time=step_time,
+                           throughput=window.throughput)
+
+    def evaluate(self, meter: Meter) -> str | None:
+        state, cfg, epochs = self.state, self.cfg, self.epochs()
+        if epochs < cfg.test_after:
+            return None
+        result = evaluate(self.model, self.test_source, self.device, self.precision, cfg.prefetch,
+                          self.collectives, self.eval_forward, cfg.auc_device)
+        meter.test_samples += result.samples
+        meter.test_seconds += result.seconds
+        if math.isnan(state.best_auc) or result.auc > state.best_auc:
+            state.best_auc = result.auc
+        self.logger.print(f"Test at step {state.step} (epoch {epochs:.2f}): auc {result.auc:.6f}  "
+                          f"loss {result.loss:.6f}  throughput {result.throughput:,.0f} samples/s")
+        self.logger.record("eval", step=state.step, epoch=epochs, auc=result.auc, loss=result.loss,
+                           throughput=result.throughput, samples=result.samples)
+        if cfg.auc_threshold is not None and state.best_auc >= cfg.auc_threshold:
+            return "auc_threshold"
+        return None
+
+    def save(self) -> None:
+        save_checkpoint(self.cfg.save_checkpoint_path, self.model, self.optimizer, self.scaler, self.state,
+                        self.run_config, self.collectives)
+
+    def summary(self, meter: Meter) -> dict[str, Any]:
+        return {"steps": self.state.step, "epochs": self.epochs(), "best_auc": self.state.best_auc,
+                **meter.figures(), "last_lr": self.lr}
+
+    def finish_line(self, summary: dict[str, Any]) -> str:
+        return (f"Finished ({summary['stop_reason']}) after {self.state.step} steps: best auc {self.state.best_auc:.6f}"
+                f"  {_throughput_text(summary, self.cfg.benchmark_warmup_steps)}")
 
 
 def train(
@@ -418,71 +389,15 @@ def train(
     """Trains until ``epochs`` or ``max_steps`` are done, the AUC threshold is reached, or
     ``should_stop()`` turns true (checked between steps, so a stop never splits an update).
     Continues from ``state`` (step, epoch, sample position in the epoch) when resuming, also with
-    another batch size. Whatever ends the run, the log gets a ``summary`` record with the reason;
-    an error after a step of a one-process run saves a checkpoint first (unless the error is the
-    file system refusing a save: the last good checkpoint stays as it was)."""
+    another batch size. The loop's guarantees (the summary record, the save on a stop or an
+    error) are ``run_loop``'s."""
     state = state or TrainState()
-    batch_size, num_samples, steps_per_epoch = train_source.batch_size, train_source.num_samples, len(train_source)
-    if steps_per_epoch == 0:
-        raise DatasetError("the training split has no samples: add data to it")
-    _check_resumable(state, batch_size, cfg)
-    if cfg.save_checkpoint_path and collectives.rank == 0:
-        check_can_save(cfg.save_checkpoint_path, model)  # now, not at the first save after hours of training
-    max_steps = cfg.max_steps if cfg.max_steps is not None else math.inf
-    step_fn = make_train_step(model, optimizer, scaler, precision, collectives, cfg.cuda_graphs)
-    meter = Meter(device, cfg.benchmark_warmup_steps)
-    schedule = _Schedule(model, optimizer, scaler, precision, test_source, cfg, device, logger, meter, collectives,
-                         run_config, steps_per_epoch)
-    schedule.saved_step = state.step  # the state we start from is saved already (or is the initial one)
-    stop_reason, error, lr = "completed", None, cfg.schedule.lr_at(state.step + 1)
+    run = _DlrmRun(model, optimizer, scaler, precision, train_source, test_source, cfg, device, logger, state,
+                   run_config, collectives)
+    if run.steps_per_epoch:  # an empty split: run_loop refuses it
+        _check_resumable(state, run.batch_size, cfg)
+        if cfg.save_checkpoint_path and collectives.rank == 0:
+            check_can_save(cfg.save_checkpoint_path, model)  # now, not at the first save after hours of training
+        run.step_fn = make_train_step(model, optimizer, scaler, precision, collectives, cfg.cuda_graphs)
     model.train()
-    try:
-        while state.epoch < cfg.epochs and state.step < max_steps and stop_reason == "completed":
-            source, order, state.sample_in_epoch = remaining_batches(
-                train_source, state.epoch, state.sample_in_epoch, cfg.seed, cfg.shuffle_batch_order)
-            order = order[: int(min(len(order), max_steps - state.step))]
-            final_step = min(max_steps, state.step + len(order) + (cfg.epochs - state.epoch - 1) * steps_per_epoch)
-            loader = PrefetchLoader(source, order, device, cfg.prefetch)
-            try:
-                for batch in loader:
-                    lr = cfg.schedule.apply(optimizer, state.step + 1)
-                    loss = step_fn(batch)
-                    step_epoch = state.epoch
-                    epoch_done = state.advance(batch.categorical_rows, batch_size, num_samples)  # global batch
-                    meter.step(batch.categorical_rows, loss)
-                    epochs = state.epoch + state.sample_in_epoch / num_samples
-                    stop_reason = schedule.after_step(state, epochs, step_epoch, epoch_done,
-                                                      int(final_step - state.step), lr) or stop_reason
-                    if stop_reason == "completed" and collectives.any(should_stop()):
-                        stop_reason = "interrupted"
-                    if stop_reason != "completed":
-                        break
-            finally:
-                loader.close()
-            if len(order) == 0 and state.sample_in_epoch >= num_samples:  # nothing was left of the epoch
-                state.advance(0, batch_size, num_samples)
-                if collectives.any(should_stop()):
-                    stop_reason = "interrupted"
-        meter.finish()
-        schedule.checkpoint(state)
-    except BaseException as e:
-        stop_reason, error = ("error", e) if isinstance(e, Exception) else ("aborted", e)
-        # One process only: peers of a failed process may be blocked in a collective, and a
-        # save needs all of them. The state is that of the last whole step.
-        if isinstance(e, Exception) and collectives.world_size == 1:
-            try:
-                schedule.checkpoint(state)
-            except Exception as save_error:  # noqa: BLE001 - the original error is what the user needs
-                logger.print(f"Could not save a checkpoint after the error: {save_error}")
-        raise
-    finally:
-        summary = {"stop_reason": stop_reason, "steps": state.step,
-                   "epochs": state.epoch + state.sample_in_epoch / num_samples, "best_auc": state.best_auc,
-                   **meter.figures(), "last_lr": lr}
-        if error is not None:
-            summary["error"] = f"{type(error).__name__}: {error}"
-        logger.record("summary", **summary)
-        if error is None:
-            logger.print(f"Finished ({stop_reason}) after {state.step} steps: best auc {state.best_auc:.6f}  "
-                         f"{_throughput_text(summary, cfg.benchmark_warmup_steps)}")
-    return summary
+    return run_loop(run.parts(), cfg.loop, device, logger, collectives, should_stop)
