@@ -90,12 +90,15 @@ class EmbeddingTables(nn.Module):
         self,
         tables: Sequence[TableSpec | int],
         embedding_dim: int,
-        hash_indices: bool,
+        hash_indices: bool = False,
+        device: torch.device | str | None = None,
         init_seed: int | None = None,
         weight_dtype: torch.dtype = torch.float32,
         init_device: torch.device | str | None = None,
         empty_ok: bool = False,
     ) -> None:
+        """Checks and records the tables, then builds the layout's weights (``_make_weights``)
+        on ``device`` and draws every table's initial values."""
         super().__init__()
         specs = [table if isinstance(table, TableSpec) else TableSpec(i, int(table)) for i, table in enumerate(tables)]
         table_sizes = [spec.block_rows for spec in specs]
@@ -137,6 +140,15 @@ class EmbeddingTables(nn.Module):
                              persistent=False)
         if weight_dtype not in WEIGHT_DTYPES:
             raise ValueError(f"`weight_dtype` must be one of {list(WEIGHT_DTYPES)}, got {weight_dtype}")
+        device = torch.get_default_device() if device is None else device
+        self._make_weights(device, weight_dtype)
+        for i in range(self.num_tables):
+            self._init_table_(i)
+        self.to(device)  # the buffers
+
+    def _make_weights(self, device: torch.device | str, weight_dtype: torch.dtype) -> None:
+        """The layout's parameters, uninitialised (the constructor draws them)."""
+        raise NotImplementedError
 
     def _prepare_ids(self, ids: torch.Tensor) -> torch.Tensor:
         if ids.dim() != 2 or ids.shape[1] != self.num_tables:
@@ -283,28 +295,13 @@ class EmbeddingTables(nn.Module):
 class JointEmbedding(EmbeddingTables):
     """All tables in one weight; table ``t`` occupies rows ``[offsets[t], offsets[t] + rows_t)``."""
 
-    def __init__(
-        self,
-        tables: Sequence[TableSpec | int],
-        embedding_dim: int,
-        hash_indices: bool = False,
-        device: torch.device | str | None = None,
-        init_seed: int | None = None,
-        weight_dtype: torch.dtype = torch.float32,
-        init_device: torch.device | str | None = None,
-        empty_ok: bool = False,
-    ) -> None:
-        super().__init__(tables, embedding_dim, hash_indices, init_seed, weight_dtype, init_device, empty_ok)
+    def _make_weights(self, device: torch.device | str, weight_dtype: torch.dtype) -> None:
         starts = [0]
         for rows in self.table_sizes:
             starts.append(starts[-1] + rows)
         self._starts = starts  # host copy, so slicing a table never syncs with the device
         self.register_buffer("offsets", torch.tensor(starts[:-1], dtype=torch.int64), persistent=False)
-        device = torch.get_default_device() if device is None else device
-        self.weight = nn.Parameter(torch.empty(starts[-1], embedding_dim, device=device, dtype=weight_dtype))
-        for i in range(self.num_tables):
-            self._init_table_(i)
-        self.to(device)  # the buffers
+        self.weight = nn.Parameter(torch.empty(starts[-1], self.embedding_dim, device=device, dtype=weight_dtype))
 
     def table_weight(self, i: int) -> torch.Tensor:
         self._check_index(i)
@@ -345,27 +342,12 @@ class JointEmbedding(EmbeddingTables):
 class MultiTableEmbedding(EmbeddingTables):
     """One ``nn.Embedding(sparse=True)`` per table, looked up one after the other."""
 
-    def __init__(
-        self,
-        tables: Sequence[TableSpec | int],
-        embedding_dim: int,
-        hash_indices: bool = False,
-        device: torch.device | str | None = None,
-        init_seed: int | None = None,
-        weight_dtype: torch.dtype = torch.float32,
-        init_device: torch.device | str | None = None,
-        empty_ok: bool = False,
-    ) -> None:
-        super().__init__(tables, embedding_dim, hash_indices, init_seed, weight_dtype, init_device, empty_ok)
+    def _make_weights(self, device: torch.device | str, weight_dtype: torch.dtype) -> None:
         # skip_init: nn.Embedding's default N(0, 1) init would be overwritten anyway.
-        device = torch.get_default_device() if device is None else device
         self.tables = nn.ModuleList(
-            skip_init(nn.Embedding, rows, embedding_dim, sparse=True, device=device, dtype=weight_dtype)
+            skip_init(nn.Embedding, rows, self.embedding_dim, sparse=True, device=device, dtype=weight_dtype)
             for rows in self.table_sizes
         )
-        for i in range(self.num_tables):
-            self._init_table_(i)
-        self.to(device)  # the buffers
 
     def table_weight(self, i: int) -> torch.Tensor:
         self._check_index(i)
@@ -485,18 +467,8 @@ class JointFusedEmbedding(JointEmbedding):
     gradients of the whole step must be summed before its accumulator moves.
     """
 
-    def __init__(
-        self,
-        tables: Sequence[TableSpec | int],
-        embedding_dim: int,
-        hash_indices: bool = False,
-        device: torch.device | str | None = None,
-        init_seed: int | None = None,
-        weight_dtype: torch.dtype = torch.float32,
-        init_device: torch.device | str | None = None,
-        empty_ok: bool = False,
-    ) -> None:
-        super().__init__(tables, embedding_dim, hash_indices, device, init_seed, weight_dtype, init_device, empty_ok)
+    def _make_weights(self, device: torch.device | str, weight_dtype: torch.dtype) -> None:
+        super()._make_weights(device, weight_dtype)
         self._pending: list[PendingUpdate | PendingBagUpdate] = []
 
     def forward(self, ids: torch.Tensor | Bags) -> torch.Tensor:
