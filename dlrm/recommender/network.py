@@ -53,17 +53,17 @@ from __future__ import annotations
 
 import difflib
 import json
-import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from dlrm.recommender.network_config import (
     _ACTIVATION_ALIASES, _ACTIVATION_NAMES, _ACTIVATION_UNSUPPORTED, _ERROR_ALIASES, _ERROR_NAMES,
     _ERROR_UNSUPPORTED, _LAYER_KINDS, _LAYER_KINDS_UNSUPPORTED, _NETWORK_KINDS, _NORMALIZATION_NAMES,
     _OPTIMIZER_NAMES, _OPTIMIZER_UNSUPPORTED, _SCHEME_NAMES, ACTIVATIONS, ERROR_FUNCTIONS, OPTIMIZERS,
-    WEIGHT_SCHEMES, Layer, NetworkConfig, NetworkConfigError, Optimizer, Variational, WeightInit, _where)
+    WEIGHT_SCHEMES, Layer, NetworkConfig, NetworkConfigError, Optimizer, Variational, WeightInit)
+from dlrm.recommender.network_values import (
+    _bool, _Ctx, _enum, _float, _is_number, _join, _load, _n, _str, _type_name)
 
 __all__ = [
     "ACTIVATIONS",
@@ -80,46 +80,11 @@ __all__ = [
 ]
 
 
-# Parsing: pure functions over a _Ctx that only carries the file name.
-
-@dataclass(frozen=True)
-class _Ctx:
-    source: str | None
-
-    def fail(self, path: str, problem: str) -> NetworkConfigError:
-        return NetworkConfigError(f"{_where(self.source)}`{path}`: {problem}")
-
-    def unsupported(self, path: str, value: Any, fix: str) -> NetworkConfigError:
-        text = json.dumps(value)
-        shown = f" = {text}" if len(text) <= 60 else ""
-        return NetworkConfigError(f"{_where(self.source)}`{path}`{shown} is a DSSTNE setting this engine does not "
-                                  f"implement; {fix}")
-
-
-class _JsonObject(dict):
-    """A JSON object that remembers keys written twice verbatim (json.load would keep only the last)."""
-
-    duplicates: tuple[str, ...] = ()
-
-
-def _pairs_hook(pairs: list[tuple[str, Any]]) -> _JsonObject:
-    obj = _JsonObject()
-    dups = []
-    for key, value in pairs:
-        if key in obj:
-            dups.append(key)
-        obj[key] = value
-    obj.duplicates = tuple(dups)
-    return obj
-
+# Parsing DSSTNE's keys: pure functions over a _Ctx that only carries the file name.
 
 # A DSSTNE setting this engine does not implement: canonical spelling, and a test for the
 # no-op value that is accepted silently (None: no value is a no-op).
 _Unsupported = Mapping[str, tuple[str, Callable[[Any], bool] | None, str]]
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _zero(v: Any) -> bool:
@@ -166,10 +131,6 @@ _OUTPUT_KEYS = _HIDDEN_KEYS + ("DataSet",)
 _ALL_LAYER_KEYS = {k.lower(): k for k in _OUTPUT_KEYS + _INPUT_KEYS}
 
 
-def _join(keys: tuple[str, ...]) -> str:
-    return ", ".join(keys)
-
-
 def _take(ctx: _Ctx, obj: Any, path: str, accepted: tuple[str, ...], where: str,
           unsupported: _Unsupported = _NO_UNSUPPORTED, other_keys: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Checks an object's keys and returns {canonical key: value} for the accepted ones.
@@ -211,78 +172,6 @@ def _take(ctx: _Ctx, obj: Any, path: str, accepted: tuple[str, ...], where: str,
             hint = f"did you mean {canonical.get(near[0]) or unsupported[near[0]][0]!r}? "
         raise ctx.fail(prefix + key, f"unknown key; {hint}{listing}")
     return out
-
-
-def _type_name(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return f"boolean {json.dumps(v)}"
-    if isinstance(v, str):
-        return f"string {json.dumps(v)}"
-    if isinstance(v, (int, float)):
-        return f"number {v!r}"
-    if isinstance(v, list):
-        return "an array"
-    if isinstance(v, dict):
-        return "an object"
-    return type(v).__name__
-
-
-def _bool(ctx: _Ctx, v: Any, path: str) -> bool:
-    if not isinstance(v, bool):
-        raise ctx.fail(path, f"expected a boolean (true or false), got {_type_name(v)}")
-    return v
-
-
-def _str(ctx: _Ctx, v: Any, path: str) -> str:
-    if not isinstance(v, str) or not v:
-        raise ctx.fail(path, f"expected a non-empty string, got {_type_name(v)}")
-    return v
-
-
-def _float(ctx: _Ctx, v: Any, path: str, rng: str = "") -> float:
-    """A finite JSON number, checked against ``rng``: "" (any), ">=0", ">0", "[0,1)" or "[0,1]"."""
-    if not _is_number(v) or not math.isfinite(v):
-        raise ctx.fail(path, f"expected a number, got {_type_name(v)}")
-    v = float(v)
-    ok = {"": True, ">=0": v >= 0, ">0": v > 0, "[0,1)": 0 <= v < 1, "[0,1]": 0 <= v <= 1}[rng]
-    if not ok:
-        text = {">=0": "a number >= 0", ">0": "a number > 0", "[0,1)": "a number in [0, 1)",
-                "[0,1]": "a number in [0, 1]"}[rng]
-        raise ctx.fail(path, f"{v:g} is out of range; use {text}")
-    return v
-
-
-def _enum(ctx: _Ctx, v: Any, path: str, names: Mapping[str, str], aliases: Mapping[str, str] | None = None,
-          unsupported: tuple[str, ...] = ()) -> str:
-    """A case-insensitive enum value, returned canonical lower-case."""
-    aliases = aliases or {}
-    choices = _join(tuple(names.values()))
-    if not isinstance(v, str):
-        raise ctx.fail(path, f"expected a string, one of {choices}; got {_type_name(v)}")
-    low = v.lower()
-    if low in names:
-        return low
-    if low in aliases:
-        return aliases[low]
-    if low in (u.lower() for u in unsupported):
-        raise ctx.unsupported(path, v, f"use one of {choices}")
-    near = difflib.get_close_matches(low, list(names), n=1, cutoff=0.6)
-    hint = f" (did you mean {names[near[0]]!r}?)" if near else ""
-    raise ctx.fail(path, f"unknown value {json.dumps(v)}{hint}; use one of {choices}")
-
-
-def _n(ctx: _Ctx, v: Any, path: str, allow_auto: bool) -> int | None:
-    if allow_auto and isinstance(v, str) and v.lower() == "auto":
-        return None
-    if isinstance(v, list):
-        raise ctx.unsupported(path, v, "give one positive integer"
-                              + (' or "auto"' if allow_auto else ""))
-    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        expected = 'a positive integer or "auto"' if allow_auto else "a positive integer"
-        raise ctx.fail(path, f"expected {expected}, got {_type_name(v)}")
-    return v
 
 
 def _parse_weight_init(ctx: _Ctx, v: Any, path: str) -> WeightInit:
@@ -394,24 +283,6 @@ def _parse_variational(ctx: _Ctx, v: Any, layers: list[Layer]) -> Variational:
         raise ctx.fail("Variational.AnnealSteps", f"expected an integer >= 0, got {_type_name(steps)}")
     beta = _float(ctx, keys["Beta"], "Variational.Beta", ">=0") if "Beta" in keys else 1.0
     return Variational(layer=name, beta=beta, anneal_steps=steps)
-
-
-def _load(source: str | os.PathLike) -> tuple[Any, str]:
-    path = os.fspath(source)
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise NetworkConfigError(f"{path}: no such network definition file; check the path") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
-        raise NetworkConfigError(f"{path}: cannot read the network definition ({e}); give a readable UTF-8 "
-                                 f"JSON file") from None
-    try:
-        return json.loads(text, object_pairs_hook=_pairs_hook), path
-    except json.JSONDecodeError as e:
-        raise NetworkConfigError(f"{path}:{e.lineno}:{e.colno}: invalid JSON at line {e.lineno}, column {e.colno}: "
-                                 f"{e.msg}; fix the syntax there (plain JSON: no comments, no trailing "
-                                 f"commas)") from None
 
 
 def parse_network(source: str | os.PathLike | dict) -> NetworkConfig:
