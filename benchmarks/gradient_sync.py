@@ -20,7 +20,8 @@ hits them all alike:
 - ``no_sync``: no gradient communication at all: the floor, showing what the sync costs.
 
 It prints the median step time of each strategy and its ratio to ``after_backward``. Rank 0 also
-checks that every strategy produced the same dense gradients as ``after_backward`` on one step.
+checks that every strategy produced the same dense gradients as ``after_backward`` on one step
+(within float tolerance, or it stops) and says whether they are equal bit for bit.
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ def _worker(rank: int, args: argparse.Namespace, port: int, results: "mp.Queue")
     built = {name: _strategy(name, config, plan) for name in names}
 
     reference = None  # the same first step under every strategy: same dense gradients
+    exact: dict[str, bool] = {}  # and whether bit for bit the same as after_backward's
     for name, (model, optimizer, collectives) in built.items():
         train_step(model, batches[0], optimizer, precision.grad_scaler(), precision, collectives)
         if name == "no_sync":
@@ -109,7 +111,8 @@ def _worker(rank: int, args: argparse.Namespace, port: int, results: "mp.Queue")
         grads = _dense_grads(model)
         if reference is None:
             reference = grads
-        elif not all(torch.allclose(g, r, rtol=1e-5, atol=1e-7) for g, r in zip(grads, reference)):
+        exact[name] = all(torch.equal(g, r) for g, r in zip(grads, reference))
+        if not all(torch.allclose(g, r, rtol=1e-5, atol=1e-7) for g, r in zip(grads, reference)):
             raise AssertionError(f"{name} summed other gradients than after_backward")
 
     times: dict[str, list[float]] = {name: [] for name in names}
@@ -121,7 +124,7 @@ def _worker(rank: int, args: argparse.Namespace, port: int, results: "mp.Queue")
                 train_step(model, batches[i % 8], optimizer, precision.grad_scaler(), precision, collectives)
                 times[name].append(time.perf_counter() - start)
     if rank == 0:
-        results.put({name: statistics.median(t) for name, t in times.items()})
+        results.put(({name: statistics.median(t) for name, t in times.items()}, exact))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -143,7 +146,7 @@ def main() -> None:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     mp.spawn(_worker, args=(args, port, results), nprocs=args.world, join=True)
-    medians = results.get()
+    medians, exact = results.get()
     dense = 13 * 512 + 512 + 512 * 256 + 256 + 256 * 128 + 128 + 480 * 1024 + 1024 + 1024 * 1024 + 1024 \
         + 1024 * 512 + 512 + 512 * 256 + 256 + 256 + 1
     print(f"world {args.world}, global batch {args.batch}, {'bf16' if args.amp else 'fp32'}, "
@@ -151,7 +154,8 @@ def main() -> None:
     base = medians["after_backward"]
     for name, seconds in medians.items():
         print(f"{name:>16}: {seconds * 1e3:8.1f} ms/step  {args.batch / seconds:10,.0f} samples/s  "
-              f"{seconds / base:5.3f}x the step time of after_backward")
+              f"{seconds / base:5.3f}x the step time of after_backward"
+              + ("" if name not in exact else f"  gradients bit for bit: {'yes' if exact[name] else 'NO'}"))
 
 
 if __name__ == "__main__":

@@ -15,9 +15,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from dlrm.data.csr_dataset import CsrDataset, write_csr
+from dlrm.data.partition import split_bounds
 from dlrm.data.user_histories import HistoryConfig, generate_user_histories
 from dlrm.recommender import checkpoint
-from dlrm.recommender.item_parallel import ItemParallel, item_bounds
+from dlrm.recommender.item_parallel import ItemParallel
 from dlrm.recommender.loss import batch_loss, kl_weight_at
 from dlrm.recommender.model import NOISE_INPUT_DROPOUT, NOISE_LATENT, SparseAutoencoder, batch_noise
 from dlrm.recommender.network import parse_network
@@ -174,7 +175,7 @@ def test_initial_rows_do_not_depend_on_the_item_split():
     cfg = network()
     whole = SparseAutoencoder(cfg, seed=5)
     for world in (2, 3, 5):
-        bounds = item_bounds(N_ITEMS, world)
+        bounds = split_bounds(N_ITEMS, world)
         for rank in range(world):
             part = SparseAutoencoder(cfg, ItemParallel(rank, world), seed=5)
             assert torch.equal(part.input_weight, whole.input_weight[bounds[rank]:bounds[rank + 1]])
@@ -241,7 +242,7 @@ def test_item_parallel_training_equals_one_process(tmp_path, histories, world, n
     ref_losses, ref_optimizer = run_training(reference, histories, checkpoint_path=str(tmp_path / "one"))
     ckpt = str(tmp_path / "many")
     mp.spawn(_worker, args=(world, free_port(), histories, str(tmp_path), ckpt, name), nprocs=world)
-    bounds = item_bounds(N_ITEMS, world)
+    bounds = split_bounds(N_ITEMS, world)
     for rank in range(world):
         got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
         np.testing.assert_allclose(got["losses"], ref_losses, rtol=1e-10)

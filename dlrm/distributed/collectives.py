@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from collections.abc import Iterable
 from typing import Iterator
 
 import torch
 import torch.distributed as dist
 
+from dlrm.distributed.all_to_all import all_to_all
 from dlrm.distributed.gradient_buckets import GradientBuckets
 
 GRADIENT_SYNC = ("after_backward", "overlap")
@@ -36,6 +38,11 @@ class Collectives:
         """Concatenates 1-D tensors of any lengths from all processes, in rank order."""
         return tensor
 
+    def all_gather_same(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every process's ``tensor`` (the same shape everywhere) stacked in rank order,
+        ``[world_size, ...]``; differentiable: each copy's gradient goes back to its owner."""
+        return tensor.unsqueeze(0)
+
     def any(self, flag: bool) -> bool:
         return flag
 
@@ -48,6 +55,10 @@ class Collectives:
 
     def sync_gradients(self, model: torch.nn.Module) -> None:
         """Makes every process hold the gradient of the global-batch loss for replicated weights."""
+
+    def sync_parameter_gradients(self, params: Iterable[torch.nn.Parameter]) -> None:
+        """``sync_gradients`` for an explicit list of replicated parameters (those without a
+        gradient are skipped, on every process alike)."""
 
 
 class ProcessGroupCollectives(Collectives):
@@ -74,6 +85,14 @@ class ProcessGroupCollectives(Collectives):
         dist.all_gather(parts, padded, group=self.group)
         return torch.cat([p[:n] for p, n in zip(parts, lengths)])
 
+    def all_gather_same(self, tensor: torch.Tensor) -> torch.Tensor:
+        # An all-to-all sending every process the same copy: all_gather has no autograd.
+        flat = tensor.contiguous().view(-1)
+        n = flat.numel()
+        out = all_to_all(torch.cat([flat] * self.world_size), [n] * self.world_size, [n] * self.world_size,
+                         self.group)
+        return out.view(self.world_size, *tensor.shape)
+
     def any(self, flag: bool) -> bool:
         value = torch.tensor([float(flag)], device=self.device)
         dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.group)
@@ -90,7 +109,12 @@ class ProcessGroupCollectives(Collectives):
     def sync_gradients(self, model: torch.nn.Module) -> None:
         """Sums the replicated weights' gradients in one all-reduce (the loss is already divided
         by the global batch, so the sum is the global-batch gradient)."""
-        grads = [p.grad for p in model.dense_parameters()]
+        self.sync_parameter_gradients(model.dense_parameters())
+
+    def sync_parameter_gradients(self, params: Iterable[torch.nn.Parameter]) -> None:
+        grads = [p.grad for p in params if p.grad is not None]
+        if not grads:
+            return
         flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat, group=self.group)
         offset = 0

@@ -25,32 +25,8 @@ import torch.distributed as dist
 from torch import nn
 
 from dlrm.data.rank_source import local_batch_sizes
+from dlrm.distributed.all_to_all import all_to_all
 from dlrm.nn.embeddings import TableShard, table_of
-
-
-class _AllToAll(torch.autograd.Function):
-    """Flat all-to-all with per-peer element counts; its gradient is the reverse exchange."""
-
-    @staticmethod
-    def forward(ctx, flat: torch.Tensor, send: list[int], recv: list[int], group: dist.ProcessGroup | None):
-        ctx.send, ctx.recv, ctx.group = send, recv, group
-        out = flat.new_empty(sum(recv))
-        dist.all_to_all_single(out, flat, output_split_sizes=recv, input_split_sizes=send, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        out = grad.new_empty(sum(ctx.send))
-        dist.all_to_all_single(out, grad.contiguous(), output_split_sizes=ctx.send, input_split_sizes=ctx.recv,
-                               group=ctx.group)
-        return out, None, None, None
-
-
-def all_to_all(flat: torch.Tensor, send: list[int], recv: list[int],
-               group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """Differentiable flat all-to-all: ``send[j]`` elements of ``flat`` go to process j,
-    ``recv[j]`` come from it, in rank order; the gradient takes the reverse path."""
-    return _AllToAll.apply(flat, list(send), list(recv), group)
 
 
 class EmbeddingExchange(nn.Module):

@@ -14,6 +14,15 @@ rest of the backward. On the 2-core CPU machine it gained nothing (the communica
 the same two cores as the backward; docs/distributed.md), so the single all-reduce after the
 backward (``ProcessGroupCollectives.sync_gradients``) stays the default.
 
+Why not torch's DDP bucketing instead: measured side by side (benchmarks/gradient_sync.py, 2 gloo
+processes, the same model parts and bucket sizes, strategies alternated over 3 rounds; AMD EPYC,
+2 vCPUs, 2026-11-26; docs/benchmarks.md) both give the after-backward all-reduce's gradients bit
+for bit, and neither is faster: median step 433.8 ms (DDP, 25 MiB) vs 431.0 ms (this, 25 MiB),
+444.9 vs 433.6 ms at 1 MiB, 435.8 ms after the backward. DDP would have to wrap the bottom and top
+MLPs (two reducers, ``module.``-prefixed state dicts that checkpoints and optimizers then see, and
+the sparse, model-parallel embeddings kept out by hand); these 200 lines hook the parameters the
+model already names as dense (``dense_parameters()``) and leave the modules as they are.
+
 Every process must issue the same collectives in the same order, or they pair up wrongly and
 hang. The rules that make sure of it, and what they give:
 

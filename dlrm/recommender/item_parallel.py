@@ -20,6 +20,10 @@ One global batch, on every process:
 The backward of each exchange is the other one. The hidden weights are replicated, so their
 gradients are summed across processes once per step (``sync_gradients``); the item rows are
 each on one process and need nothing. On one process every exchange is the identity.
+
+Sums, gradient sync and same-shape gathers are the engine's ``Collectives`` (the process group,
+or its single-process null object); only the two user-split exchanges above are this module's.
+Items split over processes by ``dlrm.data.partition.split_bounds``, users by the batch split.
 """
 
 from __future__ import annotations
@@ -30,20 +34,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from dlrm.data.partition import split_bounds
 from dlrm.data.rank_source import local_batch_sizes
+from dlrm.distributed.all_to_all import all_to_all
 from dlrm.distributed.collectives import Collectives, ProcessGroupCollectives
-from dlrm.distributed.exchange import all_to_all
-
-
-def item_bounds(n_items: int, world_size: int) -> list[int]:
-    """Contiguous item ranges, as equal as can be: process r owns ``[b[r], b[r + 1])``."""
-    if world_size < 1:
-        raise ValueError(f"`world_size` must be >= 1, got {world_size}")
-    sizes = local_batch_sizes(n_items, world_size)
-    bounds = [0]
-    for size in sizes:
-        bounds.append(bounds[-1] + size)
-    return bounds
 
 
 @dataclass(frozen=True)
@@ -66,7 +60,7 @@ class ItemParallel:
         return self.world_size > 1
 
     def item_range(self, n_items: int) -> tuple[int, int]:
-        bounds = item_bounds(n_items, self.world_size)
+        bounds = split_bounds(n_items, self.world_size)
         return bounds[self.rank], bounds[self.rank + 1]
 
     def user_sizes(self, batch: int) -> list[int]:
@@ -110,32 +104,15 @@ class ItemParallel:
         """Every process's ``tensor`` (same shape everywhere) stacked in rank order, ``[W, ...]``,
         differentiable (for terms that need the whole catalogue or the whole batch: softmax's
         normaliser, the sparseness penalty's mean activation)."""
-        if not self.distributed:
-            return tensor.unsqueeze(0)
-        flat = tensor.contiguous().view(-1)
-        n = flat.numel()
-        out = all_to_all(torch.cat([flat] * self.world_size), [n] * self.world_size, [n] * self.world_size,
-                         self.group)
-        return out.view(self.world_size, *tensor.shape)
+        return self.collectives(tensor.device).all_gather_same(tensor)
 
     def sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """A copy summed over processes (no gradient; for logged figures)."""
-        tensor = tensor.detach().clone()
-        if self.distributed:
-            dist.all_reduce(tensor, group=self.group)
-        return tensor
+        return self.collectives(tensor.device).sum(tensor.detach().clone())
 
     def sync_gradients(self, params: Iterable[torch.nn.Parameter]) -> None:
         """Sums the replicated weights' gradients over processes in one all-reduce (each process
         computed its users' share of the global-batch gradient)."""
-        if not self.distributed:
-            return
-        params = [p for p in params if p.grad is not None]
-        if not params:
-            return
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        dist.all_reduce(flat, group=self.group)
-        offset = 0
-        for p in params:
-            p.grad.copy_(flat[offset: offset + p.grad.numel()].view_as(p.grad))
-            offset += p.grad.numel()
+        params = list(params)
+        if params:
+            self.collectives(params[0].device).sync_parameter_gradients(params)

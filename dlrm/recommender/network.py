@@ -1,4 +1,4 @@
-"""DSSTNE's JSON network definition, parsed into frozen dataclasses.
+"""DSSTNE's JSON network definition, parsed and validated into the dataclasses of network_config.
 
 Why: people moving from Amazon DSSTNE bring the network files they already have (its "Layer
 Definition Language", LDL.txt rev 0.8). This module reads those files as they are, so a DSSTNE
@@ -51,14 +51,19 @@ What differs from DSSTNE:
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import json
-import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
+
+from dlrm.recommender.network_config import (
+    _ACTIVATION_ALIASES, _ACTIVATION_NAMES, _ACTIVATION_UNSUPPORTED, _ERROR_ALIASES, _ERROR_NAMES,
+    _ERROR_UNSUPPORTED, _LAYER_KINDS, _LAYER_KINDS_UNSUPPORTED, _NETWORK_KINDS, _NORMALIZATION_NAMES,
+    _OPTIMIZER_NAMES, _OPTIMIZER_UNSUPPORTED, _SCHEME_NAMES, ACTIVATIONS, ERROR_FUNCTIONS, OPTIMIZERS,
+    WEIGHT_SCHEMES, Layer, NetworkConfig, NetworkConfigError, Optimizer, Variational, WeightInit)
+from dlrm.recommender.network_values import (
+    _bool, _Ctx, _enum, _float, _is_number, _join, _load, _n, _str, _type_name)
 
 __all__ = [
     "ACTIVATIONS",
@@ -74,235 +79,12 @@ __all__ = [
     "parse_network",
 ]
 
-ACTIVATIONS = ("sigmoid", "tanh", "relu", "lrelu", "elu", "selu", "softplus", "linear", "softmax")
-ERROR_FUNCTIONS = ("l1", "l2", "crossentropy", "scaledmarginalcrossentropy")
-WEIGHT_SCHEMES = ("xavier", "caffexavier", "gaussian", "uniform", "unitball", "constant")
-OPTIMIZERS = ("sgd", "momentum", "nesterov", "adagrad", "rmsprop", "adam")
 
-# Spellings written back by to_json (DSSTNE's capitalisation), and accepted aliases.
-_ACTIVATION_NAMES = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu", "lrelu": "LRelu", "elu": "Elu",
-                     "selu": "Selu", "softplus": "SoftPlus", "linear": "Linear", "softmax": "SoftMax"}
-_ACTIVATION_ALIASES = {"rectifiedlinear": "relu", "leakyrectifiedlinear": "lrelu", "exponentiallinear": "elu",
-                       "scaledexponentiallinear": "selu"}
-_ACTIVATION_UNSUPPORTED = ("PRelu", "ParametricRectifiedLinear", "SoftSign", "LinearMax", "MaxOut", "ReluMax")
-_ERROR_NAMES = {"l1": "L1", "l2": "L2", "crossentropy": "CrossEntropy",
-                "scaledmarginalcrossentropy": "ScaledMarginalCrossEntropy"}
-_ERROR_ALIASES = {"smce": "scaledmarginalcrossentropy"}
-_ERROR_UNSUPPORTED = ("DataScaledMarginalCrossEntropy", "Hinge", "L2Hinge")
-_SCHEME_NAMES = {"xavier": "Xavier", "caffexavier": "CaffeXavier", "gaussian": "Gaussian", "uniform": "Uniform",
-                 "unitball": "UnitBall", "constant": "Constant"}
-_OPTIMIZER_NAMES = {"sgd": "SGD", "momentum": "Momentum", "nesterov": "Nesterov", "adagrad": "AdaGrad",
-                    "rmsprop": "RMSProp", "adam": "Adam"}
-_OPTIMIZER_UNSUPPORTED = ("AdaDelta",)
-_NETWORK_KINDS = {"autoencoder": "AutoEncoder", "feedforward": "FeedForward"}
-_LAYER_KINDS = {"input": "Input", "hidden": "Hidden", "output": "Output"}
-_LAYER_KINDS_UNSUPPORTED = ("Pooling", "Target")
-_NORMALIZATION_NAMES = {"none": "None", "l2": "L2"}
-
-
-class NetworkConfigError(ValueError):
-    """A network definition this engine cannot train as written; the message says where and how to fix it."""
-
-
-@dataclass(frozen=True)
-class WeightInit:
-    """How a layer's incoming weights and bias start (DSSTNE's ``WeightInit`` block)."""
-
-    scheme: str = "xavier"
-    scale: float = 1.0
-    bias: float = 0.0
-
-
-@dataclass(frozen=True)
-class Layer:
-    """One layer of the chain. ``n`` None means "auto": the dataset's feature count, set by resolve()."""
-
-    kind: str
-    name: str
-    n: int | None
-    sparse: bool = False
-    dataset: str | None = None
-    activation: str = "sigmoid"
-    p_dropout: float = 0.0
-    weight_init: WeightInit = WeightInit()
-    sparseness_penalty: bool = False
-
-
-@dataclass(frozen=True)
-class Optimizer:
-    """This project's ``Optimizer`` block; DSSTNE set these on its train command line.
-
-    ``mu`` is the momentum of momentum/nesterov and the mean-square decay of rmsprop (as in
-    DSSTNE); sgd, adagrad and adam ignore it.
-    """
-
-    kind: str = "sgd"
-    alpha: float = 0.025
-    mu: float = 0.5
-    lambda_: float = 0.0001
-    beta1: float = 0.9
-    beta2: float = 0.999
-    epsilon: float = 1e-8
-
-
-@dataclass(frozen=True)
-class Variational:
-    """This project's ``Variational`` block (Mult-VAE): hidden layer ``layer`` is the latent.
-
-    Why a block and not a layer kind: DSSTNE's layer JSON has no stochastic layer, and the rest
-    of the chain stays DSSTNE's. The KL weight at step s is ``beta * min(1, s / anneal_steps)``
-    (``beta`` throughout when ``anneal_steps`` is 0): Liang et al.'s annealing, whose
-    ``anneal_cap`` 0.2 and ``total_anneal_steps`` 200000 are ``beta`` 0.2, ``anneal_steps`` 40000.
-    """
-
-    layer: str
-    beta: float = 1.0
-    anneal_steps: int = 0
-
-
-@dataclass(frozen=True)
-class NetworkConfig:
-    """A whole network definition, validated; ``source`` only feeds messages and is left out of ==."""
-
-    name: str
-    kind: str
-    layers: tuple[Layer, ...]
-    error_function: str = "crossentropy"
-    one_target: float = 0.9
-    zero_target: float = 0.1
-    one_scale: float = 1.0
-    zero_scale: float = 1.0
-    denoising_p: float = 0.0
-    sparseness_p: float = 0.0
-    sparseness_beta: float = 0.0
-    shuffle_indices: bool = True
-    optimizer: Optimizer = Optimizer()
-    input_normalization: str = "none"
-    variational: Variational | None = None
-    source: str | None = field(default=None, compare=False)
-
-    @property
-    def input(self) -> Layer:
-        return self.layers[0]
-
-    @property
-    def output(self) -> Layer:
-        return self.layers[-1]
-
-    @property
-    def hidden(self) -> tuple[Layer, ...]:
-        return self.layers[1:-1]
-
-    def resolve(self, n_input: int, n_output: int) -> NetworkConfig:
-        """Fills N "auto" from the datasets' feature counts, so the model never guesses a width.
-
-        An explicit N that disagrees with its dataset is an error naming the layer and both
-        numbers; an autoencoder reconstructs its input, so it needs ``n_input == n_output``.
-        """
-        last = len(self.layers) - 1
-        for what, value in (("n_input", n_input), ("n_output", n_output)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise NetworkConfigError(f"{_where(self.source)}resolve(): {what} must be a positive integer "
-                                         f"(the dataset's feature count), got {value!r}")
-        resolved = []
-        for index, layer, n in ((0, self.input, n_input), (last, self.output, n_output)):
-            if layer.n is not None and layer.n != n:
-                raise NetworkConfigError(
-                    f"{_where(self.source)}`Layers[{index}].N`: layer {layer.name!r} says N = {layer.n} but its "
-                    f"dataset {layer.dataset or '(unnamed)'!r} has {n} features; set \"N\": \"auto\" or {n}")
-            resolved.append(dataclasses.replace(layer, n=n))
-        if self.kind == "autoencoder" and n_input != n_output:
-            raise NetworkConfigError(
-                f"{_where(self.source)}`Kind`: an AutoEncoder reconstructs its input, but the input has {n_input} "
-                f"features and the output {n_output}; give both layers the same dataset, or use \"Kind\": "
-                f"\"FeedForward\"")
-        return dataclasses.replace(self, layers=(resolved[0], *self.hidden, resolved[1]))
-
-    def to_json(self) -> dict:
-        """DSSTNE-keyed dict (DSSTNE's capitalisation); ``parse_network`` turns it back into an equal config."""
-        layers = []
-        for index, layer in enumerate(self.layers):
-            entry: dict[str, Any] = {"Name": layer.name, "Kind": _LAYER_KINDS[layer.kind]}
-            if layer.kind != "input" and index > 0:
-                entry["Source"] = self.layers[index - 1].name
-            if layer.dataset is not None:
-                entry["DataSet"] = layer.dataset
-            entry["N"] = "auto" if layer.n is None else layer.n
-            if layer.kind != "input":
-                entry["Activation"] = _ACTIVATION_NAMES[layer.activation]
-                entry["WeightInit"] = {"Scheme": _SCHEME_NAMES[layer.weight_init.scheme],
-                                       "Scale": layer.weight_init.scale, "Bias": layer.weight_init.bias}
-                entry["SparsenessPenalty"] = layer.sparseness_penalty
-            entry["Sparse"] = layer.sparse
-            entry["pDropout"] = layer.p_dropout
-            layers.append(entry)
-        opt = self.optimizer
-        extra: dict[str, Any] = {}
-        if self.variational is not None:
-            v = self.variational
-            extra["Variational"] = {"Layer": v.layer, "Beta": v.beta, "AnnealSteps": v.anneal_steps}
-        return {
-            "Name": self.name,
-            "Kind": _NETWORK_KINDS[self.kind],
-            "ShuffleIndices": self.shuffle_indices,
-            "SparsenessPenalty": {"p": self.sparseness_p, "beta": self.sparseness_beta},
-            "Denoising": {"p": self.denoising_p},
-            "ScaledMarginalCrossEntropy": {"oneTarget": self.one_target, "zeroTarget": self.zero_target,
-                                           "oneScale": self.one_scale, "zeroScale": self.zero_scale},
-            "Layers": layers,
-            "ErrorFunction": _ERROR_NAMES[self.error_function],
-            "Optimizer": {"Kind": _OPTIMIZER_NAMES[opt.kind], "Alpha": opt.alpha, "Mu": opt.mu,
-                          "Lambda": opt.lambda_, "Beta1": opt.beta1, "Beta2": opt.beta2, "Epsilon": opt.epsilon},
-            "InputNormalization": _NORMALIZATION_NAMES[self.input_normalization],
-            **extra,
-        }
-
-
-# --------------------------------------------------------------------------------------------
-# Parsing. Everything below is pure functions over a _Ctx that only carries the file name.
-
-def _where(source: str | None) -> str:
-    return f"{source}: " if source else ""
-
-
-@dataclass(frozen=True)
-class _Ctx:
-    source: str | None
-
-    def fail(self, path: str, problem: str) -> NetworkConfigError:
-        return NetworkConfigError(f"{_where(self.source)}`{path}`: {problem}")
-
-    def unsupported(self, path: str, value: Any, fix: str) -> NetworkConfigError:
-        text = json.dumps(value)
-        shown = f" = {text}" if len(text) <= 60 else ""
-        return NetworkConfigError(f"{_where(self.source)}`{path}`{shown} is a DSSTNE setting this engine does not "
-                                  f"implement; {fix}")
-
-
-class _JsonObject(dict):
-    """A JSON object that remembers keys written twice verbatim (json.load would keep only the last)."""
-
-    duplicates: tuple[str, ...] = ()
-
-
-def _pairs_hook(pairs: list[tuple[str, Any]]) -> _JsonObject:
-    obj = _JsonObject()
-    dups = []
-    for key, value in pairs:
-        if key in obj:
-            dups.append(key)
-        obj[key] = value
-    obj.duplicates = tuple(dups)
-    return obj
-
+# Parsing DSSTNE's keys: pure functions over a _Ctx that only carries the file name.
 
 # A DSSTNE setting this engine does not implement: canonical spelling, and a test for the
 # no-op value that is accepted silently (None: no value is a no-op).
 _Unsupported = Mapping[str, tuple[str, Callable[[Any], bool] | None, str]]
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _zero(v: Any) -> bool:
@@ -349,10 +131,6 @@ _OUTPUT_KEYS = _HIDDEN_KEYS + ("DataSet",)
 _ALL_LAYER_KEYS = {k.lower(): k for k in _OUTPUT_KEYS + _INPUT_KEYS}
 
 
-def _join(keys: tuple[str, ...]) -> str:
-    return ", ".join(keys)
-
-
 def _take(ctx: _Ctx, obj: Any, path: str, accepted: tuple[str, ...], where: str,
           unsupported: _Unsupported = _NO_UNSUPPORTED, other_keys: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Checks an object's keys and returns {canonical key: value} for the accepted ones.
@@ -394,78 +172,6 @@ def _take(ctx: _Ctx, obj: Any, path: str, accepted: tuple[str, ...], where: str,
             hint = f"did you mean {canonical.get(near[0]) or unsupported[near[0]][0]!r}? "
         raise ctx.fail(prefix + key, f"unknown key; {hint}{listing}")
     return out
-
-
-def _type_name(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return f"boolean {json.dumps(v)}"
-    if isinstance(v, str):
-        return f"string {json.dumps(v)}"
-    if isinstance(v, (int, float)):
-        return f"number {v!r}"
-    if isinstance(v, list):
-        return "an array"
-    if isinstance(v, dict):
-        return "an object"
-    return type(v).__name__
-
-
-def _bool(ctx: _Ctx, v: Any, path: str) -> bool:
-    if not isinstance(v, bool):
-        raise ctx.fail(path, f"expected a boolean (true or false), got {_type_name(v)}")
-    return v
-
-
-def _str(ctx: _Ctx, v: Any, path: str) -> str:
-    if not isinstance(v, str) or not v:
-        raise ctx.fail(path, f"expected a non-empty string, got {_type_name(v)}")
-    return v
-
-
-def _float(ctx: _Ctx, v: Any, path: str, rng: str = "") -> float:
-    """A finite JSON number, checked against ``rng``: "" (any), ">=0", ">0", "[0,1)" or "[0,1]"."""
-    if not _is_number(v) or not math.isfinite(v):
-        raise ctx.fail(path, f"expected a number, got {_type_name(v)}")
-    v = float(v)
-    ok = {"": True, ">=0": v >= 0, ">0": v > 0, "[0,1)": 0 <= v < 1, "[0,1]": 0 <= v <= 1}[rng]
-    if not ok:
-        text = {">=0": "a number >= 0", ">0": "a number > 0", "[0,1)": "a number in [0, 1)",
-                "[0,1]": "a number in [0, 1]"}[rng]
-        raise ctx.fail(path, f"{v:g} is out of range; use {text}")
-    return v
-
-
-def _enum(ctx: _Ctx, v: Any, path: str, names: Mapping[str, str], aliases: Mapping[str, str] | None = None,
-          unsupported: tuple[str, ...] = ()) -> str:
-    """A case-insensitive enum value, returned canonical lower-case."""
-    aliases = aliases or {}
-    choices = _join(tuple(names.values()))
-    if not isinstance(v, str):
-        raise ctx.fail(path, f"expected a string, one of {choices}; got {_type_name(v)}")
-    low = v.lower()
-    if low in names:
-        return low
-    if low in aliases:
-        return aliases[low]
-    if low in (u.lower() for u in unsupported):
-        raise ctx.unsupported(path, v, f"use one of {choices}")
-    near = difflib.get_close_matches(low, list(names), n=1, cutoff=0.6)
-    hint = f" (did you mean {names[near[0]]!r}?)" if near else ""
-    raise ctx.fail(path, f"unknown value {json.dumps(v)}{hint}; use one of {choices}")
-
-
-def _n(ctx: _Ctx, v: Any, path: str, allow_auto: bool) -> int | None:
-    if allow_auto and isinstance(v, str) and v.lower() == "auto":
-        return None
-    if isinstance(v, list):
-        raise ctx.unsupported(path, v, "give one positive integer"
-                              + (' or "auto"' if allow_auto else ""))
-    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        expected = 'a positive integer or "auto"' if allow_auto else "a positive integer"
-        raise ctx.fail(path, f"expected {expected}, got {_type_name(v)}")
-    return v
 
 
 def _parse_weight_init(ctx: _Ctx, v: Any, path: str) -> WeightInit:
@@ -577,24 +283,6 @@ def _parse_variational(ctx: _Ctx, v: Any, layers: list[Layer]) -> Variational:
         raise ctx.fail("Variational.AnnealSteps", f"expected an integer >= 0, got {_type_name(steps)}")
     beta = _float(ctx, keys["Beta"], "Variational.Beta", ">=0") if "Beta" in keys else 1.0
     return Variational(layer=name, beta=beta, anneal_steps=steps)
-
-
-def _load(source: str | os.PathLike) -> tuple[Any, str]:
-    path = os.fspath(source)
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise NetworkConfigError(f"{path}: no such network definition file; check the path") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
-        raise NetworkConfigError(f"{path}: cannot read the network definition ({e}); give a readable UTF-8 "
-                                 f"JSON file") from None
-    try:
-        return json.loads(text, object_pairs_hook=_pairs_hook), path
-    except json.JSONDecodeError as e:
-        raise NetworkConfigError(f"{path}:{e.lineno}:{e.colno}: invalid JSON at line {e.lineno}, column {e.colno}: "
-                                 f"{e.msg}; fix the syntax there (plain JSON: no comments, no trailing "
-                                 f"commas)") from None
 
 
 def parse_network(source: str | os.PathLike | dict) -> NetworkConfig:
