@@ -24,8 +24,8 @@ import time
 import numpy as np
 import torch
 
-from dlrm.data.csr_dataset import CsrDataset, split_holdout, write_csr
-from dlrm.data.user_histories import HistoryConfig, generate_user_histories
+from dlrm.recommender.csr_dataset import CsrDataset, split_holdout, write_csr
+from dlrm.recommender.user_histories import HistoryConfig, generate_user_histories
 from dlrm.recommender.baselines import fit_baseline
 from dlrm.recommender.checkpoint import AutoencoderState
 from dlrm.recommender.model import SparseAutoencoder

@@ -166,8 +166,8 @@ NETWORK = {"Kind": "AutoEncoder",
 @pytest.fixture(scope="module")
 def recommender(tmp_path_factory) -> dict[str, Path]:
     """A CSR dataset, a network file and a checkpoint trained one step on them (real disk)."""
-    from dlrm.data.csr_dataset import write_csr
-    from dlrm.data.user_histories import HistoryConfig, generate_user_histories
+    from dlrm.recommender.csr_dataset import write_csr
+    from dlrm.recommender.user_histories import HistoryConfig, generate_user_histories
 
     root = tmp_path_factory.mktemp("recommender")
     histories = generate_user_histories(HistoryConfig(n_users=100, n_items=60, n_interactions=2500), seed=0)

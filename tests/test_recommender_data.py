@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from dlrm.data.csr_dataset import CsrDataset, CsrRows, CsrWriter, holdout_mask, split_holdout, write_csr
-from dlrm.data.dsstne_text import NameIndex, format_lines, parse_lines, parse_text, text_to_csr, write_text
+from dlrm.recommender.csr_dataset import CsrDataset, CsrRows, CsrWriter, holdout_mask, split_holdout, write_csr
+from dlrm.recommender.dsstne_text import NameIndex, format_lines, parse_lines, parse_text, text_to_csr, write_text
 from dlrm.data.errors import DatasetError
-from dlrm.data.user_histories import (HistoryConfig, generate_user_histories, movielens_to_text,
+from dlrm.recommender.user_histories import (HistoryConfig, generate_user_histories, movielens_to_text,
                                       write_user_histories)
 
 TEXT = "u1\tA,2.5:B:C,1e-1\nu2\tC\n\nu3\t\nu4\tB,3:A,-1\r\n"

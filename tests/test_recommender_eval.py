@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from dlrm.data.csr_dataset import CsrRows, holdout_mask
-from dlrm.data.user_histories import HistoryConfig, generate_user_histories
+from dlrm.recommender.csr_dataset import CsrRows, holdout_mask
+from dlrm.recommender.user_histories import HistoryConfig, generate_user_histories
 from dlrm.recommender import baselines as baselines_module
 from dlrm.recommender import topk as topk_module
 from dlrm.recommender.baselines import EASE, ImplicitMF, ItemKNN, Popularity, ease_memory_bytes, fit_baseline

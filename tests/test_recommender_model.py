@@ -14,9 +14,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from dlrm.data.csr_dataset import CsrDataset, write_csr
+from dlrm.recommender.csr_dataset import CsrDataset, write_csr
 from dlrm.data.partition import split_bounds
-from dlrm.data.user_histories import HistoryConfig, generate_user_histories
+from dlrm.recommender.user_histories import HistoryConfig, generate_user_histories
 from dlrm.recommender import checkpoint
 from dlrm.recommender.item_parallel import ItemParallel
 from dlrm.recommender.loss import batch_loss, kl_weight_at

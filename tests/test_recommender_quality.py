@@ -13,8 +13,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from conftest import REPO
-from dlrm.data.csr_dataset import CsrDataset, split_holdout, write_csr
-from dlrm.data.user_histories import HistoryConfig, generate_user_histories
+from dlrm.recommender.csr_dataset import CsrDataset, split_holdout, write_csr
+from dlrm.recommender.user_histories import HistoryConfig, generate_user_histories
 from dlrm.recommender.baselines import fit_baseline
 from dlrm.recommender.item_parallel import ItemParallel
 from dlrm.recommender.model import SparseAutoencoder

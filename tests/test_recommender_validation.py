@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from conftest import REPO, run_cli
-from dlrm.data.csr_dataset import CsrDataset, write_csr
-from dlrm.data.user_histories import HistoryConfig, generate_user_histories
+from dlrm.recommender.csr_dataset import CsrDataset, write_csr
+from dlrm.recommender.user_histories import HistoryConfig, generate_user_histories
 from dlrm.recommender.model import SparseAutoencoder
 from dlrm.recommender.network import parse_network
 from dlrm.recommender.train import take_rows
@@ -195,7 +195,7 @@ def test_a_signal_saves_and_exits_128_plus_it_and_the_run_resumes_exactly(datase
 
 
 def test_an_empty_dataset_is_refused_in_one_line(tmp_path):
-    from dlrm.data.csr_dataset import CsrRows
+    from dlrm.recommender.csr_dataset import CsrRows
 
     write_csr(tmp_path / "empty", CsrRows(np.zeros(1, np.int64), np.zeros(0, np.int32), None, 30))
     (tmp_path / "network.json").write_text(json.dumps(NETWORK))

@@ -18,7 +18,7 @@ import scipy.sparse as sp
 import torch
 from scipy.linalg import lapack
 
-from dlrm.data.csr_dataset import CsrRows
+from dlrm.recommender.csr_dataset import CsrRows
 from dlrm.recommender.topk import top_k
 
 # Elements of the dense temporaries that a fit step builds at once (similarity blocks, padded

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from dlrm.data.atomic import write_atomically
-from dlrm.data.csr_dataset import CsrDataset
+from dlrm.recommender.csr_dataset import CsrDataset
 from dlrm.recommender.metrics import MetricsAccumulator, RankingMetrics
 from dlrm.recommender.model import SparseAutoencoder, activation
 from dlrm.recommender.topk import DEFAULT_SCORE_FORMAT, exclude_, format_recommendations, merge_top_k, top_k

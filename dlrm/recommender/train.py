@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
-from dlrm.data.csr_dataset import CsrDataset
+from dlrm.recommender.csr_dataset import CsrDataset
 from dlrm.recommender import checkpoint
 from dlrm.recommender.checkpoint import AutoencoderState
 from dlrm.recommender.loss import batch_loss, kl_weight_at

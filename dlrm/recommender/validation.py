@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dlrm.data.csr_dataset import CsrDataset
+from dlrm.recommender.csr_dataset import CsrDataset
 from dlrm.recommender.metrics import MetricsAccumulator, RankingMetrics
 from dlrm.recommender.model import SparseAutoencoder
 from dlrm.recommender.predict import model_scorer, rank

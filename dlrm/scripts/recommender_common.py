@@ -81,7 +81,7 @@ def dataset(flag: str, path: str | None, hint: str = ""):
     if path is None:
         raise app.UsageError(f"--{flag} is required here; give a CSR dataset directory{hint}")
     check_dataset_dir(flag, path, hint)
-    from dlrm.data.csr_dataset import CsrDataset
+    from dlrm.recommender.csr_dataset import CsrDataset
 
     return CsrDataset(path)
 

@@ -105,7 +105,7 @@ def _check_flags() -> None:
 
 def _parse_text(paths: list[str], features):
     """DSSTNE text -> (rows in file order: the samples index is fresh; the features index merged into)."""
-    from dlrm.data.dsstne_text import NameIndex, parse_text
+    from dlrm.recommender.dsstne_text import NameIndex, parse_text
 
     try:
         parsed = parse_text(paths, features, NameIndex())
@@ -118,9 +118,9 @@ def _synthetic(features):
     """Synthetic histories, their item ids mapped through the (possibly merged) features index."""
     import numpy as np
 
-    from dlrm.data.csr_dataset import CsrRows
-    from dlrm.data.dsstne_text import NameIndex
-    from dlrm.data.user_histories import HistoryConfig, generate_user_histories
+    from dlrm.recommender.csr_dataset import CsrRows
+    from dlrm.recommender.dsstne_text import NameIndex
+    from dlrm.recommender.user_histories import HistoryConfig, generate_user_histories
 
     config = HistoryConfig(n_users=FLAGS.users, n_items=FLAGS.items, n_interactions=FLAGS.interactions)
     try:
@@ -162,8 +162,8 @@ def main(argv: list[str]) -> int:
 
 
 def _generate(output: str, index_path: str) -> int:
-    from dlrm.data.csr_dataset import split_holdout, write_csr
-    from dlrm.data.dsstne_text import NameIndex
+    from dlrm.recommender.csr_dataset import split_holdout, write_csr
+    from dlrm.recommender.dsstne_text import NameIndex
 
     features = NameIndex.load(index_path) if os.path.exists(index_path) else NameIndex()
     known = len(features)
@@ -174,7 +174,7 @@ def _generate(output: str, index_path: str) -> int:
         rows, samples = _parse_text(list(FLAGS.text), features)
         source = ", ".join(FLAGS.text)
     else:
-        from dlrm.data.user_histories import movielens_to_text
+        from dlrm.recommender.user_histories import movielens_to_text
 
         parent = os.path.dirname(os.path.abspath(output))
         os.makedirs(parent, exist_ok=True)

@@ -60,7 +60,7 @@ flags.mark_flags_as_required(["load_checkpoint_path", "input", "output"])
 
 def _names(flag: str, count: int, exact: bool) -> list[str]:
     """``count`` names from the index file of ``flag`` (row/column numbers without one)."""
-    from dlrm.data.dsstne_text import NameIndex
+    from dlrm.recommender.dsstne_text import NameIndex
 
     path = FLAGS[flag].value
     if not path:

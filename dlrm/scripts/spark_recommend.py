@@ -129,7 +129,7 @@ def main(argv: list[str]) -> int:
     except ValueError as e:
         raise app.UsageError(str(e)) from None
     if FLAGS.input:
-        from dlrm.data.csr_dataset import CsrDataset
+        from dlrm.recommender.csr_dataset import CsrDataset
 
         n_items = CsrDataset(FLAGS.input).n_features
         if n_items != recommender.n_input:  # as recommender_predict refuses it

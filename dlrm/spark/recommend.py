@@ -80,7 +80,7 @@ def open_recommender(checkpoint: str, best: bool = True, features_index: str | N
     """The checkpoint predict would use for ``checkpoint`` (its best validation's, ``PATH.best``,
     unless ``best`` is False: ``recommender.checkpoint.model_path``), checked, and the item names
     of ``features_index`` (without one, items are their column numbers, as in predict)."""
-    from dlrm.data.dsstne_text import NameIndex
+    from dlrm.recommender.dsstne_text import NameIndex
     from dlrm.recommender import checkpoint as ckpt
 
     path = ckpt.model_path(checkpoint, best)
@@ -110,8 +110,8 @@ def read_csr_histories(spark: Any, path: str, samples_index: str | None = None,
     numbers) and, when the dataset has values, ``weights`` (array<float>)."""
     import pyarrow as pa
 
-    from dlrm.data.csr_dataset import CsrDataset
-    from dlrm.data.dsstne_text import NameIndex
+    from dlrm.recommender.csr_dataset import CsrDataset
+    from dlrm.recommender.dsstne_text import NameIndex
 
     if users_per_partition < 1:
         raise ValueError(f"`users_per_partition` must be >= 1, got {users_per_partition}")
@@ -155,7 +155,7 @@ def read_text_histories(spark: Any, paths: str | Sequence[str], on_error: str = 
     null for a line whose items carry no value). A malformed line fails its task with a
     ``DatasetError`` naming its file and line, as ``recommender_generate`` would; with
     ``on_error='skip'`` it is left out. A user given twice gets two rows (not checked here)."""
-    from dlrm.data.dsstne_text import split_line
+    from dlrm.recommender.dsstne_text import split_line
 
     _check_on_error(on_error)
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)

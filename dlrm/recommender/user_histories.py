@@ -20,8 +20,8 @@ from typing import Callable, Iterator, TextIO
 import numpy as np
 
 from dlrm.data.atomic import write_atomically
-from dlrm.data.csr_dataset import CsrRows, write_csr
-from dlrm.data.dsstne_text import NameIndex, write_text
+from dlrm.recommender.csr_dataset import CsrRows, write_csr
+from dlrm.recommender.dsstne_text import NameIndex, write_text
 from dlrm.data.errors import DatasetError
 
 MOVIELENS_HEADER = ("userId", "movieId", "rating", "timestamp")

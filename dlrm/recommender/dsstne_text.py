@@ -36,7 +36,7 @@ from typing import Iterable, Iterator, TextIO
 import numpy as np
 
 from dlrm.data.atomic import write_atomically, write_text_atomically
-from dlrm.data.csr_dataset import CsrRows, write_csr
+from dlrm.recommender.csr_dataset import CsrRows, write_csr
 from dlrm.data.errors import DatasetError
 
 
