@@ -305,3 +305,24 @@ def replace_dir(staging: str | os.PathLike, path: str | os.PathLike, overwrite: 
     fsync_dir(os.path.dirname(os.path.abspath(path)))
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+class StagedWriter:
+    """A writer that stages its output and puts it in place only on ``close()``: used as a
+    context manager it closes when the block ends normally and ``abort()``s (removing what it
+    staged, leaving what was there before) when the block raises."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()

@@ -7,6 +7,8 @@ traceback: every message names the file, the feature and the fix.
 
 from __future__ import annotations
 
+import math
+
 
 class DatasetError(ValueError):
     """Dataset files or their contents do not match the feature spec."""
@@ -14,3 +16,13 @@ class DatasetError(ValueError):
 
 class FeatureSpecError(DatasetError):
     """The feature spec itself is malformed or inconsistent."""
+
+
+def finite_number(text: str) -> float | None:
+    """``text`` as a float, or None when it is not a finite number (nan, inf or not a number):
+    readers of text data refuse those with a message naming the field."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None

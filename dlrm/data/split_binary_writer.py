@@ -10,7 +10,7 @@ from typing import BinaryIO
 import numpy as np
 import torch
 
-from dlrm.data.atomic import remove_stale_temporaries, temporary_name
+from dlrm.data.atomic import StagedWriter, remove_stale_temporaries, temporary_name
 from dlrm.data.batch import Bags, Batch
 from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import OFFSETS_DTYPE, PADDING_ID, VARIABLE, FeatureSpec
@@ -23,7 +23,7 @@ def _to_numpy(x) -> np.ndarray:
     return np.asarray(x)
 
 
-class SplitBinaryWriter:
+class SplitBinaryWriter(StagedWriter):
     """Appends batches to one split's files (under ``spec.base_directory``); files appear only
     when the writer closes cleanly.
 
@@ -67,15 +67,6 @@ class SplitBinaryWriter:
         self._offsets_end = {j: 0 for j in self._offsets}
         for f in self._offsets.values():
             f.write(np.zeros(1, dtype=OFFSETS_DTYPE).tobytes())
-
-    def __enter__(self) -> "SplitBinaryWriter":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
 
     def write(self, batch: Batch) -> None:
         """Append a batch; checks shapes, label values, float16 range and id ranges first."""

@@ -27,8 +27,8 @@ from typing import BinaryIO, Iterator
 import numpy as np
 import torch
 
-from dlrm.data.atomic import (check_writable_dir, fsync_dir, remove_stale_temporaries, replace_dir, temporary_name,
-                              writing)
+from dlrm.data.atomic import (StagedWriter, check_writable_dir, fsync_dir, remove_stale_temporaries, replace_dir,
+                              temporary_name, writing)
 from dlrm.data.errors import DatasetError
 
 FORMAT = "dlrm-csr"
@@ -66,7 +66,7 @@ class CsrRows:
 # ---------------------------------------------------------------------------- writer
 
 
-class CsrWriter:
+class CsrWriter(StagedWriter):
     """Appends rows to a new CSR dataset at ``path``; the dataset appears only on a clean close.
 
     Use as a context manager. Files are written in a staging directory beside ``path`` (named
@@ -105,15 +105,6 @@ class CsrWriter:
         f = open(os.path.join(self._staging, name), "wb")
         self._files.append(f)
         return f
-
-    def __enter__(self) -> "CsrWriter":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
 
     def write(self, offsets: np.ndarray, indices: np.ndarray, values: np.ndarray | None = None) -> None:
         """Append rows given as batch-relative CSR (``offsets`` has rows + 1 entries from 0);

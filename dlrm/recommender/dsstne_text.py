@@ -27,7 +27,6 @@ with one samples index always align.
 
 from __future__ import annotations
 
-import math
 import os
 from array import array
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ import numpy as np
 
 from dlrm.data.atomic import write_atomically, write_text_atomically
 from dlrm.recommender.csr_dataset import CsrRows, write_csr
-from dlrm.data.errors import DatasetError
+from dlrm.data.errors import DatasetError, finite_number
 
 
 class NameIndex:
@@ -184,11 +183,8 @@ def split_line(line: str) -> tuple[str, list[str], list[float], bool] | None:
             raise DatasetError(f"empty feature name in field {field[:80]!r}")
         value = 1.0
         if len(parts) == 2:
-            try:
-                value = float(parts[1])
-            except ValueError:
-                value = math.nan
-            if not math.isfinite(value):
+            value = finite_number(parts[1])
+            if value is None:
                 raise DatasetError(f"bad value {parts[1].strip()!r} of feature '{feature}': not a finite number")
             any_value = True
         features.append(feature)

@@ -22,7 +22,7 @@ import numpy as np
 from dlrm.data.atomic import write_atomically
 from dlrm.recommender.csr_dataset import CsrRows, write_csr
 from dlrm.recommender.dsstne_text import NameIndex, write_text
-from dlrm.data.errors import DatasetError
+from dlrm.data.errors import DatasetError, finite_number
 
 MOVIELENS_HEADER = ("userId", "movieId", "rating", "timestamp")
 
@@ -56,11 +56,8 @@ def _parse_line(line: str, path: str, number: int) -> tuple[int, int, float, int
     except ValueError:
         raise DatasetError(f"{path}:{number}: malformed line {line[:80]!r}: userId and movieId must be "
                            f"integers") from None
-    try:
-        rating = float(fields[2])
-    except ValueError:
-        rating = math.nan
-    if not math.isfinite(rating):
+    rating = finite_number(fields[2])
+    if rating is None:
         raise DatasetError(f"{path}:{number}: bad rating {fields[2].strip()!r}: not a finite number")
     try:
         time = int(fields[3])
