@@ -340,3 +340,26 @@ def test_plan_by_hand_defaults_to_no_host_tables():
     with_host = Plan(1, [[0]], [8, 16], [100], host=[1])
     assert with_host.rank_bytes(0) == 8 and with_host.host_bytes() == 16
     assert with_host.to_json()["host"] == [1]
+
+
+def test_host_cache_is_counted_on_the_device_and_must_fit_there():
+    """``host_cache_rows``: per cached row its values and optimizer state, per host row 4 bytes
+    of slot map, on the device beside its tables; capped at the host tables' rows."""
+    rows, dim, state = [100, 1000, 50], 8, 4
+    per_row = dim * 2 + state  # bf16 values, row-wise Adagrad
+    device = (100 + 50) * per_row
+    cache = 200 * per_row + 4 * 1000
+    plan = plan_tables(rows, dim, 1, device + cache, host_tables=[1], host_cache_rows=200,
+                       state_bytes_per_row=state, bytes_per_value=2)
+    assert (plan.host, plan.host_cache_rows, plan.host_cache_bytes) == ([1], 200, cache)
+    assert plan.device_bytes(0) == device + cache and plan.rank_bytes(0) == device
+    assert plan.to_json()["host_cache_rows"] == 200
+    assert "through 200 rows cached on the device" in format_plan(plan)
+    with pytest.raises(PlanError, match="lower `host_table_cache_rows`"):
+        plan_tables(rows, dim, 1, device + cache - 1, host_tables=[1], host_cache_rows=200,
+                    state_bytes_per_row=state, bytes_per_value=2)
+    capped = plan_tables(rows, dim, 1, 10**9, host_tables=[1], host_cache_rows=5000, state_bytes_per_row=state,
+                         bytes_per_value=2)
+    assert capped.host_cache_rows == 1000
+    uncached = plan_tables(rows, dim, 1, 10**9, host_tables=[1])
+    assert uncached.host_cache_rows == 0 and "host_cache_rows" not in uncached.to_json()

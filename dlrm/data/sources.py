@@ -12,7 +12,7 @@ from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import FeatureSpec
 from dlrm.data.rank_source import RankSource
 from dlrm.data.split_binary import SplitBinaryReader
-from dlrm.data.synthetic import SyntheticDataset
+from dlrm.data.synthetic import ZIPF_EXPONENT, SyntheticDataset
 
 SPLIT_BINARY_TYPES = ("split_binary", "parametric")  # "parametric" is NVIDIA's name for it
 SYNTHETIC_TYPES = ("synthetic", "synthetic_gpu")  # generated in the base device's memory
@@ -32,6 +32,7 @@ class DataConfig:
     # the pooling of all of them; None keeps one id per table.
     synthetic_bag_sizes: list[int] | None = None
     synthetic_pooling: str = "sum"
+    synthetic_zipf_exponent: float = ZIPF_EXPONENT  # P(id) ~ (id + 1) ** -exponent in every table
     seed: int = 12345
 
     @property
@@ -69,6 +70,7 @@ def make_source(
             cfg.synthetic_num_numerical, cfg.synthetic_table_sizes, entries, batch_size,
             device=device, seed=cfg.seed, split=split,
             bag_sizes=cfg.synthetic_bag_sizes, pooling=cfg.synthetic_pooling,
+            zipf_exponent=cfg.synthetic_zipf_exponent,
         )
     if split not in spec.splits:
         return None

@@ -118,6 +118,10 @@ class Plan:
     rows: list[int] = field(default_factory=list)
     row_wise: dict[int, list[int]] = field(default_factory=dict)
     host: list[int] = field(default_factory=list)
+    # Device rows caching the host tables, and their device bytes (``cache_bytes``), counted
+    # on rank 0 with its tables (``device_bytes``).
+    host_cache_rows: int = 0
+    host_cache_bytes: int = 0
 
     @property
     def num_tables(self) -> int:
@@ -162,6 +166,10 @@ class Plan:
                 total += block_bytes(bounds, self.table_bytes[table], rank)
         return total
 
+    def device_bytes(self, rank: int) -> int:
+        """``rank_bytes`` plus, on the one rank of a run with host tables, their device cache."""
+        return self.rank_bytes(rank) + self.host_cache_bytes
+
     def host_bytes(self) -> int:
         """Bytes of the tables kept in host memory."""
         return sum(self.table_bytes[t] for t in self.host)
@@ -184,10 +192,20 @@ class Plan:
         }
         if self.host:
             data["host"] = list(self.host)
+        if self.host_cache_rows:
+            data["host_cache_rows"] = self.host_cache_rows
         return data
 
 # --------------------------------------------------------------------------------------------
 # Sizes
+
+
+def cache_bytes(cache_rows: int, host_rows: int, dim: int, state_bytes_per_row: int = 0,
+                bytes_per_value: int = BYTES_PER_VALUE) -> int:
+    """Device bytes of a cache of ``cache_rows`` rows in front of ``host_rows`` host rows
+    (``dlrm.nn.cached_embedding``): each slot holds a row and its optimizer state, and the slot
+    map holds 4 bytes (int32) per host row."""
+    return cache_rows * (dim * bytes_per_value + state_bytes_per_row) + 4 * host_rows
 
 
 def table_bytes(rows: Sequence[int], dim: int, state_bytes_per_row: int = 0,

@@ -90,6 +90,8 @@ def format_plan(plan: Plan) -> str:
         lines.append(
             f"host memory: {'table' if len(plan.host) == 1 else 'tables'} {host_names} "
             f"({rows}{format_bytes(plan.host_bytes())}), looked up on the host"
+            + (f" through {plan.host_cache_rows:,} rows cached on the device ({format_bytes(plan.host_cache_bytes)} "
+               "with the slot map)" if plan.host_cache_rows else "")
         )
     heaviest = max(range(plan.world_size), key=plan.rank_bytes)
     mean = (total_bytes - plan.host_bytes()) / plan.world_size

@@ -38,6 +38,7 @@ names are importable from here too.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from dlrm.distributed.placement import Placement, load_placement
@@ -54,6 +55,7 @@ from dlrm.distributed.plan import (
     Entry,
     Plan,
     PlanError,
+    cache_bytes,
     format_bytes,
     ranks_word,
     row_bounds,
@@ -148,6 +150,7 @@ def plan_tables(
     row_wise: str | Sequence[int] = "auto",
     host_tables: str | Sequence[int] | None = None,
     host_capacity: int | None = None,
+    host_cache_rows: int = 0,
 ) -> Plan:
     """Place tables on ranks, whole or split row-wise, or (one process) in host memory; see
     docs/distributed.md for the algorithm and the flags.
@@ -173,6 +176,8 @@ def plan_tables(
     index) such that the rest fit on the device; with several processes ``"auto"`` is
     ``None`` (row-wise splitting is their answer), and with ``override`` too (it places every
     table). ``host_capacity`` bounds the host tables' bytes (None: no bound).
+    ``host_cache_rows``: device rows caching the host tables (at most their rows), which with
+    their slot map (``cache_bytes``) must fit on the device beside its tables.
     Raises ``ValueError`` for malformed inputs and ``PlanError`` for placements that cannot work.
     """
     sizes = table_bytes(rows, dim, state_bytes_per_row, bytes_per_value)
@@ -193,6 +198,32 @@ def plan_tables(
 
     request = PlanRequest(sizes, [int(r) for r in rows], world_size, capacities, mode, listed, override,
                           advice_for(bytes_per_value))
+    plan = _place_host(request, host_mode, host_listed, host_limit, bytes_per_value)
+    cache_rows = whole_number(host_cache_rows, "host cache rows")
+    if cache_rows and plan.host:
+        return _with_host_cache(plan, cache_rows, dim, state_bytes_per_row, bytes_per_value)
+    return plan
+
+
+def _with_host_cache(plan: Plan, cache_rows: int, dim: int, state_bytes_per_row: int, bytes_per_value: int) -> Plan:
+    """``plan`` with the host tables' device cache (on rank 0), or ``PlanError`` when it does not fit."""
+    host_rows = sum(plan.rows[t] for t in plan.host)
+    rows = min(cache_rows, host_rows)
+    plan = dataclasses.replace(plan, host_cache_rows=rows, host_cache_bytes=cache_bytes(
+        rows, host_rows, dim, state_bytes_per_row, bytes_per_value))
+    if plan.device_bytes(0) > plan.capacity[0]:
+        raise PlanError(
+            f"the device cache of {plan.host_cache_rows:,} host-table rows needs "
+            f"{format_bytes(plan.host_cache_bytes)} beside the device tables' {format_bytes(plan.rank_bytes(0))}, "
+            f"more than the device's {format_bytes(plan.capacity[0])}; lower `host_table_cache_rows`"
+        )
+    return plan
+
+
+def _place_host(request: PlanRequest, host_mode: str, host_listed: list[int], host_limit: int | None,
+                bytes_per_value: int) -> Plan:
+    """The placement with the host tables ``host_mode`` asks for (``plan_tables``)."""
+    sizes, world_size, override = request.sizes, request.world_size, request.override
     if host_mode == "list":
         need = sum(sizes[t] for t in host_listed)
         if host_limit is not None and need > host_limit:

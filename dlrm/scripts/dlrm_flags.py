@@ -15,7 +15,7 @@ from typing import Any
 from absl import app, flags
 
 from dlrm.data.sources import SPLIT_BINARY_TYPES, SYNTHETIC_TYPES, DataConfig
-from dlrm.data.synthetic import MLPERF_DLRMV2_CARDINALITIES, MLPERF_MULTI_HOT_SIZES
+from dlrm.data.synthetic import MLPERF_DLRMV2_CARDINALITIES, MLPERF_MULTI_HOT_SIZES, ZIPF_EXPONENT
 from dlrm.distributed.collectives import GRADIENT_SYNC
 from dlrm.scripts import cli, nvidia_flags
 from dlrm.training.lr_schedule import LRSchedule
@@ -110,6 +110,9 @@ flags.DEFINE_list("synthetic_multi_hot_sizes", [],
                   "Multi-hot synthetic data: ids per sample of each table (comma-separated, one per table), or "
                   "'mlperf' for MLPerf DLRMv2's sizes. Empty: one id per feature.")
 flags.DEFINE_enum("synthetic_pooling", "sum", ["sum", "mean"], "How the model pools each synthetic bag.")
+flags.DEFINE_float("synthetic_zipf_exponent", ZIPF_EXPONENT,
+                   "Skew of the synthetic ids: id i of every table is drawn with probability ~ (i + 1) ** -exponent "
+                   "(1.2: a few rows take most lookups, as in Criteo's tables; 1.1: flatter). Must be > 0.")
 flags.DEFINE_enum("preset", "none", ["none", "mlperf_dlrmv2"],
                   "mlperf_dlrmv2: the MLPerf Training DLRM-DCNv2 shape on synthetic multi-hot data (dim 128, "
                   "bottom 512-256-128, top 1024-1024-512-256-1, DCNv2 3 layers of rank 512, row-wise Adagrad with "
@@ -156,6 +159,12 @@ flags.DEFINE_string("host_tables", "auto",
                     "to the host and their embeddings come back every step), so that a model whose tables do not all "
                     "fit on the GPU trains on one GPU. auto: the fewest largest tables that let the rest fit, only when "
                     "they do not (GPU runs); none; or comma-separated table indices.")
+flags.DEFINE_integer("host_table_cache_rows", 0,
+                     "One-process runs with --embedding_type joint_fused: rows of the host tables cached on the "
+                     "device (hot rows in device memory, misses fetched from the host in one copy per step, LRU "
+                     "eviction, updates written back); 0: host tables are looked up on the host. Costs per row "
+                     "the row and its optimizer state on the device, plus 4 bytes per host row (the slot map).",
+                     lower_bound=0)
 flags.DEFINE_string("table_placement", "auto",
                     "Where the embedding tables go. auto: whole tables balanced by bytes, a table split row-wise "
                     "across every process only when memory demands it; table_wise: whole tables only; row_wise: every "
@@ -248,7 +257,7 @@ def _run_config(v: flags.FlagValues) -> RunConfig:
         synthetic_num_test_entries=v.synthetic_dataset_num_test_entries,
         synthetic_table_sizes=_ints(v.synthetic_dataset_table_sizes, "synthetic_dataset_table_sizes"),
         synthetic_num_numerical=v.synthetic_dataset_numerical_features, synthetic_bag_sizes=_multi_hot_sizes(v),
-        synthetic_pooling=v.synthetic_pooling, seed=v.seed,
+        synthetic_pooling=v.synthetic_pooling, synthetic_zipf_exponent=v.synthetic_zipf_exponent, seed=v.seed,
     )
     model = ModelSettings(
         embedding_dim=v.embedding_dim, bottom_mlp_sizes=_ints(v.bottom_mlp_sizes, "bottom_mlp_sizes"),
@@ -267,7 +276,7 @@ def _run_config(v: flags.FlagValues) -> RunConfig:
     parallel = ParallelConfig(
         device_memory_gb=v.device_memory_gb, host_tables=_host_tables(v), table_placement=v.table_placement,
         exchange_dtype=v.exchange_dtype, gradient_sync=v.gradient_sync, gradient_bucket_mb=v.gradient_bucket_mb,
-        dist_timeout=v.dist_timeout,
+        dist_timeout=v.dist_timeout, host_table_cache_rows=v.host_table_cache_rows,
     )
     checkpoint = CheckpointConfig(load_checkpoint_path=v.load_checkpoint_path, resume=v.resume,
                                   verify=not v.skip_checkpoint_verify)

@@ -27,7 +27,7 @@ from dlrm.inference.benchmark import benchmark_inference, exported_forward, form
 from dlrm.scripts import cli, dlrm_flags, nvidia_flags
 from dlrm.scripts.dlrm_flags import check_args  # noqa: F401  (spark_train and the tests check flags through main)
 from dlrm.training.build import Run, build_run, model_config, resolve_device, start_processes, start_training
-from dlrm.training.build import table_bytes, validate_sources
+from dlrm.training.build import host_cache_hit_rate, table_bytes, validate_sources
 from dlrm.training.checkpoint import CheckpointLock
 from dlrm.training.cuda_graphs import GraphedInference
 from dlrm.training.logger import RunLogger
@@ -76,6 +76,10 @@ def _run_train(run: Run) -> int:
                             should_stop=stop.event.is_set, collectives=run.collectives)
         finally:
             stop.over()
+    hit_rate = host_cache_hit_rate(run.model)
+    if hit_rate is not None:  # the share of host-table lookups the device cache served
+        run.logger.print(f"Host table cache: hit rate {hit_rate:.4f}")
+        run.logger.record("host_cache", host_cache_hit_rate=hit_rate)
     return stop.exit_code_of(summary["stop_reason"])
 
 

@@ -23,10 +23,11 @@ from dlrm.data.feature_spec import FeatureSpec
 from dlrm.data.sources import load_feature_spec, make_rank_source, make_source, table_sizes
 from dlrm.distributed.collectives import Collectives, process_group_collectives
 from dlrm.distributed.parallelize import parallelize
-from dlrm.distributed.planner import format_plan, load_placement, plan_tables
+from dlrm.distributed.planner import Plan, format_plan, load_placement, plan_tables
 from dlrm.distributed.process_group import DistEnv, device_memory_bytes, init_process_group
 from dlrm.model.dlrm import DLRM, EMBEDDING_DTYPES, DLRMConfig
 from dlrm.model.precision import Precision
+from dlrm.nn.cached_embedding import CachedEmbedding
 from dlrm.nn.embeddings import TableShard
 from dlrm.training.checkpoint import TrainState, latest_checkpoint, load_checkpoint
 from dlrm.training.cuda_graphs import check_cuda_graphs_supported
@@ -114,20 +115,30 @@ def table_bytes(cfg: RunConfig, model_cfg: DLRMConfig) -> dict[str, int]:
     return {"state_bytes_per_row": state, "bytes_per_value": EMBEDDING_DTYPES[model_cfg.embedding_dtype].itemsize}
 
 
-def plan_one_device(cfg: RunConfig, model_cfg: DLRMConfig, device: torch.device, logger: RunLogger) -> list[int]:
+def plan_one_device(cfg: RunConfig, model_cfg: DLRMConfig, device: torch.device, logger: RunLogger) -> Plan:
     """Every table on this device, or the largest in host memory when they do not all fit there
-    (``host_tables``): logs the bytes, and stops with the numbers (not an out-of-memory crash
-    half-way through building the model) when they do not fit. Returns the host tables."""
+    (``host_tables``), with their device cache (``host_table_cache_rows``): logs the bytes, and
+    stops with the numbers (not an out-of-memory crash half-way through building the model) when
+    they do not fit. Returns the plan (``host``, ``host_cache_rows``)."""
     host_tables = cfg.parallel.host_tables
     if device.type != "cuda" and host_tables == "auto":
         host_tables = "none"  # on the CPU the host's memory is the device's: nothing to gain
     plan = plan_tables(model_cfg.table_sizes, model_cfg.embedding_dim, 1, capacity(cfg, device, 1),
                        host_tables=host_tables, host_capacity=int(0.9 * device_memory_bytes(torch.device("cpu"), 1)),
-                       **table_bytes(cfg, model_cfg))
+                       host_cache_rows=cfg.parallel.host_table_cache_rows, **table_bytes(cfg, model_cfg))
+    if cfg.parallel.host_table_cache_rows and not plan.host:
+        raise ValueError("`host_table_cache_rows` caches tables kept in host memory, and every table fits on the "
+                         f"device ({device.type}): name the tables to keep there in `host_tables`")
     logger.print(format_plan(plan))
     if plan.host:
-        logger.record("plan", **plan.to_json(), bytes=[plan.rank_bytes(0)], host_bytes=plan.host_bytes())
-    return plan.host
+        logger.record("plan", **plan.to_json(), bytes=[plan.device_bytes(0)], host_bytes=plan.host_bytes())
+    return plan
+
+
+def host_cache_hit_rate(model: DLRM) -> float | None:
+    """The share of host-table lookups the device cache served, None without a cache."""
+    host = model.host_embeddings
+    return host.hit_rate() if isinstance(host, CachedEmbedding) else None
 
 
 def plan_ranks(cfg: RunConfig, model_cfg: DLRMConfig, env: DistEnv, device: torch.device,
@@ -173,7 +184,8 @@ def build_run(cfg: RunConfig, device: torch.device, env: DistEnv | None = None,
     precision = Precision.parse(cfg.amp, cfg.amp_dtype, device)
     spec, model_cfg = shape or model_config(cfg, device)
     if env is None:
-        model = DLRM(model_cfg, device=device, host_tables=plan_one_device(cfg, model_cfg, device, logger))
+        plan = plan_one_device(cfg, model_cfg, device, logger)
+        model = DLRM(model_cfg, device=device, host_tables=plan.host, host_cache_rows=plan.host_cache_rows)
         source = lambda split, batch_size: make_source(cfg.data, spec, split, batch_size, device)  # noqa: E731
     else:
         model, parallel = parallelize(model_cfg, plan_ranks(cfg, model_cfg, env, device, logger), device,

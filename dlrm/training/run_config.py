@@ -75,10 +75,15 @@ class ParallelConfig:
     gradient_sync: str = "after_backward"
     gradient_bucket_mb: float = 25.0
     dist_timeout: float = 300.0
+    # Device rows caching the host tables (``DLRM(host_cache_rows=...)``); 0: looked up on the host.
+    host_table_cache_rows: int = 0
 
     def __post_init__(self) -> None:
         check_positive(device_memory_gb=self.device_memory_gb, dist_timeout=self.dist_timeout,
                        gradient_bucket_mb=self.gradient_bucket_mb)
+        rows = self.host_table_cache_rows
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+            raise ValueError(f"`host_table_cache_rows` must be an integer >= 0, got {rows!r}")
         if self.exchange_dtype not in EXCHANGE_DTYPES:
             raise ValueError(f"`exchange_dtype` must be one of {EXCHANGE_DTYPES}, got {self.exchange_dtype!r}")
         if self.gradient_sync not in GRADIENT_SYNC:
@@ -135,6 +140,23 @@ class RunConfig:
         self.optimizer.validate_table_dtype(EMBEDDING_DTYPES[self.model.embedding_dtype])
         if self.model.embedding_type == "joint_fused":  # its kernels' optimizers only
             self.optimizer.validate_fused()
+        _check_host_cache(self)
+
+
+def _check_host_cache(cfg: RunConfig) -> None:
+    """A cache of host-table rows needs the fused embedding (its kernels run on the slots), host
+    tables to cache, and no CUDA graphs (each step reads its number of misses on the host)."""
+    if not cfg.parallel.host_table_cache_rows:
+        return
+    if cfg.model.embedding_type != "joint_fused":
+        raise ValueError(f"`host_table_cache_rows` needs `embedding_type=joint_fused`, got "
+                         f"`embedding_type={cfg.model.embedding_type}`")
+    if cfg.train.cuda_graphs:
+        raise ValueError("`host_table_cache_rows` cannot be captured in CUDA graphs (each step reads its number of "
+                         "misses on the host): drop `cuda_graphs`")
+    if cfg.parallel.host_tables == "none" or cfg.parallel.host_tables == []:
+        raise ValueError("`host_table_cache_rows` caches tables kept in host memory, and `host_tables=none` keeps "
+                         "none there: list them in `host_tables`")
 
 
 def _check_train(cfg: TrainConfig) -> None:
@@ -156,6 +178,7 @@ def _check_data(cfg: DataConfig) -> None:
     check_non_negative(synthetic_num_entries=cfg.synthetic_num_entries,
                        synthetic_num_test_entries=cfg.synthetic_num_test_entries,
                        synthetic_num_numerical=cfg.synthetic_num_numerical)
+    check_positive(synthetic_zipf_exponent=cfg.synthetic_zipf_exponent)
     if any(not size >= 1 for size in cfg.synthetic_table_sizes):
         raise ValueError("`synthetic_table_sizes` must be positive integers")
     if cfg.synthetic_bag_sizes is not None and any(not size >= 1 for size in cfg.synthetic_bag_sizes):

@@ -1,0 +1,104 @@
+"""The command line's device cache of host-table rows (``--host_table_cache_rows``) and the
+synthetic ids' skew (``--synthetic_zipf_exponent``): a cached run trains as the same run without
+the cache, the log states the hit rate, and the settings it cannot work with are refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dlrm.data.sources import make_source
+from dlrm.data.synthetic import SyntheticDataset
+from dlrm.training.checkpoint import load_checkpoint
+from dlrm.training.build import build_run
+from dlrm.scripts import dlrm_flags
+from test_optimizers import rowwise_adagrad_cli_args
+
+
+def records(log: str, kind: str) -> list[dict]:
+    return [r for r in map(json.loads, open(log)) if r["type"] == kind]
+
+
+def fused_args(log: str) -> list[str]:
+    return [*rowwise_adagrad_cli_args(log), "--embedding_type", "joint_fused", "--max_steps", "16"]
+
+
+def checkpoint_weights(path: str, args: list[str]) -> dict[str, torch.Tensor]:
+    """The checkpoint at ``path`` loaded into the model ``args`` describe (all tables on the device)."""
+    values = dlrm_flags.check_args(args)
+    cfg = dlrm_flags.run_config(values)
+    run = build_run(cfg, torch.device("cpu"))
+    load_checkpoint(path, run.model, verify=True)
+    return {name: tensor.detach().clone() for name, tensor in run.model.state_dict().items()}
+
+
+def test_cli_cache_of_a_host_table_trains_as_without_it_and_logs_its_hit_rate(cli, tmp_path):
+    """Table 3 (1,000 rows) on the host behind 800 device rows (a test batch of 4,096 uses about
+    570): losses and the final checkpoint equal the run that keeps it on the host uncached; the
+    plan and the log state the cache."""
+    logs = {name: str(tmp_path / f"{name}.json") for name in ("plain", "cached")}
+    ckpts = {name: str(tmp_path / name) for name in logs}
+    cli("dlrm.scripts.main", *fused_args(logs["plain"]), "--host_tables", "3", "--save_checkpoint_path",
+        ckpts["plain"])
+    out = cli("dlrm.scripts.main", *fused_args(logs["cached"]), "--host_tables", "3", "--host_table_cache_rows",
+              "800", "--save_checkpoint_path", ckpts["cached"]).stdout
+    assert "through 800 rows cached on the device" in out
+    assert records(logs["cached"], "plan")[0]["host_cache_rows"] == 800
+    plain, cached = ([r["loss"] for r in records(logs[n], "train")] for n in ("plain", "cached"))
+    assert len(plain) == 1 and cached == pytest.approx(plain, rel=1e-5)
+    hit_rate = records(logs["cached"], "host_cache")[0]["host_cache_hit_rate"]
+    assert 0 < hit_rate <= 1 and not records(logs["plain"], "host_cache")
+    args = fused_args(str(tmp_path / "load.json"))
+    weights = [checkpoint_weights(ckpts[n], args) for n in ("plain", "cached")]
+    assert weights[0].keys() == weights[1].keys()
+    for name, tensor in weights[0].items():
+        torch.testing.assert_close(weights[1][name], tensor, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--host_tables", "3"], "--host_table_cache_rows needs --embedding_type=joint_fused"),
+    (["--embedding_type", "joint_fused", "--host_tables", "none"], "--host_tables=none keeps none there"),
+    (["--embedding_type", "joint_fused"], "every table fits on the device"),  # auto: none on the CPU
+    (["--embedding_type", "joint_fused", "--host_tables", "3", "--cuda_graphs"], "drop --cuda_graphs"),
+    # 32 KB: the device tables (14.5 KB) fit, not with 1,000 cached rows of 36 bytes and the slot map
+    (["--embedding_type", "joint_fused", "--host_tables", "3", "--device_memory_gb", "0.00003"],
+     "lower --host_table_cache_rows"),
+])
+def test_cli_refuses_a_host_cache_it_cannot_use_in_one_line(cli, tmp_path, extra, says):
+    proc = cli("dlrm.scripts.main", *rowwise_adagrad_cli_args(str(tmp_path / "log.json")), "--max_steps", "1",
+               "--host_table_cache_rows", "2000", *extra, check=False)
+    assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def _frequency_slope(ids: torch.Tensor, head: int) -> float:
+    """Least-squares slope of log count against log (id + 1) over the ``head`` most frequent ids."""
+    counts = torch.bincount(ids, minlength=head)[:head].double()
+    x, y = torch.arange(1, head + 1, dtype=torch.float64).log(), counts.clamp(min=1).log()
+    x, y = x - x.mean(), y - y.mean()
+    return float((x * y).sum() / (x * x).sum())
+
+
+@pytest.mark.parametrize("exponent", [0.8, 1.2])
+def test_cli_zipf_exponent_draws_the_ids_of_synthetic_dataset_with_that_exponent(exponent):
+    """``--synthetic_zipf_exponent x``: the run's data are ``SyntheticDataset(zipf_exponent=x)``'s,
+    and their id frequencies fall with slope about -x."""
+    args = ["--base_device", "cpu", "--synthetic_dataset_table_sizes", "100000,50",
+            "--synthetic_dataset_num_entries", "65536", "--batch_size", "65536",
+            "--synthetic_zipf_exponent", str(exponent)]
+    cfg = dlrm_flags.run_config(dlrm_flags.check_args(args))
+    assert cfg.data.synthetic_zipf_exponent == exponent
+    spec_source = make_source(cfg.data, None, "train", 65536, torch.device("cpu"))
+    ids = spec_source.read_batch(0).categorical
+    reference = SyntheticDataset(13, [100000, 50], 65536, 65536, seed=cfg.seed, split="train",
+                                 zipf_exponent=exponent).read_batch(0).categorical
+    assert torch.equal(ids, reference)
+    assert _frequency_slope(ids[:, 0].long(), 200) == pytest.approx(-exponent, abs=0.15)
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "nan"])
+def test_cli_refuses_a_zipf_exponent_that_is_not_positive(cli, bad):
+    proc = cli("dlrm.scripts.main", "--base_device", "cpu", f"--synthetic_zipf_exponent={bad}", check=False)
+    assert proc.returncode == 2 and "--synthetic_zipf_exponent must be positive" in proc.stderr, proc.stderr
