@@ -73,6 +73,20 @@ def test_cli_refuses_a_host_cache_it_cannot_use_in_one_line(cli, tmp_path, extra
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
+def test_cli_stops_in_one_line_when_a_batch_outgrows_the_cache(cli, tmp_path):
+    """300 cache rows hold a training step's rows (batches of 512, power-law ids) but not those of
+    the test batch of 4,096 (about 570 distinct rows of table 3): one line naming the flag, exit 2,
+    and the trained steps saved before it."""
+    ckpt = tmp_path / "ckpt"
+    proc = cli("dlrm.scripts.main", *fused_args(str(tmp_path / "log.json")), "--host_tables", "3",
+               "--host_table_cache_rows", "300", "--save_checkpoint_path", str(ckpt), check=False)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --host_table_cache_rows=300 is too small"), proc.stderr
+    assert records(str(tmp_path / "log.json"), "summary")[0]["stop_reason"] == "error"
+    assert records(str(tmp_path / "log.json"), "checkpoint")[-1]["step"] == 16 and (ckpt / "meta.json").exists()
+
+
 def _frequency_slope(ids: torch.Tensor, head: int) -> float:
     """Least-squares slope of log count against log (id + 1) over the ``head`` most frequent ids."""
     counts = torch.bincount(ids, minlength=head)[:head].double()

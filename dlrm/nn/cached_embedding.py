@@ -37,6 +37,11 @@ from dlrm.nn.embeddings import JointFusedEmbedding, PendingBagUpdate, _FusedBagL
 POLICIES = ("lru", "lfu")
 
 
+class CacheTooSmallError(ValueError):
+    """A batch looks up more distinct rows than the cache has slots (the user's setting, not a
+    fault: the command line reports it in one line; the run saves its last whole step first)."""
+
+
 class CachedEmbedding(JointFusedEmbedding):
     """``JointFusedEmbedding`` kept on the host behind ``cache_rows`` device slots.
 
@@ -111,9 +116,10 @@ class CachedEmbedding(JointFusedEmbedding):
         free &= ~self.slot_pinned
         candidates = free.nonzero().squeeze(1)
         if candidates.numel() < rows.numel():
-            raise ValueError(f"`cache_rows={self.cache_rows}` is too small: one step needs {rows.numel()} more rows "
-                             f"than the {candidates.numel()} slots it may evict; give at least the unique rows of "
-                             f"a step")
+            raise CacheTooSmallError(
+                f"`cache_rows={self.cache_rows}` is too small: one step needs {rows.numel()} more rows than the "
+                f"{candidates.numel()} slots it may evict; give at least the distinct rows one batch looks up in "
+                f"the cached tables (at most the batch size times the ids per sample)")
         # Empty slots score -1 and go first; ties fall to the lowest slot (a stable sort).
         order = torch.sort(self.slot_score[candidates], stable=True).indices[: rows.numel()]
         victims = candidates[order]

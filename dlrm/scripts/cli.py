@@ -59,6 +59,7 @@ DEFAULT_ERRORS: tuple[type[BaseException] | str, ...] = (
     "dlrm.distributed.planner.PlanError",
     "dlrm.data.atomic.StorageError",
     "dlrm.training.logger.LogOpenError",
+    "dlrm.nn.cached_embedding.CacheTooSmallError",
 )
 USAGE_ERROR_EXIT = 2
 
@@ -67,6 +68,7 @@ LIBRARY_FLAGS = {
     "verify=False": "skip_checkpoint_verify",  # load_checkpoint(verify=False)
     "capacity": "device_memory_gb",  # plan_tables(capacity=bytes per rank)
     "override": "table_placement",  # plan_tables(override=placement)
+    "cache_rows": "host_table_cache_rows",  # CachedEmbedding(cache_rows=...)
     # DataConfig's synthetic settings (dlrm.data.sources), named after NVIDIA's flags there
     "synthetic_num_entries": "synthetic_dataset_num_entries",
     "synthetic_num_test_entries": "synthetic_dataset_num_test_entries",
