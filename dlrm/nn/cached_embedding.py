@@ -146,10 +146,7 @@ class CachedEmbedding(JointFusedEmbedding):
         if slots.numel() == 0:
             return
         rows = self.slot_row[slots]
-        host_rows = rows.cpu()
-        self.weight.detach().index_copy_(0, host_rows, self.cache_weight[slots].cpu())
-        if self._host_state is not None:
-            self._host_state.index_copy_(0, host_rows, self.cache_state[slots].cpu().to(self._host_state.dtype))
+        self._copy_to_host(slots, rows.cpu())
         self.slot_map[rows] = -1
         self.slot_row[slots] = -1
         self.writebacks += slots.numel()
@@ -160,11 +157,14 @@ class CachedEmbedding(JointFusedEmbedding):
         if not self.__dict__.get("_dirty"):  # also while the parent constructor initialises the table
             return
         slots = (self.slot_row >= 0).nonzero().squeeze(1)
-        rows = self.slot_row[slots].cpu()
-        self.weight.detach().index_copy_(0, rows, self.cache_weight[slots].cpu())
-        if self._host_state is not None:
-            self._host_state.index_copy_(0, rows, self.cache_state[slots].cpu().to(self._host_state.dtype))
+        self._copy_to_host(slots, self.slot_row[slots].cpu())
         self._dirty = False
+
+    def _copy_to_host(self, slots: torch.Tensor, host_rows: torch.Tensor) -> None:
+        """The values (and accumulators) in ``slots`` into the host table's ``host_rows``."""
+        self.weight.detach().index_copy_(0, host_rows, self.cache_weight[slots].cpu())
+        if self._host_state is not None:
+            self._host_state.index_copy_(0, host_rows, self.cache_state[slots].cpu().to(self._host_state.dtype))
 
     @torch.no_grad()
     def invalidate_(self) -> None:
