@@ -58,6 +58,7 @@ DEFAULT_ERRORS: tuple[type[BaseException] | str, ...] = (
     "dlrm.training.checkpoint.CheckpointError",
     "dlrm.distributed.planner.PlanError",
     "dlrm.data.atomic.StorageError",
+    "dlrm.data.outputs.OutputError",
     "dlrm.training.logger.LogOpenError",
     "dlrm.nn.cached_embedding.CacheTooSmallError",
 )

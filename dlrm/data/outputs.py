@@ -1,0 +1,254 @@
+"""The output rule: nothing the user owns is ever destroyed.
+
+Every path a command writes (checkpoints, datasets, predictions, exports, Triton repositories,
+Spark outputs, logs, TensorBoard folders) is claimed here, before any work, with one call:
+
+    claim_output(path, CHECKPOINT_KIND, "save_checkpoint_path", inputs={"dataset": dataset},
+                 replace=overwrite, keep=resume)
+
+and the call either returns (the write may go ahead) or raises ``OutputError``, a user error
+whose one line names the setting, the path and the fix, with nothing touched. The rule:
+
+- a destination that does not exist, or an empty directory, is free;
+- an existing destination that is not this program's own output of the same kind (decided by
+  the kind's ``recognise``: a checkpoint's ``meta.json``, a dataset's ``feature_spec.yaml`` and
+  ``.bin`` files, nothing else in it) is refused, whatever the flags say: the user removes it
+  by hand if that is what they want;
+- this program's own earlier output is replaced only when the user asked for it (``replace``,
+  the `overwrite` setting) or continued when they asked for that (``keep``, e.g. `resume`, or
+  an appending log);
+- an output is never an input of the same run, nor inside one, nor around one; a directory
+  output is never the working directory nor one of its parents; a symbolic link is refused
+  (its target would be written through or replaced);
+- the names a writer puts beside its output (``siblings``, e.g. a checkpoint's ``.old`` and
+  ``.lock``) follow the same rule;
+- a path a spec names for writing must resolve inside the output directory (``inside``).
+
+Why by content and not by a marker file: outputs written before this rule existed, and those
+of NVIDIA's tools in the same format, are recognised too, and a folder that holds anything
+else (a ``notes.txt``) is never taken for one.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+PathLike = str | os.PathLike
+
+
+class OutputError(ValueError):
+    """A destination this run may not write; the message names the setting, path and fix."""
+
+
+@dataclass(frozen=True)
+class OutputKind:
+    """What a writer writes. ``name``: how messages call it ("checkpoint", "dataset");
+    ``directory``: a folder, else one file; ``recognise(path)``: whether the existing ``path``
+    holds this program's own output of this kind."""
+
+    name: str
+    directory: bool
+    recognise: Callable[[str], bool]
+
+
+def _walk_files(path: str, limit: int = 100_000) -> Iterable[str] | None:
+    """Every file under ``path``, relative and '/'-separated; None when there are more than
+    ``limit`` or something is neither a file nor a directory (a link, a socket)."""
+    found = []
+    for directory, dirs, files in os.walk(path, followlinks=False):
+        for name in dirs:
+            if os.path.islink(os.path.join(directory, name)):
+                return None
+        for name in files:
+            full = os.path.join(directory, name)
+            if os.path.islink(full) or not os.path.isfile(full):
+                return None
+            found.append(os.path.relpath(full, path).replace(os.sep, "/"))
+            if len(found) > limit:
+                return None
+    return found
+
+
+def holds_only(path: str, patterns: Sequence[str], required: Sequence[str] = ()) -> bool:
+    """Whether directory ``path`` holds nothing but files whose relative, '/'-separated paths
+    match one of ``patterns`` (``fnmatch``; ``*`` crosses '/'), and every file of ``required``.
+    Hidden temporaries of this program's writers (``.<name>.<pid>@<host>.<tag>.tmp``) count as its own."""
+    files = _walk_files(path)
+    if files is None:
+        return False
+    own = list(patterns) + ["*.tmp"]
+    return (all(any(fnmatch.fnmatchcase(f, p) for p in own) for f in files)
+            and all(os.path.isfile(os.path.join(path, r)) for r in required))
+
+
+def first_foreign(path: str, patterns: Sequence[str]) -> str | None:
+    """The first entry under ``path`` that ``holds_only`` would not accept (for messages)."""
+    for directory, dirs, files in os.walk(path, followlinks=False):
+        for name in sorted(dirs + files):
+            full = os.path.join(directory, name)
+            rel = os.path.relpath(full, path).replace(os.sep, "/")
+            if os.path.islink(full) or (not os.path.isdir(full) and not os.path.isfile(full)):
+                return rel
+            if os.path.isfile(full) and not any(fnmatch.fnmatchcase(rel, p) for p in list(patterns) + ["*.tmp"]):
+                return rel
+    return None
+
+
+def _real(path: PathLike) -> str:
+    return os.path.realpath(os.path.abspath(os.fspath(path)))
+
+
+def _within(inner: str, outer: str) -> bool:
+    """Whether real path ``inner`` is ``outer`` or lies under it."""
+    return inner == outer or inner.startswith(outer.rstrip(os.sep) + os.sep)
+
+
+def _inputs(inputs: Mapping[str, PathLike | Sequence[PathLike] | None]) -> list[tuple[str, str]]:
+    found = []
+    for setting, value in inputs.items():
+        if value is None:
+            continue
+        values = [value] if isinstance(value, (str, os.PathLike)) else list(value)
+        found += [(setting, os.fspath(v)) for v in values if v is not None and os.fspath(v) != ""]
+    return found
+
+
+def check_not_input(path: PathLike, setting: str,
+                    inputs: Mapping[str, PathLike | Sequence[PathLike] | None]) -> None:
+    """An output is never an input of the same run, nor inside one, nor around one."""
+    out = _real(path)
+    for input_setting, value in _inputs(inputs):
+        source = _real(value)
+        if out == source:
+            relation = "is"
+        elif _within(out, source):
+            relation = "is inside"
+        elif _within(source, out):
+            relation = "contains"
+        else:
+            continue
+        raise OutputError(f"`{setting}` {path} {relation} the input `{input_setting}` {value}: a run never writes "
+                          f"over what it reads; choose another `{setting}`; nothing was changed")
+
+
+def claim_output(path: PathLike, kind: OutputKind, setting: str, *,
+                 inputs: Mapping[str, PathLike | Sequence[PathLike] | None] | None = None,
+                 replace: bool = False, keep: bool = False, replace_setting: str = "overwrite",
+                 keep_setting: str | None = None, siblings: Mapping[str, OutputKind] | None = None) -> str:
+    """Checks that ``path`` (the value of ``setting``) may receive this run's ``kind`` of output
+    (module docstring) and returns it as an absolute path; raises ``OutputError`` otherwise.
+    ``replace``: the user asked to replace an earlier output of this kind (``replace_setting``);
+    ``keep``: to continue or add to it (``keep_setting``; None: nothing to name in messages, the
+    writer adds to its own output as a matter of course, as a log does); ``siblings``: suffixes
+    the writer puts beside ``path`` (``".old"``) with what each may hold."""
+    raw = os.fspath(path)
+    if raw == "":
+        raise OutputError(f"`{setting}` is empty: name a path to write to")
+    absolute = os.path.abspath(raw)
+    check_not_input(absolute, setting, inputs or {})
+    if os.path.islink(absolute):
+        raise OutputError(f"`{setting}` {raw} is a symbolic link (to {os.readlink(absolute)}): name the real "
+                          f"location instead, or remove the link; nothing was changed")
+    if kind.directory and _within(_real(os.getcwd()), _real(absolute)):
+        raise OutputError(f"`{setting}` {raw} is the working directory or holds it: a {kind.name} is written as a "
+                          f"folder of its own; choose a new folder, e.g. `{setting}`={os.path.join(raw, kind.name.replace(' ', '_'))}; "
+                          "nothing was changed")
+    parent = os.path.dirname(absolute)
+    while parent and not os.path.lexists(parent) and os.path.dirname(parent) != parent:
+        parent = os.path.dirname(parent)
+    if os.path.lexists(parent) and not os.path.isdir(parent):
+        raise OutputError(f"`{setting}` {raw}: {parent} is a file, not a folder: choose a path under a folder; "
+                          "nothing was changed")
+    for suffix, sibling_kind in (siblings or {}).items():
+        _check_existing(absolute.rstrip(os.sep) + suffix, sibling_kind, setting, raw, True, True,
+                        replace_setting, keep_setting)
+    _check_existing(absolute, kind, setting, raw, replace, keep, replace_setting, keep_setting)
+    return absolute
+
+
+def _check_existing(absolute: str, kind: OutputKind, setting: str, raw: str, replace: bool, keep: bool,
+                    replace_setting: str, keep_setting: str | None) -> None:
+    """The part of the rule about what already stands at ``absolute``."""
+    if not os.path.lexists(absolute):
+        return
+    shown = raw if absolute == os.path.abspath(raw) else absolute
+    if os.path.islink(absolute):
+        raise OutputError(f"`{setting}`: {shown} is a symbolic link: this run would write through it; remove it or "
+                          "choose another path; nothing was changed")
+    if kind.directory and not os.path.isdir(absolute):
+        raise OutputError(f"`{setting}` {shown} is a file, not a folder: a {kind.name} is a folder; choose another "
+                          "path; nothing was changed")
+    if not kind.directory and not os.path.isfile(absolute):
+        what = "a folder" if os.path.isdir(absolute) else "not an ordinary file"
+        raise OutputError(f"`{setting}` {shown} is {what}: the {kind.name} is one file; name a file path; "
+                          "nothing was changed")
+    if kind.directory:
+        try:
+            empty = not os.listdir(absolute)
+        except OSError as e:
+            raise OutputError(f"`{setting}` {shown} cannot be read ({e.strerror}): choose another path; "
+                              "nothing was changed") from None
+        if empty:
+            return
+    if not kind.recognise(absolute):
+        holds = f" (it holds {_example(absolute)})" if kind.directory else ""
+        raise OutputError(f"`{setting}` {shown} already exists and is not a {kind.name} written by this program{holds}: "
+                          f"it is never replaced; choose a new path, or remove it yourself; nothing was changed")
+    if replace or keep:
+        return
+    hint = f"`{replace_setting}` to replace it"
+    if keep_setting:
+        hint = f"`{keep_setting}` to continue it, or {hint}"
+    raise OutputError(f"`{setting}` {shown} already holds a {kind.name}; pass {hint}, or choose another path; "
+                      "nothing was changed")
+
+
+def _example(path: str) -> str:
+    try:
+        names = sorted(os.listdir(path))
+    except OSError:
+        return "entries that cannot be listed"
+    shown = ", ".join(names[:3])
+    return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def inside(output_dir: PathLike, relative: PathLike, what: str) -> str:
+    """The path a spec names for writing (``relative``, e.g. a CSV file of a feature spec),
+    resolved inside ``output_dir``; an absolute path, or one that climbs out with ``..`` or
+    through a link, is an ``OutputError`` naming ``what``."""
+    rel = os.fspath(relative)
+    base = _real(output_dir)
+    target = os.path.join(base, rel)
+    if os.path.isabs(rel) or not _within(_real(target), base):
+        raise OutputError(f"{what} {rel!r} would be written outside the output folder {output_dir}: "
+                          "paths a spec names for writing must be relative and stay inside it")
+    return target
+
+
+# ----------------------------------------------------------------------------- common kinds
+
+
+def _is_json_lines_log(path: str) -> bool:
+    """A JSON-lines log of this program: empty, or its first line a JSON object with a ``type``."""
+    import json
+
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(1 << 20)
+    except OSError:
+        return False
+    if not first.strip():
+        return os.path.getsize(path) == 0
+    try:
+        record = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and "type" in record
+
+
+LOG = OutputKind("run log", directory=False, recognise=_is_json_lines_log)
+TENSORBOARD = OutputKind("TensorBoard folder", directory=True,
+                         recognise=lambda p: holds_only(p, ["events.out.tfevents.*", "*/events.out.tfevents.*"]))
