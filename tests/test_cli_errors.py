@@ -161,10 +161,10 @@ CASES = [
     Case("main", "--top_mlp_sizes=64,2 --log_path={out}.log.json", "top_mlp_sizes[-1] must be 1"),
     Case("main", "--base_device=tpu --log_path={out}.log.json", "--base_device tpu"),
     Case("main", "--base_device=cuda:x --log_path={out}.log.json", "--base_device cuda:x"),
-    Case("main", "--log_path={dir}", "--log_path {dir}: cannot be written"),
-    Case("main", "--log_path={file}/log.json", "--log_path {file}/log.json: cannot be written"),
+    Case("main", "--log_path={dir}", "--log_path {dir} is a folder"),
+    Case("main", "--log_path={file}/log.json", "--log_path {file}/log.json: {file} is a file, not a folder"),
     Case("main", "--tensorboard_dir={file}/board --log_path={out}.log.json",
-         "--tensorboard_dir {file}/board: cannot be written"),
+         "--tensorboard_dir {file}/board: {file} is a file, not a folder"),
     Case("main", "--mode=test --log_path={out}.log.json", "--load_checkpoint_path"),
     Case("main", "--mode=test --load_checkpoint_path={ckpt_damaged} --log_path={out}.log.json",
          "meta.json: not readable as JSON"),
@@ -172,7 +172,7 @@ CASES = [
     Case("main", "--dataset={badspec} --log_path={out}.log.json", "feature_spec.yaml: not UTF-8 text"),
     Case("main", "--dataset={truncated} --log_path={out}.log.json", "is not a multiple of the row size"),
     Case("main", "--dataset={dataset} --save_checkpoint_path={file} --log_path={out}.log.json",
-         "{file} exists and is not a directory"),
+         "--save_checkpoint_path {file} is a file, not a folder"),
     Case("main", "--dataset={dataset} --mode=inference_benchmark --inference_benchmark_batch_sizes=0 "
          "--log_path={out}.log.json", "--inference_benchmark_batch_sizes: 0"),
     # spark_train checks main's flags, spark_score its model, before Spark starts

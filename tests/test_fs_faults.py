@@ -113,7 +113,7 @@ def dlrm_checkpoint(tmp_path_factory) -> Path:
 
 def test_checkpoint_on_a_read_only_file_system_fails_before_training(tmpfs_ok, dlrm_checkpoint, tmp_path):
     proc, after = on_tmpfs(tmp_path, 1 << 20, *DLRM, "--max_steps", "2", "--save_checkpoint_path", "{fs}/ck",
-                           seed=dlrm_checkpoint, read_only=True)
+                           "--overwrite", seed=dlrm_checkpoint, read_only=True)
     one_line(proc, f"{tmp_path}/fs/ck", *READ_ONLY)
     assert "Epoch:" not in proc.stdout
     assert tree(after) == tree(dlrm_checkpoint)
@@ -129,7 +129,7 @@ def test_checkpoint_under_proc_fails_before_training(tmp_path):
 def test_no_room_for_a_second_checkpoint_fails_before_training(tmpfs_ok, dlrm_checkpoint, tmp_path):
     size = pages(dlrm_checkpoint) + 3 * PAGE  # the lock's page and not half a checkpoint more
     proc, after = on_tmpfs(tmp_path, size, *DLRM, "--max_steps", "2", "--save_checkpoint_path", "{fs}/ck",
-                           seed=dlrm_checkpoint)
+                           "--overwrite", seed=dlrm_checkpoint)
     line = one_line(proc, f"{tmp_path}/fs/ck", *FULL)
     needed = sum(len(data) for data in tree(dlrm_checkpoint / "ck").values())
     assert f"({needed:,} bytes needed, {2 * PAGE:,} free)" in line

@@ -17,7 +17,8 @@ import threading
 
 from absl import app, flags
 
-from dlrm.inference.triton_server import LocalTritonServer, ServerEnv, TritonServerError
+from dlrm.data.outputs import claim_output
+from dlrm.inference.triton_server import SERVER_WORKDIR, LocalTritonServer, ServerEnv, TritonServerError
 from dlrm.scripts import cli
 
 FLAGS = flags.FLAGS
@@ -36,8 +37,9 @@ def main(argv: list[str]) -> int:
         what = "is not a directory" if os.path.exists(FLAGS.model_repository) else "does not exist"
         raise app.UsageError(f"--model_repository {FLAGS.model_repository} {what}; write one with "
                              f"python triton/deployer.py --python_backend --instance_kind cpu")
-    if FLAGS.workdir and os.path.exists(FLAGS.workdir) and not os.path.isdir(FLAGS.workdir):
-        raise app.UsageError(f"--workdir {FLAGS.workdir} is a file; give a directory (created if missing)")
+    if FLAGS.workdir:  # its log and backend links are rewritten: never in a folder of the user's
+        claim_output(FLAGS.workdir, SERVER_WORKDIR, "workdir", inputs={"model_repository": FLAGS.model_repository},
+                     keep=True)
     if FLAGS.http_port and FLAGS.http_port == FLAGS.grpc_port:
         raise app.UsageError(f"--http_port and --grpc_port are both {FLAGS.http_port}; give two ports")
     stop = threading.Event()

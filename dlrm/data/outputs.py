@@ -22,7 +22,9 @@ whose one line names the setting, the path and the fix, with nothing touched. Th
   (its target would be written through or replaced);
 - the names a writer puts beside its output (``siblings``, e.g. a checkpoint's ``.old`` and
   ``.lock``) follow the same rule;
-- a path a spec names for writing must resolve inside the output directory (``inside``).
+- a path a spec names for writing must resolve inside the output directory (``inside``);
+- the file system must take a new file there (``atomic.check_can_create``): a read-only mount
+  fails now, as a ``StorageError``, not after hours of work.
 
 Why by content and not by a marker file: outputs written before this rule existed, and those
 of NVIDIA's tools in the same format, are recognised too, and a folder that holds anything
@@ -148,6 +150,8 @@ def claim_output(path: PathLike, kind: OutputKind, setting: str, *,
     if raw == "":
         raise OutputError(f"`{setting}` is empty: name a path to write to")
     absolute = os.path.abspath(raw)
+    if not kind.directory and absolute == os.devnull:
+        return absolute  # output thrown away on purpose: nothing to protect
     check_not_input(absolute, setting, inputs or {})
     if os.path.islink(absolute):
         raise OutputError(f"`{setting}` {raw} is a symbolic link (to {os.readlink(absolute)}): name the real "
@@ -166,6 +170,9 @@ def claim_output(path: PathLike, kind: OutputKind, setting: str, *,
         _check_existing(absolute.rstrip(os.sep) + suffix, sibling_kind, setting, raw, True, True,
                         replace_setting, keep_setting)
     _check_existing(absolute, kind, setting, raw, replace, keep, replace_setting, keep_setting)
+    from dlrm.data.atomic import check_can_create  # here: atomic's directory helpers use this module
+
+    check_can_create(absolute, f"the {kind.name}")  # a read-only or full file system: now, not after the work
     return absolute
 
 

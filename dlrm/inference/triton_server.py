@@ -30,6 +30,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from dlrm.data.outputs import OutputKind
 
 SETUP_HINT = "create it with: bash triton/setup_server_env.sh <dir>"
 
@@ -119,6 +120,24 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+_WORKDIR_ENTRIES = {"tritonserver.log", "backends", "backends/python", "backends/python/libtriton_python.so",
+                    "backends/python/triton_python_backend_utils.py", "backends/python/triton_python_backend_stub"}
+
+
+def is_server_workdir(path: str) -> bool:
+    """Whether ``path`` holds nothing but what ``LocalTritonServer`` writes in its working
+    folder: the server's log and the backend folder of links it makes."""
+    for directory, dirs, files in os.walk(path, followlinks=False):
+        for name in dirs + files:
+            rel = os.path.relpath(os.path.join(directory, name), path).replace(os.sep, "/")
+            if rel not in _WORKDIR_ENTRIES:
+                return False
+    return True
+
+
+SERVER_WORKDIR = OutputKind("Triton server working folder", directory=True, recognise=is_server_workdir)
 
 
 class LocalTritonServer:

@@ -138,12 +138,15 @@ def network_of(path: str):
 
 def load_model(path: str, parallel, device: torch.device | str = "cpu") -> SparseAutoencoder:
     """This process's part of the network a checkpoint holds, built from its own definition and
-    seed and loaded (for predict and evaluate)."""
-    meta = read_meta(path)
-    network = parse_network(meta["network"]).resolve(meta["n_input"], meta["n_output"])
-    model = SparseAutoencoder(network, parallel, seed=int(meta.get("seed", 0)), device=device)
-    load(path, model)
-    return model
+    seed and loaded (for predict and evaluate), all from one save (``store.read_consistently``)."""
+    def build_and_load() -> SparseAutoencoder:
+        meta = read_meta(path)
+        network = parse_network(meta["network"]).resolve(meta["n_input"], meta["n_output"])
+        model = SparseAutoencoder(network, parallel, seed=int(meta.get("seed", 0)), device=device)
+        _load(path, model, None, True)
+        return model
+
+    return store.read_consistently(path, build_and_load)
 
 
 def _latent(network) -> str:
@@ -182,7 +185,13 @@ def _restore(where: str, params: dict[str, torch.nn.Parameter], weights: dict[st
 def load(path: str, model: SparseAutoencoder, optimizer: torch.optim.Optimizer | None = None,
          verify: bool = True) -> AutoencoderState:
     """Loads this process's part of a checkpoint saved by any process count; with
-    ``optimizer``, its state too (for resuming). Returns the train state."""
+    ``optimizer``, its state too (for resuming). Returns the train state. What is loaded always
+    comes from one save, even while another run saves to ``path`` (``store.read_consistently``)."""
+    return store.read_consistently(path, lambda: _load(path, model, optimizer, verify))
+
+
+def _load(path: str, model: SparseAutoencoder, optimizer: torch.optim.Optimizer | None,
+          verify: bool) -> AutoencoderState:
     meta = read_meta(path)
     _check_model(path, meta, model)
     reads = {kind: store.pieces_for(path, meta, kind, total, rows, f"the {kind} layer")

@@ -124,13 +124,19 @@ flags.DEFINE_string("load_checkpoint_path", None,
                     "Checkpoint directory to load. In train mode, as NVIDIA's: its weights, then a fresh run from "
                     "step 0 (optimizer, learning-rate schedule and data order start anew); with --resume the run "
                     "continues exactly where that checkpoint stopped.")
-flags.DEFINE_string("save_checkpoint_path", None, "Directory to save the checkpoint to (atomically) at the end.")
+flags.DEFINE_string("save_checkpoint_path", None,
+                    "Directory to save the checkpoint to (atomically) at the end: absent or empty, or holding this "
+                    "program's checkpoint with --resume (continue it) or --overwrite (start over in its place). "
+                    "A folder holding anything else is never replaced.")
 flags.DEFINE_integer("checkpoint_freq", None, "Also save every this many steps.")
 flags.DEFINE_boolean("resume", False,
                      "Continue a run exactly (weights, optimizer and scaler state, step, data position, RNG): from "
                      "--save_checkpoint_path when it holds a checkpoint, else from --load_checkpoint_path when "
                      "given, else start afresh: one command for the first start and every restart (Spark stage "
                      "retries, torchrun --max_restarts, a requeued job).")
+flags.DEFINE_boolean("overwrite", False,
+                     "Start a new run and replace the checkpoint already at --save_checkpoint_path (without it, or "
+                     "--resume, a run refuses to replace one).")
 flags.DEFINE_boolean("skip_checkpoint_verify", False,
                      "Load --load_checkpoint_path without comparing its files' checksums with those saved in "
                      "meta.json (sizes, shapes and safe unpickling are still checked). For a damaged checkpoint "
@@ -279,7 +285,7 @@ def _run_config(v: flags.FlagValues) -> RunConfig:
         dist_timeout=v.dist_timeout, host_table_cache_rows=v.host_table_cache_rows,
     )
     checkpoint = CheckpointConfig(load_checkpoint_path=v.load_checkpoint_path, resume=v.resume,
-                                  verify=not v.skip_checkpoint_verify)
+                                  overwrite=v.overwrite, verify=not v.skip_checkpoint_verify)
     return RunConfig(mode=v.mode, seed=v.seed, base_device=v.base_device, amp=v.amp, amp_dtype=v.amp_dtype,
                      allow_tf32=v.allow_tf32, batch_size=v.batch_size, test_batch_size=v.test_batch_size,
                      validate_dataset=v.validate_dataset, data=data, model=model, optimizer=optimizer_config(v),

@@ -27,7 +27,7 @@ from dlrm.inference.benchmark import benchmark_inference, exported_forward, form
 from dlrm.scripts import cli, dlrm_flags, nvidia_flags
 from dlrm.scripts.dlrm_flags import check_args  # noqa: F401  (spark_train and the tests check flags through main)
 from dlrm.training.build import Run, build_run, model_config, resolve_device, start_processes, start_training
-from dlrm.training.build import host_cache_hit_rate, table_bytes, validate_sources
+from dlrm.training.build import claim_outputs, host_cache_hit_rate, table_bytes, validate_sources
 from dlrm.training.checkpoint import CheckpointLock
 from dlrm.training.cuda_graphs import GraphedInference
 from dlrm.training.logger import RunLogger
@@ -199,6 +199,8 @@ def _main(argv: list[str], env: DistEnv | None) -> int:
         return _run_plan(cfg, device)
     if env is not None and cfg.mode == "inference_benchmark":
         raise app.UsageError("--mode inference_benchmark runs on one process: start it without torchrun")
+    with _usage_errors():
+        claim_outputs(cfg, FLAGS.log_path, FLAGS.tensorboard_dir)  # before any work: nothing of the user's is replaced
     collectives = start_processes(cfg, env, device)
     logger = RunLogger(FLAGS.log_path, enabled=collectives.rank == 0, tensorboard_dir=FLAGS.tensorboard_dir)
     with logger:

@@ -17,7 +17,8 @@ approximation for very large catalogues, not the exact loss DSSTNE computed.
 A checkpoint is written every --checkpoint_every_steps steps (else at the end of every epoch)
 and where the run stops; --resume continues from it exactly, given the same --seed and
 --batch_size. Without --resume an existing checkpoint at --save_checkpoint_path is an error,
-never silently replaced.
+never silently replaced (--overwrite starts over in its place); a folder holding anything else is
+never replaced at all.
 
 Flag names are dlrm.scripts.main's for the same settings: --save_checkpoint_path, --print_freq
 and --base_device; the earlier names --checkpoint_path, --log_every_steps and --device are
@@ -66,6 +67,9 @@ flags.DEFINE_string("save_checkpoint_path", None, "Checkpoint directory, written
 cli.alias("checkpoint_path", "save_checkpoint_path", "the earlier name")
 flags.DEFINE_boolean("resume", False, "Continue from the checkpoint at --save_checkpoint_path if there is one "
                      "(exactly where it stopped; same --seed and --batch_size).")
+flags.DEFINE_boolean("overwrite", False, "Start a new run and replace the checkpoint (and its .best) already at "
+                     "--save_checkpoint_path; a folder that holds anything but this program's checkpoint is never "
+                     "replaced.")
 flags.DEFINE_integer("checkpoint_every_steps", 0, "Save every this many steps; 0: at the end of every epoch.",
                      lower_bound=0)
 flags.DEFINE_integer("max_steps", None, "Stop after this many steps of this run (the checkpoint resumes).",
@@ -152,7 +156,9 @@ def _main(argv: list[str], env) -> int:
     from dlrm.recommender.validation import ValidationConfig, make_split
     from dlrm.recommender.validation import validate as validate_split
     from dlrm.training.signals import StopOnSignals
+    from dlrm.data.outputs import LOG, TENSORBOARD, claim_output
     from dlrm.training.checkpoint import latest_checkpoint
+    from dlrm.training.checkpoint_store import claim_checkpoint_path
     from dlrm.training.logger import RunLogger
 
     device = common.device(FLAGS.base_device, env)
@@ -161,10 +167,19 @@ def _main(argv: list[str], env) -> int:
         raise app.UsageError("--negatives needs an element-wise output activation; the network's Output layer is "
                              "SoftMax, which needs every item's score: drop --negatives")
     path = FLAGS.save_checkpoint_path
-    found = latest_checkpoint(path)
-    if found is not None and not FLAGS.resume:
-        raise app.UsageError(f"--save_checkpoint_path {path} already holds a checkpoint; pass --resume to continue it, "
-                             f"or give another --save_checkpoint_path")
+    if FLAGS.resume and FLAGS.overwrite:
+        raise app.UsageError("--resume continues the checkpoint at --save_checkpoint_path and --overwrite starts over "
+                             "in its place: pass one of them")
+    # Before any work, every path the run writes obeys the output rule (dlrm.data.outputs).
+    inputs = {"input": FLAGS.input, "output": FLAGS.output, "network": FLAGS.network}
+    claim_checkpoint_path(path, checkpoint.META_FORMAT, inputs=inputs, replace=FLAGS.overwrite, keep=FLAGS.resume,
+                          suffixes=("", ".best") if FLAGS.validation_users > 0 else ("",))
+    inputs["save_checkpoint_path"] = path
+    if FLAGS.log_path:
+        claim_output(FLAGS.log_path, LOG, "log_path", inputs=inputs, keep=True)
+    if FLAGS.tensorboard_dir:
+        claim_output(FLAGS.tensorboard_dir, TENSORBOARD, "tensorboard_dir", inputs=inputs, keep=True)
+    found = None if FLAGS.overwrite else latest_checkpoint(path)
     if found is not None:
         saved = checkpoint.read_meta(found).get("run_config", {})
         for name in _MUST_MATCH_ON_RESUME:

@@ -13,6 +13,7 @@ naming the setting of ``RunConfig`` in backquotes.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -29,7 +30,9 @@ from dlrm.model.dlrm import DLRM, EMBEDDING_DTYPES, DLRMConfig
 from dlrm.model.precision import Precision
 from dlrm.nn.cached_embedding import CachedEmbedding
 from dlrm.nn.embeddings import TableShard
-from dlrm.training.checkpoint import TrainState, latest_checkpoint, load_checkpoint
+from dlrm.data.outputs import LOG, TENSORBOARD, check_not_input, claim_output
+from dlrm.training.checkpoint import FORMAT, TrainState, latest_checkpoint, load_checkpoint
+from dlrm.training.checkpoint_store import claim_checkpoint_path
 from dlrm.training.cuda_graphs import check_cuda_graphs_supported
 from dlrm.training.logger import RunLogger
 from dlrm.training.optimizers import make_optimizer
@@ -195,6 +198,28 @@ def build_run(cfg: RunConfig, device: torch.device, env: DistEnv | None = None,
     if cfg.train.cuda_graphs:  # before any data is read; the training step checks again as a library guard
         check_cuda_graphs_supported(model, device, collectives.world_size, training=cfg.mode == "train")
     return Run(cfg, device, precision, collectives, spec, model_cfg, model, source, logger)
+
+
+def claim_outputs(cfg: RunConfig, log_path: str | None, tensorboard_dir: str | None) -> None:
+    """Before anything runs, every path the run writes obeys the output rule
+    (``dlrm.data.outputs``): the checkpoint at ``save_checkpoint_path`` (refused when another
+    checkpoint is there, unless `resume` continues it or `overwrite` replaces it), the log it
+    appends to, the TensorBoard folder; none is the dataset or a checkpoint it loads."""
+    load_path = cfg.checkpoint.load_checkpoint_path
+    inputs = {"dataset": cfg.data.dataset if not cfg.data.synthetic else None, "load_checkpoint_path": load_path}
+    save_path = cfg.train.save_checkpoint_path if cfg.mode == "train" else None
+    if save_path:
+        if cfg.checkpoint.resume and load_path and os.path.abspath(load_path) == os.path.abspath(save_path):
+            inputs["load_checkpoint_path"] = None  # resuming the run's own checkpoint
+        claim_checkpoint_path(save_path, FORMAT, inputs=inputs, replace=cfg.checkpoint.overwrite,
+                              keep=cfg.checkpoint.resume)
+        inputs["save_checkpoint_path"] = save_path  # what the others must not be inside of either
+    if log_path:
+        claim_output(log_path, LOG, "log_path", inputs=inputs, keep=True)
+    if tensorboard_dir:
+        claim_output(tensorboard_dir, TENSORBOARD, "tensorboard_dir", inputs=inputs, keep=True)
+    if log_path and tensorboard_dir:
+        check_not_input(log_path, "log_path", {"tensorboard_dir": tensorboard_dir})
 
 
 def start_training(run: Run) -> tuple[Any, torch.amp.GradScaler, TrainState | None]:

@@ -305,9 +305,17 @@ def load_checkpoint(
 
     Every shape, and with ``verify`` the checksum of every file this process reads, is checked
     before anything is copied, so a mismatching or damaged checkpoint leaves the model untouched.
-    Files are read with ``weights_only=True``: loading never runs code.
+    Files are read with ``weights_only=True``: loading never runs code. A save to ``path`` by
+    another run meanwhile makes the load start again (``store.read_consistently``): what is
+    loaded always comes from one save.
     """
     path = os.path.abspath(path)
+    return store.read_consistently(
+        path, lambda: _load_checkpoint(path, model, optimizer, scaler, restore_rng, verify))
+
+
+def _load_checkpoint(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                     scaler: torch.amp.GradScaler | None, restore_rng: bool, verify: bool) -> TrainState:
     meta = read_meta(path)
     _check_shapes(path, meta, model)
     local = _local_tables(model)

@@ -31,6 +31,7 @@ import pickle
 import re
 import shutil
 import socket
+import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +41,7 @@ from typing import Any, BinaryIO
 import torch
 
 from dlrm.data.atomic import check_can_create, check_free_space, fsync_dir, writing
+from dlrm.data.outputs import OutputError, OutputKind, claim_output, holds_only
 from dlrm.distributed.collectives import Collectives
 
 META = "meta.json"
@@ -82,7 +84,7 @@ def file_crc32(path: str, chunk_bytes: int = 1 << 26) -> str:
     """CRC-32 of a file as 8 hex digits, read in chunks (zlib releases the GIL: threads scale)."""
     crc = 0
     with open(path, "rb", buffering=0) as f:
-        buf = bytearray(chunk_bytes)
+        buf = bytearray(max(1, min(chunk_bytes, os.fstat(f.fileno()).st_size)))  # small files: no 64 MiB buffer
         view = memoryview(buf)
         while n := f.readinto(buf):
             crc = zlib.crc32(view[:n], crc)
@@ -107,6 +109,50 @@ def check_checkpoint_path(path: str) -> None:
         parent = os.path.dirname(parent)
     if parent and not os.path.isdir(parent):
         raise CheckpointError(f"{parent} is a file: a checkpoint cannot be saved under it")
+
+
+CHECKPOINT_FILES = ("meta.json", "*.pt")  # all a checkpoint directory ever holds
+
+
+def is_checkpoint_dir(path: str) -> bool:
+    """Whether ``path`` holds a checkpoint of this program's store (of either product) and nothing
+    else: ``meta.json`` and tensor files. What the store may move aside or replace."""
+    return holds_only(path, CHECKPOINT_FILES, required=[META])
+
+
+def _is_staging_dir(path: str) -> bool:
+    """A staged save left behind: tensor files and perhaps ``meta.json``, nothing else."""
+    return holds_only(path, CHECKPOINT_FILES)
+
+
+def _is_lock_file(path: str) -> bool:
+    """A lock file of ``CheckpointLock``: empty, or the one line it writes."""
+    try:
+        with open(path, "rb") as f:
+            content = f.read(4097)
+    except OSError:
+        return False
+    return re.fullmatch(rb"(pid \d+ on [^\n]{1,255}\n)?", content) is not None
+
+
+STAGING = OutputKind("staged checkpoint", directory=True, recognise=_is_staging_dir)
+LOCK = OutputKind("checkpoint lock file", directory=False, recognise=_is_lock_file)
+
+
+def claim_checkpoint_path(path: str, fmt: "Format", setting: str = "save_checkpoint_path", *,
+                          inputs: Mapping[str, Any] | None = None, replace: bool = False, keep: bool = False,
+                          keep_setting: str | None = "resume", suffixes: Iterable[str] = ("",)) -> str:
+    """Before a run trains: ``path`` may receive its checkpoints (``dlrm.data.outputs``): absent,
+    empty, or a checkpoint of ``fmt`` which the run continues (``keep``) or replaces
+    (``replace``); the names the store puts beside it (``.tmp``, ``.old``, ``.lock``) hold nothing
+    of the user's; it is none of ``inputs``. ``suffixes``: the checkpoint directories the run
+    writes, as suffixes of ``path`` (a recommender that validates also writes ``PATH.best``)."""
+    kind = fmt.kind
+    for suffix in suffixes:
+        target = path.rstrip(os.sep) + suffix if suffix else path
+        claim_output(target, kind, setting, inputs=inputs, replace=replace, keep=keep, keep_setting=keep_setting,
+                     siblings={".tmp": STAGING, ".old": kind, ".lock": LOCK})
+    return os.path.abspath(path)
 
 
 def state_bytes(module: torch.nn.Module) -> int:
@@ -146,9 +192,13 @@ class CheckpointLock:
 
     def acquire(self) -> "CheckpointLock":
         check_checkpoint_path(self.path[: -len(".lock")])
+        if os.path.lexists(self.path) and (os.path.islink(self.path) or not _is_lock_file(self.path)):
+            raise OutputError(f"`{self.setting}`: {self.path} exists and is not a lock file of this program: it is "
+                              "never overwritten; move it away or choose another path; nothing was changed")
         with writing(self.path[: -len(".lock")], CHECKPOINT):  # a read-only or missing file system fails here
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+                         | getattr(os, "O_NOFOLLOW", 0), 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -193,7 +243,10 @@ def staged_directory(path: str, collectives: Collectives = Collectives(), needed
         check_checkpoint_path(path)
         with writing(path, CHECKPOINT, needed):
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            if os.path.exists(tmp):
+            if os.path.lexists(tmp):
+                if os.path.islink(tmp) or not _is_staging_dir(tmp):
+                    raise OutputError(f"{tmp} is in the way of the checkpoint's staging and is not one of this "
+                                      "program's: move it away; nothing was changed")
                 shutil.rmtree(tmp)
             os.makedirs(tmp)
     collectives.barrier()
@@ -209,6 +262,11 @@ def commit_directory(tmp: str, path: str) -> None:
     """Puts the finished directory ``tmp`` at ``path`` by two renames (the previous one goes to
     ``path.old`` in between), so a crash leaves a complete checkpoint at one of the two."""
     old = f"{path}.old"
+    for existing in (path, old):  # the store moves aside or removes only checkpoints of its own
+        if os.path.lexists(existing) and (os.path.islink(existing) or not (
+                is_checkpoint_dir(existing) or (os.path.isdir(existing) and not os.listdir(existing)))):
+            raise OutputError(f"{existing} is not a checkpoint of this program: it is never replaced; move it away "
+                              "or save elsewhere; nothing was changed")
     if os.path.exists(path):
         if os.path.exists(old):
             shutil.rmtree(old)
@@ -275,6 +333,48 @@ def latest_checkpoint(path: str) -> str | None:
     return None
 
 
+def _identity(path: str) -> tuple[int, ...] | None:
+    """What changes when a save replaces the checkpoint at ``path``: the directory's and its
+    ``meta.json``'s inode and modification time (a commit renames a new directory into place)."""
+    try:
+        d, m = os.stat(path), os.stat(os.path.join(path, META))
+    except OSError:
+        return None
+    return d.st_dev, d.st_ino, m.st_ino, m.st_mtime_ns, m.st_size
+
+
+def _save_under_way(path: str) -> bool:
+    """Whether a save to ``path`` looks under way: its staging or its moved-aside previous."""
+    base = path.rstrip(os.sep)
+    return os.path.isdir(f"{base}.tmp") or os.path.isdir(f"{base}.old")
+
+
+def read_consistently(path: str, read: Callable[[], Any], timeout: float = 60.0) -> Any:
+    """``read()`` of the checkpoint at ``path`` such that everything it read came from one save.
+    Another run may save to ``path`` while we read (a trainer's periodic save, predict or a
+    Triton reload beside it): a commit swaps the whole directory, so a read that saw the
+    directory change under it, or failed while a save was under way, is repeated, for up to
+    ``timeout`` seconds. A damaged checkpoint that nobody is saving fails at once, as before.
+    Why not lock: a reader must never block a trainer, nor need write access to the folder."""
+    deadline = time.monotonic() + timeout
+    while True:
+        before = _identity(path)
+        try:
+            result = read()
+        except CheckpointError:
+            after = _identity(path)
+            changed = after != before if before is not None else (after is not None or _save_under_way(path))
+            if not changed or time.monotonic() > deadline:
+                raise
+        else:
+            if before is not None and _identity(path) == before:
+                return result
+            if time.monotonic() > deadline:
+                raise CheckpointError(f"{path}: the checkpoint kept changing while it was read (another run is saving "
+                                      "to it every moment): load a copy, or stop that run first")
+        time.sleep(0.02)
+
+
 @dataclass(frozen=True)
 class Format:
     """What a product's ``meta.json`` must hold: ``marks``, the entries that say which product
@@ -286,6 +386,24 @@ class Format:
     entries: Mapping[str, type]
     marks: Mapping[str, str] = field(default_factory=dict)
     foreign: str = ""  # what to tell of a meta.json without the marks
+
+    def recognise(self, path: str) -> bool:
+        """Whether directory ``path`` holds a checkpoint of this format (or one whose save was cut
+        short), and nothing but a checkpoint's files."""
+        if not is_checkpoint_dir(path):
+            return False
+        try:
+            with open(os.path.join(path, META), encoding="utf-8") as f:
+                meta = json.load(f)
+        except (ValueError, OSError):
+            return False
+        return (isinstance(meta, dict) and all(meta.get(k) == v for k, v in self.marks.items())
+                and all(k in meta for k in self.entries))
+
+    @property
+    def kind(self) -> OutputKind:
+        """This format as an output of the output rule (``dlrm.data.outputs``)."""
+        return OutputKind(self.name, directory=True, recognise=self.recognise)
 
     def read_meta(self, path: str) -> dict[str, Any]:
         """Reads and checks ``meta.json``: the checkpoint is complete, of this format and version,

@@ -95,10 +95,13 @@ class CheckpointConfig:
     """What a run loads; where it saves is the loop's (``TrainConfig.save_checkpoint_path``).
 
     ``resume``: continue a run exactly, from the save path when it holds a checkpoint, else from
-    ``load_checkpoint_path``; without it ``load_checkpoint_path`` gives weights only (NVIDIA's)."""
+    ``load_checkpoint_path``; without it ``load_checkpoint_path`` gives weights only (NVIDIA's).
+    ``overwrite``: start afresh and replace the checkpoint at the save path; without ``resume`` or
+    it, a checkpoint already there is refused (``dlrm.data.outputs``)."""
 
     load_checkpoint_path: str | None = None
     resume: bool = False
+    overwrite: bool = False
     verify: bool = True  # compare the files' checksums with meta.json's
 
 
@@ -133,6 +136,9 @@ class RunConfig:
                                                                      or self.checkpoint.load_checkpoint_path)):
             raise ValueError("`resume` continues a training run from a checkpoint: pass `save_checkpoint_path` (its "
                              "own, with `checkpoint_freq` to lose at most that many steps) or `load_checkpoint_path`")
+        if self.checkpoint.resume and self.checkpoint.overwrite:
+            raise ValueError("`resume` continues the checkpoint at `save_checkpoint_path` and `overwrite` starts over "
+                             "in its place: pass one of them")
         check_positive(batch_size=self.batch_size, test_batch_size=self.test_batch_size)
         _check_train(self.train)
         _check_data(self.data)
