@@ -13,6 +13,7 @@ from sklearn.metrics import roc_auc_score
 from sklearn.preprocessing import OneHotEncoder
 
 from dlrm.data.batch import Batch
+from dlrm.data.outputs import OutputError
 from dlrm.data.synthetic import (
     FL15_CARDINALITIES,
     HiddenModel,
@@ -311,7 +312,7 @@ def test_write_round_trip_and_refusals(tmp_path):
         assert_batches_equal(rows(reader), expected)
         reader.close()
 
-    with pytest.raises(FileExistsError, match="not empty"):
+    with pytest.raises(OutputError, match="already holds a dataset; pass `overwrite`"):
         write_synthetic_dataset(str(out), 6, sizes, {"train": 10})
     assert FeatureSpec.from_yaml(str(out)).splits == list(samples)  # untouched
     write_synthetic_dataset(str(out), 2, [5], {"train": 10}, overwrite=True)

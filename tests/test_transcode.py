@@ -111,7 +111,8 @@ def test_error_in_later_split_keeps_previous_dataset(tmp_path):
     spec_before = (out / "feature_spec.yaml").read_text()
     bad_test = write(tmp_path, "bad.tsv", TEST_LINES + ["1\tx\t1\t1\t1\t1"])
     with pytest.raises(DatasetError, match=r"bad.tsv, line 3"):
-        transcode({"train": write(tmp_path, "train2.tsv", TRAIN_LINES[:2]), "test": bad_test}, str(out), 2, 3)
+        transcode({"train": write(tmp_path, "train2.tsv", TRAIN_LINES[:2]), "test": bad_test}, str(out), 2, 3,
+                  overwrite=True)
     after = {(d, f): (out / d / f).read_bytes() for d in ("train", "test") for f in os.listdir(out / d)}
     assert after == before
     assert (out / "feature_spec.yaml").read_text() == spec_before
@@ -137,6 +138,6 @@ def test_script(tmp_path):
         np.testing.assert_array_equal(got, expected)
 
     bad = write(tmp_path, "bad.tsv", ["1\t2"])
-    proc = subprocess.run(cmd[:4] + [bad] + cmd[5:], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(cmd[:4] + [bad] + cmd[5:] + ["--overwrite"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert f"{bad}, line 1" in proc.stderr and "Traceback" not in proc.stderr

@@ -24,7 +24,9 @@ import shutil
 import socket
 import tempfile
 import uuid
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Mapping
+
+from dlrm.data.outputs import OutputKind, claim_output
 
 # The file system's refusals a writer meets: the cause in words, and what to do about it.
 _FAULTS: dict[int, tuple[str, str]] = {
@@ -276,26 +278,33 @@ def write_text_atomically(path: str | os.PathLike, text: str, what: str = "") ->
     write_atomically(path, write, what)
 
 
-def check_writable_dir(path: str | os.PathLike, overwrite: bool, what: str = "") -> None:
-    """``path`` may become a dataset directory: absent, empty, or (with ``overwrite``) replaceable,
-    and a staging directory can be created beside it (else a ``StorageError``)."""
-    _check_replaceable(os.fspath(path), overwrite)
-    check_can_create(path, what)
+def check_writable_dir(path: str | os.PathLike, kind: OutputKind, setting: str, overwrite: bool, what: str = "",
+                       inputs: Mapping[str, object] | None = None) -> str:
+    """``path`` may become a directory output of ``kind``, as ``dlrm.data.outputs.claim_output``
+    rules (absent, empty, or this program's own earlier ``kind`` with ``overwrite``; never a
+    foreign folder, a link, the working directory or one of ``inputs``), and the file system
+    takes it: a staging directory can be created beside it, and an existing ``path`` takes new
+    files (else a ``StorageError``). Returns ``path`` made absolute."""
+    absolute = _check_replaceable(path, kind, setting, overwrite, inputs)
+    check_can_create(absolute, what)
+    if os.path.isdir(absolute):  # replaced whole, but one the user may not write into is not theirs to replace
+        check_can_create(absolute, what, inside=True)
+    return absolute
 
 
-def _check_replaceable(path: str, overwrite: bool) -> None:
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise FileExistsError(f"{path} exists and is not a directory")
-    if os.path.isdir(path) and os.listdir(path) and not overwrite:
-        raise FileExistsError(f"{path} is not empty; choose another directory or pass `overwrite=True`")
+def _check_replaceable(path: str | os.PathLike, kind: OutputKind, setting: str, overwrite: bool,
+                       inputs: Mapping[str, object] | None = None) -> str:
+    return claim_output(path, kind, setting, inputs=inputs, replace=overwrite)  # type: ignore[arg-type]
 
 
-def replace_dir(staging: str | os.PathLike, path: str | os.PathLike, overwrite: bool) -> None:
+def replace_dir(staging: str | os.PathLike, path: str | os.PathLike, kind: OutputKind, setting: str,
+                overwrite: bool) -> None:
     """Renames the finished directory ``staging`` to ``path``. An old ``path`` is moved aside
     first (into a temporary directory that the next write removes if we die here), then
-    deleted: no moment leaves a half-written directory at ``path``."""
+    deleted: no moment leaves a half-written directory at ``path``. What stands at ``path`` is
+    checked again first (``claim_output`` for ``kind``): it may have been filled meanwhile."""
     path = os.fspath(path)
-    _check_replaceable(path, overwrite)  # again: the directory may have been filled meanwhile
+    _check_replaceable(path, kind, setting, overwrite)
     old = None
     if os.path.isdir(path):
         old = temporary_name(path)

@@ -4,17 +4,75 @@ together, and only when the writer closes cleanly (the reader is ``dlrm.data.spl
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 from typing import BinaryIO
 
 import numpy as np
 import torch
+import yaml
 
 from dlrm.data.atomic import StagedWriter, remove_stale_temporaries, temporary_name
 from dlrm.data.batch import Bags, Batch
 from dlrm.data.errors import DatasetError
-from dlrm.data.feature_spec import OFFSETS_DTYPE, PADDING_ID, VARIABLE, FeatureSpec
+from dlrm.data.feature_spec import OFFSETS_DTYPE, PADDING_ID, SPLIT_BINARY, VARIABLE, FeatureSpec
+from dlrm.data.outputs import OutputKind, holds_only
 from dlrm.data.split_binary_columns import LABEL_DTYPE, NUMERICAL_DTYPE
+
+# Besides its spec and the files the spec names: split directories of .bin files, the vocabulary
+# that preprocessing keeps with its datasets (docs/data_format.md), preprocessing's resume state
+# (``preproc.job.WORK_DIR_NAME``, named here because dlrm never imports preproc), and the
+# staging directories of writers (``atomic.temporary_name``).
+_DATASET_FILES = ("*/*.bin", "vocabulary/sizes.npy", "vocabulary/table.npy", ".preproc_work/*", "*.tmp/*")
+_PREPROC_MANIFEST = ".preproc_work/manifest.json"
+
+
+def _spec_files(path: str) -> list[str] | None:
+    """The relative files the split-binary feature spec ``path`` names, or None when ``path``
+    is no such spec (not YAML, not a mapping of a spec's keys, or a chunk of another type)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = yaml.safe_load(f.read(1 << 20))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    if not isinstance(raw, dict) or not isinstance(raw.get("channel_spec"), dict) \
+            or not isinstance(raw.get("source_spec"), dict) or not raw["source_spec"]:
+        return None
+    files = []
+    for chunks in raw["source_spec"].values():
+        if not isinstance(chunks, list):
+            return None
+        for chunk in chunks:
+            if not isinstance(chunk, dict) or chunk.get("type") != SPLIT_BINARY:
+                return None
+            files += [os.path.normpath(f).replace(os.sep, "/") for f in chunk.get("files") or []
+                      if isinstance(f, str) and not os.path.isabs(f)]
+    return files
+
+
+def is_split_binary_dataset(path: str) -> bool:
+    """Whether directory ``path`` holds a split-binary dataset of this program's writers (or
+    NVIDIA's, the same format) and nothing else: feature specs at the top (any ``*.yaml``
+    there must be one), the files they name, split directories of ``.bin`` files, the
+    vocabulary and resume state of ``python -m preproc`` (an unfinished run has no spec yet)."""
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return False
+    patterns = list(_DATASET_FILES)
+    specs = 0
+    for name in names:
+        if name.endswith((".yaml", ".yml")) and os.path.isfile(os.path.join(path, name)):
+            named = _spec_files(os.path.join(path, name))
+            if named is None:
+                return False
+            specs += 1
+            patterns += [glob.escape(name)] + [glob.escape(f) for f in named]
+    unfinished = os.path.isfile(os.path.join(path, _PREPROC_MANIFEST))
+    return (specs > 0 or unfinished) and holds_only(path, patterns)
+
+
+SPLIT_BINARY_DATASET = OutputKind("dataset", directory=True, recognise=is_split_binary_dataset)
 
 
 def _to_numpy(x) -> np.ndarray:

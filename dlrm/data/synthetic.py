@@ -520,8 +520,10 @@ def write_synthetic_dataset(
     Split `s` holds exactly the rows of SyntheticDataset(..., split=s) on the CPU, in order. The
     dataset is built in a temporary directory beside `output_dir` and renamed into place at the
     end, so an interrupted run never leaves half a dataset, and a write the file system refuses
-    (read-only, full) is a `StorageError` naming it. `progress(split, rows_done, rows)` is called
-    after every batch.
+    (read-only, full) is a `StorageError` naming it. An existing `output_dir` is replaced only
+    when it holds a dataset of this program and `overwrite` is set; anything else there is an
+    `OutputError` (dlrm.data.outputs). `progress(split, rows_done, rows)` is called after every
+    batch.
 
     With `bag_sizes` every table is multi-hot, stored as fixed-size bags (`bag_layout="fixed"`,
     `bag_size: L` in the spec) or as values plus offsets (`bag_layout="variable"`).
@@ -621,10 +623,9 @@ def _write_dataset(output_dir, make_spec, samples, num_numerical, table_sizes, s
     """The writing both entries share: staging beside ``output_dir``, a ``SplitBinaryWriter`` per
     split filled from ``SyntheticDataset``, the spec (``make_spec(staging)``) last, then the rename."""
     # Imported here: the on-disk format is only needed by this writer, not by the generator.
-    from dlrm.data.split_binary_writer import SplitBinaryWriter
+    from dlrm.data.split_binary_writer import SPLIT_BINARY_DATASET, SplitBinaryWriter
 
-    output_dir = os.path.abspath(output_dir)
-    check_writable_dir(output_dir, overwrite, "the dataset")
+    output_dir = check_writable_dir(output_dir, SPLIT_BINARY_DATASET, "output_dir", overwrite, "the dataset")
     with writing(output_dir, "the dataset"):
         os.makedirs(os.path.dirname(output_dir), exist_ok=True)
         remove_stale_temporaries(output_dir)  # staging left by a run that was killed
@@ -641,6 +642,6 @@ def _write_dataset(output_dir, make_spec, samples, num_numerical, table_sizes, s
                     if progress is not None:
                         progress(split, writer.num_rows, rows)
         spec.to_yaml(os.path.join(staging, "feature_spec.yaml"))
-        replace_dir(staging, output_dir, overwrite)
+        replace_dir(staging, output_dir, SPLIT_BINARY_DATASET, "output_dir", overwrite)
     spec.base_directory = output_dir
     return spec

@@ -5,7 +5,9 @@ hashes go through preproc/ instead. Each file is parsed in chunks of ``chunk_row
 numpy's C parser, so memory stays bounded and speed is that of numpy, not of a Python loop per
 field. When cardinalities are not given, a first pass finds max id + 1 over all splits. Nothing
 replaces an existing dataset unless every split converts cleanly: the writers commit together
-at the end and the spec is written last.
+at the end and the spec is written last. An existing output directory is written into only when
+it holds a dataset of this program and ``overwrite`` is set (``dlrm.data.outputs``: a folder
+holding anything else, a link, the working directory or one of the inputs is refused).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from dlrm.data.atomic import check_can_create, writing
 from dlrm.data.batch import Batch
 from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import SPEC_FILE_NAME, FeatureSpec, dtype_for_cardinality
-from dlrm.data.split_binary_writer import SplitBinaryWriter
+from dlrm.data.outputs import claim_output
+from dlrm.data.split_binary_writer import SPLIT_BINARY_DATASET, SplitBinaryWriter
 
 _SPLIT_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
@@ -274,11 +277,13 @@ def transcode(
     cardinalities: Sequence[int] | None = None,
     chunk_rows: int = 1_000_000,
     spec_name: str = SPEC_FILE_NAME,
+    overwrite: bool = False,
 ) -> FeatureSpec:
     """Convert delimited text files (one per split) into a split-binary dataset in ``output_dir``.
 
     Each line: label (0/1), ``num_numerical`` numbers, ``num_categorical`` non-negative integer
     ids; empty fields mean 0. Returns the spec that was written to ``output_dir/spec_name``.
+    ``overwrite``: write over a dataset this program wrote there before (module docstring).
     """
     if not inputs:
         raise ValueError("inputs is empty; give at least one split, e.g. {'train': 'train.tsv'}")
@@ -292,6 +297,8 @@ def transcode(
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
     _check_spec_name(spec_name)
+    claim_output(output_dir, SPLIT_BINARY_DATASET, "output_dir", inputs={"inputs": list(inputs.values())},
+                 replace=overwrite)
     check_can_create(output_dir, "the dataset", inside=True)  # a read-only file system fails before any reading
 
     def layout(path: str, cards: np.ndarray | None) -> _Layout:
@@ -340,8 +347,16 @@ def transcode(
                     )
                 if writer.num_rows == 0:
                     raise DatasetError(f"{path}: no data lines; each split needs at least one row")
+            _remove_old_spec(output_dir, spec_name)
     spec.to_yaml(os.path.join(output_dir, spec_name))
     return spec
+
+
+def _remove_old_spec(output_dir: str, spec_name: str) -> None:
+    """Before the new files replace an earlier dataset's: its spec goes first, so a crash while
+    they are renamed leaves no spec rather than one that describes other files."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(output_dir, spec_name))
 
 
 def _check_spec_name(name: str) -> None:
@@ -400,15 +415,21 @@ def _aligned(split: str, chunks, readers) -> Iterator[list[_Chunk]]:
         done += n
 
 
+def source_files(source) -> list[str]:
+    """What ``transcode_csv_source`` reads of a ``CsvSource``: its spec and every CSV file it names."""
+    return [source.path] + [chunk.path for split in source.splits for chunk in source.chunks(split)]
+
+
 def transcode_csv_source(spec_path: str, output_dir: str, spec_out_name: str = SPEC_FILE_NAME,
-                         chunk_rows: int = 1_000_000) -> FeatureSpec:
+                         chunk_rows: int = 1_000_000, overwrite: bool = False) -> FeatureSpec:
     """NVIDIA's transcode: the CSV files a CSV source spec (``csv_source``) describes -> a
     split-binary dataset in ``output_dir`` with NVIDIA's default feature names (``num_<i>`` and
     ``cat_<i>.bin`` in channel order, ``label``), one directory per split of the source spec,
     and the spec as ``output_dir/spec_out_name``. Cardinalities ``auto`` become max id + 1 over
     all splits (a first pass over the files that hold them); given ones bound the ids. Ids may
     be written as integral floats (``5.0``). Nothing replaces an existing dataset unless every
-    split converts cleanly; the spec is written last."""
+    split converts cleanly; the spec is written last. ``overwrite``: write over a dataset this
+    program wrote there before (module docstring); the output never holds the spec or its files."""
     from dlrm.data.csv_source import CsvSource
 
     if chunk_rows < 1:
@@ -418,6 +439,8 @@ def transcode_csv_source(spec_path: str, output_dir: str, spec_out_name: str = S
     for split in source.splits:
         if not _SPLIT_NAME.match(split):
             raise DatasetError(f"{source.path}: split name {split!r} must be a plain directory name (letters, digits, _ . -)")
+    claim_output(output_dir, SPLIT_BINARY_DATASET, "output_dir", inputs={"spec_path": source_files(source)},
+                 replace=overwrite)
     check_can_create(output_dir, "the dataset", inside=True)
     names = source.categorical_names
     cards: dict[str, int | None] = {n: source.cardinality(n) for n in names}
@@ -485,5 +508,6 @@ def transcode_csv_source(spec_path: str, output_dir: str, spec_out_name: str = S
                 if writer.num_rows == 0:
                     raise DatasetError(f"split '{split}': {chunks[0].path} holds no data lines; each split needs at "
                                        f"least one row")
+            _remove_old_spec(output_dir, spec_out_name)
         spec.to_yaml(os.path.join(output_dir, spec_out_name))
     return spec

@@ -22,6 +22,8 @@ from absl import app, flags
 
 from dlrm.data.atomic import StorageError
 from dlrm.data.errors import DatasetError
+from dlrm.data.outputs import claim_output
+from dlrm.data.split_binary_writer import SPLIT_BINARY_DATASET
 from dlrm.data.synthetic import (
     FL15_CARDINALITIES, MLPERF_DLRMV2_CARDINALITIES, MLPERF_MULTI_HOT_SIZES, write_synthetic_dataset,
     write_synthetic_dataset_for_spec,
@@ -29,7 +31,8 @@ from dlrm.data.synthetic import (
 from dlrm.scripts import cli
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("synthetic_dataset_dir", None, "Dataset directory to write (must be empty or absent).")
+flags.DEFINE_string("synthetic_dataset_dir", None, "Dataset directory to write: absent or empty, or (with "
+                    "--overwrite) a dataset this program wrote; a folder holding anything else is refused.")
 flags.DEFINE_string("feature_spec", None,
                     "A feature spec (feature_spec.yaml, or a dataset directory holding one) to shape the dataset "
                     "by: its features, names, cardinalities, dtypes, bag sizes, splits and file paths (NVIDIA's "
@@ -58,7 +61,8 @@ flags.DEFINE_integer("num_validation_entries", 0,
                      "only, requires).", lower_bound=0)
 flags.DEFINE_integer("seed", 12345, "Seed of the hidden model and the samples.")
 flags.DEFINE_integer("batch_size", 65536, "Rows generated and written at a time.", lower_bound=1)
-flags.DEFINE_boolean("overwrite", False, "Replace a non-empty --synthetic_dataset_dir.")
+flags.DEFINE_boolean("overwrite", False, "Replace the dataset an earlier run wrote in --synthetic_dataset_dir "
+                     "(never a folder holding anything else).")
 flags.mark_flag_as_required("synthetic_dataset_dir")
 
 
@@ -162,6 +166,9 @@ def _write_from_flags() -> tuple[dict[str, int], str, int]:
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    # Before any work: a foreign folder, a link, the working directory or the spec itself is refused.
+    claim_output(FLAGS.synthetic_dataset_dir, SPLIT_BINARY_DATASET, "synthetic_dataset_dir",
+                 inputs={"feature_spec": FLAGS.feature_spec}, replace=FLAGS.overwrite)
     start = time.perf_counter()
     try:
         if FLAGS.feature_spec is not None:
@@ -175,9 +182,8 @@ def main(argv: list[str]) -> int:
     except StorageError:
         raise  # a read-only or full disk, no permission: its message names the path and the fix (cli.run)
     except OSError as e:
-        if e.errno is None:  # the writer's own: a non-empty directory, or a file in its place
+        if e.errno is None:  # no code to word: the message as it is
             raise app.UsageError(str(e)) from None
-        # the system's, any other way
         raise app.UsageError(f"cannot write --synthetic_dataset_dir {FLAGS.synthetic_dataset_dir}: "
                              f"{e.strerror}" + (f" ({e.filename})" if e.filename else "")) from None
     seconds = time.perf_counter() - start

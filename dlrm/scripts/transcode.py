@@ -11,6 +11,9 @@ One text file per split, label then numerical then categorical fields:
     python -m dlrm.scripts.transcode --train train.tsv --test test.tsv --output /data/mine \
         --num_numerical 13 --num_categorical 26 [--validation val.tsv] [--delimiter comma] \
         [--cardinalities 10,20,...]
+
+--output is created, or must be empty; a dataset an earlier run wrote there is replaced with
+--overwrite, and a folder holding anything else is never written into.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from absl import app, flags
 
 from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import SPEC_FILE_NAME
-from dlrm.data.transcode import transcode, transcode_csv_source
+from dlrm.data.outputs import claim_output
+from dlrm.data.split_binary_writer import SPLIT_BINARY_DATASET
+from dlrm.data.transcode import source_files, transcode, transcode_csv_source
 from dlrm.scripts import cli
 
 FLAGS = flags.FLAGS
@@ -32,7 +37,10 @@ flags.DEFINE_string("feature_spec_out", SPEC_FILE_NAME, "File name of the writte
 flags.DEFINE_string("train", None, "Text file of the train split.")
 flags.DEFINE_string("test", None, "Text file of the test split.")
 flags.DEFINE_string("validation", None, "Text file of the validation split.")
-flags.DEFINE_string("output", None, "Dataset directory to write (created if missing).")
+flags.DEFINE_string("output", None, "Dataset directory to write (created if missing; an existing one must be "
+                    "empty, or with --overwrite a dataset this program wrote).")
+flags.DEFINE_boolean("overwrite", False, "Replace the dataset an earlier run wrote in --output (never a folder "
+                     "holding anything else).")
 flags.DEFINE_integer("num_numerical", 13, "Numerical fields per line, after the label.", lower_bound=0)
 flags.DEFINE_integer("num_categorical", 26, "Categorical id fields per line, after the numerical ones.", lower_bound=0)
 flags.DEFINE_enum("delimiter", "tab", ["tab", "comma"], "Field separator.")
@@ -54,9 +62,13 @@ def _from_csv_source() -> int:
     if not os.path.isdir(FLAGS.input):
         raise app.UsageError(f"--input {FLAGS.input} is not a directory; give the directory of the CSV files and "
                              f"their feature spec")
+    from dlrm.data.csv_source import CsvSource
+
+    spec_in = os.path.join(FLAGS.input, FLAGS.feature_spec_in)
+    _claim_output({"input": source_files(CsvSource.from_yaml(spec_in))})  # a bad spec: DatasetError (cli.run)
     try:
-        spec = transcode_csv_source(os.path.join(FLAGS.input, FLAGS.feature_spec_in), FLAGS.output,
-                                    spec_out_name=FLAGS.feature_spec_out, chunk_rows=FLAGS.chunk_size)
+        spec = transcode_csv_source(spec_in, FLAGS.output, spec_out_name=FLAGS.feature_spec_out,
+                                    chunk_rows=FLAGS.chunk_size, overwrite=FLAGS.overwrite)
     except DatasetError:
         raise
     except ValueError as e:
@@ -66,11 +78,14 @@ def _from_csv_source() -> int:
     return 0
 
 
+def _claim_output(inputs: dict) -> None:
+    """Before any work: --output is free, or this program's dataset and --overwrite given (dlrm.data.outputs)."""
+    claim_output(FLAGS.output, SPLIT_BINARY_DATASET, "output", inputs=inputs, replace=FLAGS.overwrite)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if os.path.exists(FLAGS.output) and not os.path.isdir(FLAGS.output):
-        raise app.UsageError(f"--output {FLAGS.output} is a file; give a directory (created if missing)")
     if FLAGS.input is not None:
         return _from_csv_source()
     if FLAGS.train is None:
@@ -79,6 +94,7 @@ def main(argv: list[str]) -> int:
         raise app.UsageError("--feature_spec_in goes with --input; the --train form takes the layout from "
                              "--num_numerical and --num_categorical")
     inputs = {name: getattr(FLAGS, name) for name in ("train", "test", "validation") if getattr(FLAGS, name)}
+    _claim_output(inputs)
     cardinalities = None
     if FLAGS.cardinalities:
         try:
@@ -95,6 +111,7 @@ def main(argv: list[str]) -> int:
             cardinalities=cardinalities,
             chunk_rows=FLAGS.chunk_size,
             spec_name=FLAGS.feature_spec_out,
+            overwrite=FLAGS.overwrite,
         )
     except DatasetError:
         raise  # bad input file: cli.run prints the message (file, line, fix) and exits 2
