@@ -121,9 +121,10 @@ def test_gen_csv_then_transcode_matches_the_csv_files(tmp_path, cli):
         assert (categorical == np.array([[int(v) for v in columns[f"cat_{j}.bin"]] for j in range(6)]).T).all()
         assert (label == np.array([v == "1" for v in columns["label"]])).all()
         assert 0 < label.mean() < 1  # both labels drawn
-    # Existing CSV files are refused (they may be a dataset's), named with the fix.
+    # An earlier run's files are replaced only on request, named with the fix.
     proc = cli("dlrm.scripts.gen_csv", "--feature_spec_in", spec_in, "--output", str(data), check=False)
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "exists" in proc.stderr and "--overwrite" in proc.stderr
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "already holds a CSV dataset; pass --overwrite" in proc.stderr
 
 
 def test_transcode_reads_ids_written_as_floats_and_infers_auto_cardinalities(tmp_path):

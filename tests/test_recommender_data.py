@@ -12,6 +12,7 @@ import torch
 from dlrm.recommender.csr_dataset import CsrDataset, CsrRows, CsrWriter, holdout_mask, split_holdout, write_csr
 from dlrm.recommender.dsstne_text import NameIndex, format_lines, parse_lines, parse_text, text_to_csr, write_text
 from dlrm.data.errors import DatasetError
+from dlrm.data.outputs import OutputError
 from dlrm.recommender.user_histories import (HistoryConfig, generate_user_histories, movielens_to_text,
                                       write_user_histories)
 
@@ -224,8 +225,15 @@ def test_csr_write_is_atomic(tmp_path):
     good = _random_rows(np.random.default_rng(3))
     write_csr(tmp_path / "ds", good)
     before = {n: (tmp_path / "ds" / n).read_bytes() for n in os.listdir(tmp_path / "ds")}
-    with pytest.raises(FileExistsError):
+    with pytest.raises(OutputError, match="already holds a CSR dataset; pass `overwrite`"):
         write_csr(tmp_path / "ds", good)  # not without overwrite
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    with pytest.raises(OutputError, match=r"is not a CSR dataset written by this program \(it holds notes.txt\)"):
+        write_csr(tmp_path / "mine", good, overwrite=True)  # a foreign folder: never
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "mine"
+    os.remove(tmp_path / "mine" / "notes.txt")
+    os.rmdir(tmp_path / "mine")
     with pytest.raises(RuntimeError, match="boom"):
         with CsrWriter(tmp_path / "ds", 50, True, overwrite=True) as w:
             w.write(np.array([0, 1]), np.array([3]), np.array([1.0]))

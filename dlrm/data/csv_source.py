@@ -15,14 +15,18 @@ layout). The keys are those of a dataset's spec (``feature_spec``, ``channel_spe
 
 from __future__ import annotations
 
+import glob
 import os
+import re
 from dataclasses import dataclass
 
 import numpy as np
 import yaml
 
+from dlrm.data.atomic import write_atomically
 from dlrm.data.errors import DatasetError, FeatureSpecError
 from dlrm.data.feature_spec import CATEGORICAL, CHANNELS, LABEL, NUMERICAL, SPEC_FILE_NAME
+from dlrm.data.outputs import OutputError, OutputKind, holds_only, inside
 
 CSV = "csv"
 AUTO = "auto"
@@ -177,28 +181,107 @@ class CsvSource:
         return NUMERICAL if name in self.numerical_names else CATEGORICAL
 
 
+# ---------------------------------------------------------------------------- writing (gen_csv)
+
+_NUMBERS_LINE = re.compile(rb"[-+0-9.eE]+(?:,[-+0-9.eE]+)*")  # what write_random_csv writes per line
+
+
+def is_random_csv(path: str) -> bool:
+    """Whether file ``path`` reads as ``write_random_csv`` writes: lines of comma-separated
+    numbers and nothing else (its first MiB, whole lines; an empty file too)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 20)
+            more = f.read(1) != b""
+    except OSError:
+        return False
+    if more:  # a line cut at the MiB is not judged
+        head = head[:head.rfind(b"\n") + 1]
+    lines = head.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    return all(_NUMBERS_LINE.fullmatch(line) for line in lines)
+
+
+def _is_csv_source_spec(path: str) -> bool:
+    try:
+        CsvSource.from_yaml(path)
+    except DatasetError:
+        return False
+    return True
+
+
+def is_random_csv_dir(path: str) -> bool:
+    """Whether directory ``path`` holds what ``python -m dlrm.scripts.gen_csv`` writes and nothing
+    else: a CSV source spec as ``feature_spec.yaml``, and CSV files of numbers (those the spec
+    names, and ``*.csv`` ones an earlier spec named)."""
+    spec = os.path.join(path, SPEC_FILE_NAME)
+    try:
+        source = CsvSource.from_yaml(spec, base_directory=path)
+    except DatasetError:
+        return False
+    named = [os.path.relpath(c.path, source.base_directory).replace(os.sep, "/")
+             for split in source.splits for c in source.chunks(split)]
+    if not holds_only(path, [SPEC_FILE_NAME, "*.csv"] + [glob.escape(f) for f in named], required=[SPEC_FILE_NAME]):
+        return False
+    return all(is_random_csv(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files
+               if os.path.join(d, f) != spec and not f.endswith(".tmp"))
+
+
+RANDOM_CSV = OutputKind("CSV dataset", directory=True, recognise=is_random_csv_dir)
+
+
+def csv_targets(source: CsvSource, overwrite: bool = False) -> list[tuple[str, CsvChunk]]:
+    """(split, chunk) of every CSV file ``write_random_csv`` would write, each checked first: its
+    path stays inside the base directory (an absolute path, or one that climbs out with ``..``
+    or through a link, is an ``OutputError``: reading follows such paths, writing never does),
+    no file is named twice, and an existing file is replaced only with ``overwrite`` and only
+    when it is a CSV file of numbers, as this writer writes (anything else never)."""
+    targets, seen = [], {}
+    for split in source.splits:
+        for i, chunk in enumerate(source.chunks(split)):
+            where = f"{source.path}: source_spec.{split}[{i}] file"
+            path = inside(source.base_directory, chunk.file, where)
+            key = os.path.normpath(path)
+            if key in seen:
+                raise OutputError(f"{where} {chunk.file!r} is also the file of {seen[key]}: each chunk needs its own "
+                                  f"file; nothing was changed")
+            seen[key] = f"source_spec.{split}[{i}]"
+            if os.path.lexists(path):
+                if os.path.islink(path) or not os.path.isfile(path):
+                    raise OutputError(f"{path} ({where}) exists and is not an ordinary file: it is never replaced; "
+                                      f"remove it yourself or write elsewhere; nothing was changed")
+                if not is_random_csv(path):
+                    raise OutputError(f"{path} ({where}) exists and is not a CSV file of numbers written by this "
+                                      f"program: it is never replaced; remove it yourself or write elsewhere; "
+                                      f"nothing was changed")
+                if not overwrite:
+                    raise OutputError(f"{path} ({where}) exists; pass `overwrite` to replace it, or write elsewhere; "
+                                      f"nothing was changed")
+            targets.append((split, CsvChunk(path, chunk.file, chunk.features)))
+    return targets
+
+
 def write_random_csv(source: CsvSource, rows: int, seed: int = 0, overwrite: bool = False) -> list[str]:
     """Fill every CSV file of ``source`` (under its base directory) with ``rows`` random lines:
     labels 0 or 1, numericals uniform in [0, 1), ids uniform in [0, cardinality); what NVIDIA's
     ``gen_csv`` writes, for trying transcode. Every categorical feature needs an integer
-    cardinality. Existing files are refused unless ``overwrite``. Returns the files written."""
+    cardinality. Every file is checked before any is written (``csv_targets``: inside the base
+    directory; an existing one only with ``overwrite``, and only a CSV file this writer wrote)
+    and written atomically. Returns the files written."""
     if rows < 1:
         raise ValueError(f"rows must be at least 1, got {rows}")
     auto = [n for n in source.categorical_names if source.cardinality(n) is None]
     if auto:
         raise FeatureSpecError(f"{source.path}: categorical feature '{auto[0]}' has cardinality '{AUTO}'; random ids "
                                f"need a bound: give it an integer cardinality")
-    chunks = [(split, chunk) for split in source.splits for chunk in source.chunks(split)]
-    if not overwrite:
-        for _, chunk in chunks:
-            if os.path.exists(chunk.path):
-                raise FileExistsError(f"{chunk.path} exists; remove it, write elsewhere, or pass overwrite")
+    chunks = csv_targets(source, overwrite)
     rng = np.random.default_rng(seed)
     written = []
     block = 65536
-    for split, chunk in chunks:
-        os.makedirs(os.path.dirname(chunk.path), exist_ok=True)
-        with open(chunk.path, "w", encoding="ascii") as f:
+
+    def write(chunk: CsvChunk, tmp: str) -> None:
+        with open(tmp, "w", encoding="ascii") as f:
             for start in range(0, rows, block):
                 n = min(block, rows - start)
                 columns = []
@@ -211,5 +294,8 @@ def write_random_csv(source: CsvSource, rows: int, seed: int = 0, overwrite: boo
                     else:
                         columns.append([str(v) for v in rng.integers(0, source.cardinality(name), n).tolist()])
                 f.write("".join(",".join(fields) + "\n" for fields in zip(*columns)))
+
+    for _, chunk in chunks:
+        write_atomically(chunk.path, lambda tmp, chunk=chunk: write(chunk, tmp), "the CSV file")
         written.append(chunk.path)
     return written

@@ -30,6 +30,7 @@ import torch
 from dlrm.data.atomic import (StagedWriter, check_writable_dir, fsync_dir, remove_stale_temporaries, replace_dir,
                               temporary_name, writing)
 from dlrm.data.errors import DatasetError
+from dlrm.data.outputs import OutputKind, holds_only
 
 FORMAT = "dlrm-csr"
 VERSION = 1
@@ -66,23 +67,43 @@ class CsrRows:
 # ---------------------------------------------------------------------------- writer
 
 
+def is_csr_dataset(path: str) -> bool:
+    """Whether directory ``path`` holds a CSR dataset of ``CsrWriter`` and nothing else: its
+    arrays and a header of this format."""
+    if not holds_only(path, [HEADER, OFFSETS, INDICES, VALUES], required=[HEADER]):
+        return False
+    try:
+        with open(os.path.join(path, HEADER), encoding="utf-8") as f:
+            header = json.loads(f.read(1 << 16))
+    except (OSError, ValueError):
+        return False
+    return isinstance(header, dict) and header.get("format") == FORMAT
+
+
+CSR_DATASET = OutputKind("CSR dataset", directory=True, recognise=is_csr_dataset)
+
+
 class CsrWriter(StagedWriter):
     """Appends rows to a new CSR dataset at ``path``; the dataset appears only on a clean close.
 
     Use as a context manager. Files are written in a staging directory beside ``path`` (named
     as ``atomic.temporary_name`` names it, so a killed writer's staging is removed by the next
     write); ``close`` writes the header last, syncs, and renames the directory into place. An
-    existing dataset at ``path`` is replaced only when ``overwrite`` and only after the new
+    existing CSR dataset at ``path`` is replaced only when ``overwrite`` and only after the new
     one is complete; an exception leaves it untouched (and a write the file system refuses is a
-    ``StorageError`` naming the dataset).
+    ``StorageError`` naming the dataset). Anything else at ``path`` (a folder holding other
+    files, a link) is an ``OutputError`` (``dlrm.data.outputs``), whatever ``overwrite`` says;
+    ``setting`` is how its message names ``path``.
     """
 
-    def __init__(self, path: str | os.PathLike, n_features: int, has_values: bool, overwrite: bool = False):
+    def __init__(self, path: str | os.PathLike, n_features: int, has_values: bool, overwrite: bool = False,
+                 setting: str = "path"):
         self.path = os.path.abspath(os.fspath(path))
         if not 0 <= int(n_features) <= _MAX_FEATURES:
             raise ValueError(f"n_features must be in [0, {_MAX_FEATURES}] (indices are int32), got {n_features}")
         self.n_features, self.has_values, self.overwrite = int(n_features), bool(has_values), overwrite
-        check_writable_dir(self.path, overwrite, "the dataset")
+        self.setting = setting
+        check_writable_dir(self.path, CSR_DATASET, setting, overwrite, "the dataset")
         self.n_samples = 0
         self.nnz = 0
         self._staging: str | None = None
@@ -167,7 +188,7 @@ class CsrWriter(StagedWriter):
                 f.flush()
                 os.fsync(f.fileno())
             fsync_dir(self._staging)
-            replace_dir(self._staging, self.path, self.overwrite)
+            replace_dir(self._staging, self.path, CSR_DATASET, self.setting, self.overwrite)
         self._staging = None
 
     def abort(self) -> None:

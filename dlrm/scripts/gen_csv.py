@@ -6,7 +6,9 @@ r"""Write random CSV files in the layout of a CSV feature spec (NVIDIA's gen_csv
 Every CSV file the spec names (each chunk of each split, relative to --output) gets --size lines:
 labels 0 or 1, numericals uniform in [0, 1), ids uniform below their cardinality (which must be
 an integer). The spec is copied to --output/feature_spec.yaml, where transcode --input finds it.
-Existing files are refused unless --overwrite. See docs/data_format.md.
+--output is a folder of its own: created, or empty, or (with --overwrite) what an earlier run
+wrote; a folder holding anything else is refused. Every file the spec names must lie inside it
+(an absolute path or one with '..' is refused). See docs/data_format.md.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import shutil
 
 from absl import app, flags
 
-from dlrm.data.atomic import StorageError
-from dlrm.data.csv_source import CsvSource, write_random_csv
+from dlrm.data.atomic import StorageError, write_atomically
+from dlrm.data.csv_source import RANDOM_CSV, CsvSource, csv_targets, write_random_csv
 from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import SPEC_FILE_NAME
+from dlrm.data.outputs import OutputError, claim_output
 from dlrm.scripts import cli
 
 FLAGS = flags.FLAGS
@@ -27,29 +30,28 @@ flags.DEFINE_string("feature_spec_in", SPEC_FILE_NAME, "The CSV feature spec who
 flags.DEFINE_string("output", "/data", "Directory the spec's file paths are relative to (NVIDIA's default /data).")
 flags.DEFINE_integer("size", 1000, "Lines per CSV file (rows of every split).", lower_bound=1)
 flags.DEFINE_integer("seed", 0, "Seed of the random values.")
-flags.DEFINE_boolean("overwrite", False, "Replace CSV files (and a feature_spec.yaml) that exist already.")
+flags.DEFINE_boolean("overwrite", False, "Replace the CSV files and feature_spec.yaml an earlier run wrote in "
+                     "--output (never a folder or file holding anything else).")
 
 
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if os.path.exists(FLAGS.output) and not os.path.isdir(FLAGS.output):
-        raise app.UsageError(f"--output {FLAGS.output} is a file; give a directory (created if missing)")
+    # a bad spec: DatasetError, whose message names the file, the feature and the fix (cli.run)
+    source = CsvSource.from_yaml(FLAGS.feature_spec_in, base_directory=FLAGS.output)
+    # Before any work (dlrm.data.outputs): --output is new, empty or an earlier run's (with --overwrite),
+    # never the spec's folder nor the working directory; every file the spec names lies inside it.
+    output = claim_output(FLAGS.output, RANDOM_CSV, "output", inputs={"feature_spec_in": source.path},
+                          replace=FLAGS.overwrite)
+    spec_copy = os.path.join(output, SPEC_FILE_NAME)
+    if any(chunk.path == spec_copy for _, chunk in csv_targets(source, overwrite=True)):
+        raise app.UsageError(f"{source.path}: a CSV file is named {SPEC_FILE_NAME}, where the spec is copied; "
+                             f"rename the file in the spec")
     try:
-        source = CsvSource.from_yaml(FLAGS.feature_spec_in, base_directory=FLAGS.output)
-        spec_copy = os.path.join(os.path.abspath(FLAGS.output), SPEC_FILE_NAME)
-        same = os.path.exists(spec_copy) and os.path.samefile(spec_copy, source.path)
-        if os.path.exists(spec_copy) and not same and not FLAGS.overwrite:
-            raise app.UsageError(f"{spec_copy} exists; pass --overwrite to replace it, or another --output")
         written = write_random_csv(source, FLAGS.size, seed=FLAGS.seed, overwrite=FLAGS.overwrite)
-        if not same:
-            shutil.copyfile(source.path, spec_copy)
-    except DatasetError:
-        raise  # a bad spec: cli.run prints its message (file, feature, fix) and exits 2
-    except FileExistsError as e:
-        raise app.UsageError(f"{e} (--overwrite)") from None
-    except StorageError:
-        raise
+        write_atomically(spec_copy, lambda tmp: shutil.copyfile(source.path, tmp), "the feature spec")
+    except (DatasetError, OutputError, StorageError):
+        raise  # one line naming the file and the fix (cli.run)
     except OSError as e:
         raise app.UsageError(f"cannot write --output {FLAGS.output}: {e.strerror}"
                              + (f" ({e.filename})" if e.filename else "")) from None

@@ -16,6 +16,9 @@ autoencoder, --ease_lambda; its items x items matrices need items^2 x 12 bytes, 
 Under torchrun the model is evaluated with its item layers split across the processes; the
 baselines then run on the first process alone.
 
+--output writes the metrics as a JSON object (input, heldout, checkpoint, k, users, results); an
+existing --output is replaced only with --overwrite, and only when it is such a file.
+
 --load_checkpoint_path and --base_device are dlrm.scripts.main's names; --checkpoint and
 --device are kept as aliases.
 """
@@ -28,10 +31,25 @@ import time
 
 from absl import app, flags
 
+from dlrm.data.outputs import OutputKind, claim_output
 from dlrm.scripts import cli
 from dlrm.scripts import recommender_common as common
 
 BASELINES = ("popularity", "itemknn", "mf", "ease")
+REPORT_KEYS = ("input", "heldout", "checkpoint", "k", "users", "results")  # what --output holds
+
+
+def _is_metrics(path: str) -> bool:
+    """Whether file ``path`` is a metrics report of this command: a JSON object of ``REPORT_KEYS``."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            report = json.loads(f.read(1 << 24))
+    except (OSError, ValueError):
+        return False
+    return isinstance(report, dict) and sorted(report) == sorted(REPORT_KEYS)
+
+
+METRICS = OutputKind("metrics file", directory=False, recognise=_is_metrics)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("input", None, "CSR dataset of the users' histories (e.g. DIR/input of recommender_generate).")
@@ -43,6 +61,7 @@ flags.DEFINE_list("baselines", list(BASELINES), f"Baselines to evaluate, comma-s
 flags.DEFINE_list("k", ["1", "5", "10", "20"], "Cut-offs K of the metrics, comma-separated.")
 flags.DEFINE_integer("batch_size", 1024, "Users ranked at once.", lower_bound=1)
 flags.DEFINE_string("output", None, "JSON file of the metrics, written atomically; default: printed only.")
+flags.DEFINE_boolean("overwrite", False, "Replace the --output an earlier run wrote (never a file of anything else).")
 flags.DEFINE_integer("mf_factors", 64, "mf: latent factors.", lower_bound=1)
 flags.DEFINE_integer("mf_iterations", 10, "mf: ALS iterations.", lower_bound=0)
 flags.DEFINE_integer("knn_neighbours", 100, "itemknn: neighbours kept per item.", lower_bound=1)
@@ -84,8 +103,10 @@ def _check_flags() -> tuple[list[int], list[str]]:
                              f"invertible")
     if not baselines and not FLAGS.load_checkpoint_path:
         raise app.UsageError("nothing to evaluate: give --load_checkpoint_path, or baselines with --baselines")
-    if FLAGS.output and os.path.isdir(FLAGS.output):
-        raise app.UsageError(f"--output {FLAGS.output} is a directory; give a file name")
+    if FLAGS.output:  # before any work (dlrm.data.outputs)
+        claim_output(FLAGS.output, METRICS, "output", replace=FLAGS.overwrite,
+                     inputs={"input": FLAGS.input, "heldout": FLAGS.heldout,
+                             "load_checkpoint_path": FLAGS.load_checkpoint_path})
     return ks, baselines
 
 

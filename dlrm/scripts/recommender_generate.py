@@ -22,6 +22,9 @@ Writes into --output DIR:
 The features index is DSSTNE's "create or merge": an existing one (--features_index, default
 DIR/features_index.txt) is loaded, its items keep their columns and new items are appended,
 so datasets built at different times line up. The samples index is created afresh.
+
+--output is created, or must be empty; what an earlier run wrote there is replaced with
+--overwrite, and a folder holding anything else is never written into.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import tempfile
 
 from absl import app, flags
 
+from dlrm.data.outputs import OutputKind, claim_output, holds_only
 from dlrm.scripts import cli
 
 FLAGS = flags.FLAGS
@@ -59,11 +63,38 @@ flags.DEFINE_integer("heldout_last", None, "Hold out each user's last K items (t
 flags.DEFINE_integer("heldout_seed", 0, "Seed of the random --heldout_fraction split.")
 flags.DEFINE_integer("min_input", 1, "With a held-out split: items each user keeps in DIR/input/ at least.",
                      lower_bound=0)
-flags.DEFINE_boolean("overwrite", False, "Replace what an earlier run wrote in --output.")
+flags.DEFINE_boolean("overwrite", False, "Replace what an earlier run wrote in --output (never a folder holding "
+                     "anything else).")
 flags.mark_flag_as_required("output")
 
 ALL, INPUT, HELDOUT = "all", "input", "heldout"
 FEATURES_INDEX, SAMPLES_INDEX = "features_index.txt", "samples_index.txt"
+
+
+def _is_generated(path: str) -> bool:
+    """Whether folder ``path`` holds what this script writes and nothing else: the CSR datasets
+    all/ (always), input/ and heldout/, the index files, and the staging of an unfinished write."""
+    from dlrm.recommender.csr_dataset import HEADER, INDICES, OFFSETS, VALUES, is_csr_dataset
+
+    own = [f"{d}/{f}" for d in (ALL, INPUT, HELDOUT) for f in (HEADER, OFFSETS, INDICES, VALUES)]
+    return (holds_only(path, own + [FEATURES_INDEX, SAMPLES_INDEX, "*.tmp/*"], required=[f"{ALL}/{HEADER}"])
+            and is_csr_dataset(os.path.join(path, ALL)))
+
+
+def _is_index(path: str) -> bool:
+    """Whether file ``path`` is an index of names (``name<TAB>index`` lines; empty counts)."""
+    from dlrm.data.errors import DatasetError
+    from dlrm.recommender.dsstne_text import NameIndex
+
+    try:
+        NameIndex.load(path)
+    except (DatasetError, OSError, UnicodeDecodeError):
+        return False
+    return True
+
+
+GENERATED = OutputKind("recommender dataset", directory=True, recognise=_is_generated)
+NAME_INDEX = OutputKind("features index", directory=False, recognise=_is_index)
 
 
 def _check_flags() -> None:
@@ -92,15 +123,12 @@ def _check_flags() -> None:
             raise app.UsageError(f"{flag} {path}: no such file")
         if os.path.isdir(path):
             raise app.UsageError(f"{flag} {path}: is a directory; give a file")
-    output = FLAGS.output
-    if os.path.exists(output) and not os.path.isdir(output):
-        raise app.UsageError(f"--output {output} is a file; give a directory (created if missing)")
-    if os.path.isdir(output) and os.listdir(output) and not FLAGS.overwrite:
-        raise app.UsageError(f"--output {output} is not empty; pass --overwrite to replace what is there, or "
-                             f"choose another directory")
-    index = FLAGS.features_index
-    if index and os.path.exists(index) and os.path.isdir(index):
-        raise app.UsageError(f"--features_index {index} is a directory; give the index file")
+    # Before any work (dlrm.data.outputs): --output is free, or what this script wrote and --overwrite
+    # given; a --features_index of its own is merged into, so it is continued, never a foreign file.
+    inputs = {"text": FLAGS.text, "movielens_ratings": FLAGS.movielens_ratings}
+    claim_output(FLAGS.output, GENERATED, "output", inputs=inputs, replace=FLAGS.overwrite)
+    if FLAGS.features_index:
+        claim_output(FLAGS.features_index, NAME_INDEX, "features_index", inputs=inputs, keep=True)
 
 
 def _parse_text(paths: list[str], features):

@@ -21,6 +21,9 @@ Under torchrun each process scores its own item range and the lists are merged e
 first process writes the file. --scores_path also writes every score before exclusion, a float32
 .npy of [users, items] (one process only: it is as large as users x items x 4 bytes).
 
+An existing --output or --scores_path is replaced only with --overwrite, and only when it holds
+what this command writes (a file of anything else is refused, whatever the flags say).
+
 --load_checkpoint_path and --base_device are dlrm.scripts.main's names; --checkpoint and
 --device are kept as aliases.
 """
@@ -52,6 +55,8 @@ flags.DEFINE_string("score_format", "%.6g", "printf format of the scores (one fl
 flags.DEFINE_integer("batch_size", 1024, "Users scored at once.", lower_bound=1)
 flags.DEFINE_string("scores_path", None, "Also write every raw score, before exclusion, as a float32 .npy "
                     "[users, items] (one process only).")
+flags.DEFINE_boolean("overwrite", False, "Replace the --output (and --scores_path) an earlier run wrote; a file "
+                     "of anything else is never replaced.")
 common.define_device("Automatic mixed precision (torch.autocast, see --amp_dtype).", ["auto", "bf16", "fp16"],
                      common.AMP_DTYPE_HELP)
 flags.mark_flags_as_required(["load_checkpoint_path", "input", "output"])
@@ -75,6 +80,22 @@ def _names(flag: str, count: int, exact: bool) -> list[str]:
     return index.labels(count)
 
 
+def _claim_outputs() -> None:
+    """Before any work (dlrm.data.outputs): each output file is new, or this program's own of
+    its kind and --overwrite given; none is an input of the run or the other output."""
+    from dlrm.data.outputs import claim_output
+    from dlrm.recommender.predict import PREDICTIONS, SCORES
+
+    inputs = {"load_checkpoint_path": FLAGS.load_checkpoint_path, "input": FLAGS.input, "filter": FLAGS.filter,
+              "features_index": FLAGS.features_index, "samples_index": FLAGS.samples_index}
+    output = claim_output(FLAGS.output, PREDICTIONS, "output", inputs=inputs, replace=FLAGS.overwrite)
+    if FLAGS.scores_path:
+        scores = claim_output(FLAGS.scores_path, SCORES, "scores_path", inputs=inputs, replace=FLAGS.overwrite)
+        if os.path.realpath(scores) == os.path.realpath(output):
+            raise app.UsageError(f"--scores_path {FLAGS.scores_path} and --output {FLAGS.output} name the same "
+                                 f"file; give each its own")
+
+
 def main(argv: list[str]) -> int:
     return cli.run_processes(_main, argv)
 
@@ -85,18 +106,8 @@ def _main(argv: list[str], env) -> int:
     if FLAGS.scores_path and env is not None and env.world_size > 1:
         raise app.UsageError("--scores_path writes one file from one process; run without torchrun to dump the "
                              "scores, or drop --scores_path")
-    for flag in ("output", "scores_path"):
-        path = FLAGS[flag].value
-        if path and os.path.isdir(path):
-            raise app.UsageError(f"--{flag} {path} is a directory; give a file name")
     for flag, path in [("input", FLAGS.input)] + [("filter", p) for p in FLAGS.filter]:
         common.check_dataset_dir(flag, path)  # before torch loads: a mistyped path fails at once
-    from dlrm.data.atomic import check_can_create, check_free_space, write_atomically
-
-    if env is None or env.rank == 0:  # the first process writes: a read-only or missing file system fails now
-        check_can_create(FLAGS.output, "the predictions")
-        if FLAGS.scores_path:
-            check_can_create(FLAGS.scores_path, "the scores")
     import numpy as np
 
     from dlrm.recommender import checkpoint
@@ -109,6 +120,13 @@ def _main(argv: list[str], env) -> int:
     except ValueError:
         raise app.UsageError(f"--score_format {FLAGS.score_format!r}: give a printf format of one float, e.g. %.6g "
                              f"(the default) or %4.3f (DSSTNE's)") from None
+    _claim_outputs()
+    from dlrm.data.atomic import check_can_create, check_free_space, write_atomically
+
+    if env is None or env.rank == 0:  # the first process writes: a read-only or missing file system fails now
+        check_can_create(FLAGS.output, "the predictions")
+        if FLAGS.scores_path:
+            check_can_create(FLAGS.scores_path, "the scores")
 
     device = common.device(FLAGS.base_device, env)
     amp_dtype = common.amp_dtype(FLAGS.amp, FLAGS.amp_dtype, device)
