@@ -13,13 +13,21 @@ start where it can be), with one line ``error: <message>`` on stderr naming the 
 and the fix; 1 when a worker process dies; 130 when interrupted. A run that fails before finishing any unit of work
 leaves nothing behind; one that fails later keeps its finished units (in the work directory) for
 the rerun.
+
+--output is a folder of its own (``dlrm.data.outputs``): new, empty, an unfinished run's (which
+the rerun resumes), or a dataset this program wrote, replaced only with --overwrite; a folder
+holding anything else, a link, the working directory and a folder holding the input files are
+refused before any work. An explicit --work_dir is new, empty or a work directory of this
+program, and apart from --output.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
+import re
 import resource
 import shutil
 import sys
@@ -28,15 +36,45 @@ from concurrent.futures.process import BrokenProcessPool
 
 from dlrm.data.atomic import StorageError, check_can_create, describe, fault_of, free_bytes
 from dlrm.data.errors import DatasetError
+from dlrm.data.outputs import OutputError, OutputKind, claim_output, holds_only
+from dlrm.data.split_binary_writer import is_split_binary_dataset
 from dlrm.extras import missing_extra
 from preproc.job import DEFAULT_MEMORY_LIMIT, WORK_DIR_NAME, Job
 from preproc.layout import detect_layout, file_inputs, kaggle_inputs, parse_days, terabyte_inputs
 from preproc.numeric import DEFAULT_ROUNDING, ROUNDINGS
 from preproc.progress import Progress
 from preproc.reference import VOCABULARY_DAYS, column_thresholds, parse_threshold
+from preproc.workdir import MANIFEST
 
 
 USAGE_ERROR_EXIT = 2
+
+# What a run leaves in --output before the spec is written (split files, the vocabulary, the work
+# directory, temporaries): an unfinished run, which the same command resumes.
+_UNFINISHED = ("*/*.bin", "vocabulary/sizes.npy", "vocabulary/table.npy", f"{WORK_DIR_NAME}/*", "*.tmp", "*.tmp/*")
+
+
+def unfinished_run(path: str) -> bool:
+    """Whether directory ``path`` holds an unfinished run's output and nothing else (no spec yet)."""
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return False
+    return not any(n.endswith((".yaml", ".yml")) for n in names) and holds_only(path, _UNFINISHED)
+
+
+def _is_work_dir(path: str) -> bool:
+    """Whether directory ``path`` is a work directory of this program (``preproc.workdir``: its manifest)."""
+    try:
+        with open(os.path.join(path, MANIFEST), encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and isinstance(manifest.get("identity"), dict) and "settings" in manifest
+
+
+DATASET = OutputKind("dataset", directory=True, recognise=lambda p: is_split_binary_dataset(p) or unfinished_run(p))
+WORK_DIR = OutputKind("preprocessing work directory", directory=True, recognise=_is_work_dir)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -96,7 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "always written")
 
     out = p.add_argument_group("output and transform")
-    out.add_argument("--output", required=True, help="dataset directory to write")
+    out.add_argument("--output", required=True, help="dataset directory to write: new or empty, an unfinished run's "
+                     "(resumed), or with --overwrite a dataset this program wrote; never a folder holding anything else")
+    out.add_argument("--overwrite", action="store_true",
+                     help="replace the dataset an earlier run wrote in --output (never a folder holding anything else)")
     out.add_argument("--frequency_threshold", default="0",
                      help="keep values seen at least this often in train: '15', or per column as NVIDIA's "
                           "--frequency_limit, e.g. '14:3,15' (field 14 = C1 -> 3, the others 15); 0 keeps all")
@@ -207,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         refused = _refused_write(e, args.output, work_dir)  # before the clean-up: a full disk is seen full
         _clean_up(created, work_dir)
         message = _one_line(e) if refused is None else str(describe(*refused))  # the space freed counts
+        if isinstance(e, OutputError):
+            message = _flags(message)
         print(f"error: {message}", file=sys.stderr)
         return USAGE_ERROR_EXIT
     except ImportError as e:
@@ -267,11 +310,31 @@ def _check_splits_have_data(job: Job) -> None:
             raise DatasetError(f"split '{split}' has no rows: its files {files} are empty")
 
 
+def _claim(args: argparse.Namespace, files: list[str]) -> None:
+    """Before any work: --output and --work_dir may be written (``dlrm.data.outputs``)."""
+    inputs = {"input_dir": files} if args.input_dir else {"train": args.train, "test": args.test,
+                                                            "validation": args.validation}
+    claim_output(args.output, DATASET, "output", inputs=inputs, replace=args.overwrite,
+                 keep=os.path.isdir(args.output) and unfinished_run(args.output))
+    if args.work_dir:
+        claim_output(args.work_dir, WORK_DIR, "work_dir", inputs=inputs, keep=True)
+        work, output = (os.path.realpath(os.path.abspath(p)) for p in (args.work_dir, args.output))
+        if work == output or output.startswith(work.rstrip(os.sep) + os.sep):
+            raise OutputError(f"`work_dir` {args.work_dir} holds `output` {args.output}: the work directory is "
+                              "removed when the run ends; choose a folder apart from the output; nothing was changed")
+
+
+def _flags(message: str) -> str:
+    """A library message's `setting` names as this command's flags."""
+    return re.sub(r"`(\w+)`", lambda m: f"--{m.group(1)}", message)
+
+
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    inputs = _inputs(args, parser)
+    _claim(args, [f.path for f in inputs])
     _check_directory("--output", args.output)
     if args.work_dir:
         _check_directory("--work_dir", args.work_dir)
-    inputs = _inputs(args, parser)
     thresholds = column_thresholds(parse_threshold(args.frequency_threshold))
     # Validation derived from --input_dir (half of the last day) is dropped unless kept.
     drop = args.input_dir is not None and (args.validation_split or "drop") == "drop"
