@@ -199,7 +199,7 @@ def test_predictions_on_a_full_disk_keep_the_old_ones(tmpfs_ok, recommender, tmp
     (seed / "recs.txt").write_text("0\t1,0.5\n")
     proc, after = on_tmpfs(tmp_path, 2 * PAGE, "dlrm.scripts.recommender_predict", "--checkpoint",
                            str(recommender["ck"]), "--input", str(recommender["input"]), "--output", "{fs}/recs.txt",
-                           "--device", "cpu", seed=seed)
+                           "--overwrite", "--device", "cpu", seed=seed)
     one_line(proc, f"{tmp_path}/fs/recs.txt", *FULL)
     assert tree(after) == tree(seed)
 
@@ -211,7 +211,8 @@ def test_export_keeps_the_old_model(tmpfs_ok, dlrm_checkpoint, tmp_path, read_on
     (seed / "m").mkdir(parents=True)
     (seed / "m" / "model.pt").write_bytes(b"an older export")
     proc, after = on_tmpfs(tmp_path, 64 * PAGE, "dlrm.scripts.export", "--checkpoint", str(dlrm_checkpoint / "ck"),
-                           "--output", "{fs}/m", "--format", "torchscript", seed=seed, read_only=read_only)
+                           "--output", "{fs}/m", "--format", "torchscript", "--overwrite", seed=seed,
+                           read_only=read_only)
     one_line(proc, f"{tmp_path}/fs/m/model.pt", *(READ_ONLY if read_only else FULL))
     assert tree(after) == tree(seed)
 
@@ -259,7 +260,7 @@ def test_preprocessing_on_a_full_disk_keeps_the_old_dataset(tmpfs_ok, tmp_path):
                            "--output", str(seed / "out"), "--workers", "1", "--progress", "off"], cwd=REPO,
                           capture_output=True).returncode == 0
     proc, after = on_tmpfs(tmp_path, pages(seed) + 32 * PAGE, "preproc", "--train", str(train), "--test", str(test),
-                           "--output", "{fs}/out", "--workers", "1", "--progress", "off", seed=seed)
+                           "--output", "{fs}/out", "--overwrite", "--workers", "1", "--progress", "off", seed=seed)
     one_line(proc, f"{tmp_path}/fs/out", *FULL)
     assert {k: v for k, v in tree(after).items() if ".preproc_work" not in k} == tree(seed)
     assert not [name for name in tree(after) if name.endswith(".tmp") or "/.tmp" in name]

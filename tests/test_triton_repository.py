@@ -184,7 +184,7 @@ def test_deployer_script(model, tmp_path):
 
 
 def test_deploy_script_errors(cli, tmp_path):
-    proc = cli("dlrm.scripts.deploy", f"--checkpoint={tmp_path / 'none'}", f"--model_repository={tmp_path}",
+    proc = cli("dlrm.scripts.deploy", f"--checkpoint={tmp_path / 'none'}", f"--model_repository={tmp_path / 'models'}",
                check=False)
     assert proc.returncode != 0 and "No checkpoint" in proc.stderr and "Traceback" not in proc.stderr
     proc = cli("dlrm.scripts.deploy", f"--checkpoint={tmp_path}", f"--model_repository={tmp_path}",

@@ -10,6 +10,10 @@ backend), for servers built without those backends, such as the one ``nvidia-pyt
 
 The exported file is checked against the eager model before the config is written, so a
 repository never advertises a model that computes something else.
+
+Deploying adds a model to a repository (``TRITON_REPOSITORY``: model folders and nothing else;
+a folder holding anything else is refused); a model folder that exists already
+(``TRITON_MODEL``) is written over only with ``overwrite`` (``dlrm.data.outputs``).
 """
 
 from __future__ import annotations
@@ -31,11 +35,54 @@ from dlrm.inference.export import (
     export_torchscript,
 )
 from dlrm.data.atomic import write_atomically, write_text_atomically
+from dlrm.data.outputs import OutputKind, claim_output, holds_only
 from dlrm.model.dlrm import DLRM
 
 FORMATS = {"onnx": ("model.onnx", "onnxruntime_onnx"), "torchscript": ("model.pt", "pytorch_libtorch")}
 NUMERICAL_TYPES = {"fp32": ("TYPE_FP32", torch.float32), "fp16": ("TYPE_FP16", torch.float16)}
 INSTANCE_KINDS = {"gpu": "KIND_GPU", "cpu": "KIND_CPU"}
+CONFIG = "config.pbtxt"
+
+
+def is_triton_model(path: str) -> bool:
+    """Whether directory ``path`` is a model folder of a Triton repository and nothing else: its
+    ``config.pbtxt`` and numbered version folders of model files (any backend's)."""
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return False
+    for name in names:
+        full = os.path.join(path, name)
+        if not (name == CONFIG or name.endswith(".tmp") or (name.isdigit() and os.path.isdir(full)
+                                                            and not os.path.islink(full))):
+            return False
+    return holds_only(path, [CONFIG, "[0-9]*/*"], required=[CONFIG])
+
+
+def is_triton_repository(path: str) -> bool:
+    """Whether directory ``path`` is a Triton model repository and nothing else: model folders."""
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return False
+    return all(is_triton_model(os.path.join(path, name)) and not os.path.islink(os.path.join(path, name))
+               for name in names)
+
+
+TRITON_REPOSITORY = OutputKind("Triton model repository", directory=True, recognise=is_triton_repository)
+TRITON_MODEL = OutputKind("Triton model", directory=True, recognise=is_triton_model)
+
+
+def claim_repository(repository: str, model_name: str, overwrite: bool, inputs: dict | None = None,
+                     settings: tuple[str, str] = ("repository", "model_name")) -> str:
+    """Checks, before any work, that ``model_name`` may be deployed into ``repository``: the
+    repository is new, empty or a Triton repository (a model is added to it as a matter of
+    course), and the model folder new, or an earlier one replaced with ``overwrite``; never one
+    of ``inputs``. ``settings``: how messages name the two. Returns the model folder."""
+    claim_output(repository, TRITON_REPOSITORY, settings[0], inputs=inputs, keep=True)
+    model_dir = os.path.join(os.path.abspath(repository), model_name)
+    claim_output(model_dir, TRITON_MODEL, settings[1], inputs=inputs, replace=overwrite)
+    return model_dir
 
 
 @dataclass
@@ -141,16 +188,37 @@ def deploy_model(
     repository: str,
     cfg: TritonModelConfig,
     check_batch_sizes: Sequence[int] = (1, 64, 4096),
+    overwrite: bool = False,
 ) -> DeployedModel:
     """Exports ``model`` (on the CPU) into ``repository`` as ``cfg`` describes, checks the file
     against the eager model, then writes the config (and ``model.py`` for the python backend).
 
-    Files of other versions in the model directory are left alone; the ones written here
-    replace earlier ones atomically.
+    The repository and model folder are claimed first (``claim_repository``): an existing model
+    folder of that name is written into only with ``overwrite``. Files of other versions in it
+    are left alone; the ones written here replace earlier ones atomically. A failed deploy
+    removes the folders it made.
     """
     cfg.validate()
-    model_dir = os.path.abspath(os.path.join(repository, cfg.model_name))
+    model_dir = claim_repository(repository, cfg.model_name, overwrite)
     version_dir = os.path.join(model_dir, str(cfg.version))
+    created = []  # deepest first
+    missing = version_dir
+    while not os.path.exists(missing):
+        created.append(missing)
+        missing = os.path.dirname(missing)
+    try:
+        return _deploy(model, model_dir, version_dir, cfg, check_batch_sizes)
+    except BaseException:
+        for directory in created:
+            try:
+                os.rmdir(directory)
+            except OSError:
+                pass
+        raise
+
+
+def _deploy(model: DLRM, model_dir: str, version_dir: str, cfg: TritonModelConfig,
+            check_batch_sizes: Sequence[int]) -> DeployedModel:
     os.makedirs(version_dir, exist_ok=True)
     model_path = os.path.join(version_dir, cfg.model_file)
     numerical_dtype = NUMERICAL_TYPES[cfg.numerical_type][1]
@@ -164,7 +232,7 @@ def deploy_model(
         script = os.path.join(version_dir, "model.py")
         write_atomically(script, lambda tmp: shutil.copyfile(triton_python_model.__file__, tmp))
         files.append(script)
-    config_path = os.path.join(model_dir, "config.pbtxt")
+    config_path = os.path.join(model_dir, CONFIG)
     config = model.config
     text = render_config(cfg, config.num_numerical_features, config.num_categorical_features)
     write_text_atomically(config_path, text)
@@ -173,7 +241,10 @@ def deploy_model(
 
 
 def deploy_checkpoint(
-    checkpoint: str, repository: str, cfg: TritonModelConfig, check_batch_sizes: Sequence[int] = (1, 64, 4096)
+    checkpoint: str, repository: str, cfg: TritonModelConfig, check_batch_sizes: Sequence[int] = (1, 64, 4096),
+    overwrite: bool = False,
 ) -> DeployedModel:
     """``deploy_model`` for the model a checkpoint directory holds (config from its meta.json)."""
-    return deploy_model(build_inference_model(checkpoint), repository, cfg, check_batch_sizes)
+    cfg.validate()
+    claim_repository(repository, cfg.model_name, overwrite, inputs={"checkpoint": checkpoint})  # before the work
+    return deploy_model(build_inference_model(checkpoint), repository, cfg, check_batch_sizes, overwrite)

@@ -6,23 +6,26 @@ r"""Write a Triton Inference Server model repository from a checkpoint.
 (also ``python triton/deployer.py ...``). Exports the model into
 <model_repository>/<model_name>/<version>/, checks the file against the eager model at each
 --check_batch_sizes, and writes config.pbtxt (and model.py with --python_backend).
+
+--model_repository is new, empty or a Triton model repository (the model is added to it; a folder
+holding anything else is refused); a model folder of --model_name that exists already is written
+over only with --overwrite.
 """
 
 from __future__ import annotations
-
-import os
 
 from absl import app, flags
 from absl import logging as absl_logging
 
 from dlrm.inference.triton_repository import (
-    FORMATS, INSTANCE_KINDS, NUMERICAL_TYPES, TritonModelConfig, deploy_checkpoint,
+    FORMATS, INSTANCE_KINDS, NUMERICAL_TYPES, TritonModelConfig, claim_repository, deploy_checkpoint,
 )
 from dlrm.scripts import cli
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("checkpoint", None, "Checkpoint directory (as written by training).")
-flags.DEFINE_string("model_repository", None, "Triton model repository directory (created if missing).")
+flags.DEFINE_string("model_repository", None, "Triton model repository directory (created if missing; an existing "
+                    "one must be empty or a Triton repository, to which the model is added).")
 flags.DEFINE_string("model_name", "dlrm", "Model name: the directory inside the repository, and what clients ask for.")
 flags.DEFINE_enum("format", "onnx", sorted(FORMATS),
                   "onnx: platform onnxruntime_onnx (one file, weights up to 2 GiB); torchscript: pytorch_libtorch.")
@@ -40,6 +43,8 @@ flags.DEFINE_list("gpus", None, "GPU indices for the instances (default: every G
 flags.DEFINE_integer("version", 1, "Model version directory to write.")
 flags.DEFINE_integer("intra_op_threads", 0, "Python backend: CPU threads per instance (0: the runtime's default).")
 flags.DEFINE_list("check_batch_sizes", ["1", "64", "4096"], "Batch sizes the file is checked at against eager.")
+flags.DEFINE_boolean("overwrite", False, "Write over the --model_name folder an earlier deploy wrote in the "
+                     "repository (never a folder holding anything else).")
 flags.mark_flags_as_required(["checkpoint", "model_repository"])
 
 
@@ -72,11 +77,11 @@ def main(argv: list[str]) -> int:
     except ValueError as e:
         raise app.UsageError(str(e)) from None
     check_batch_sizes = _ints(FLAGS.check_batch_sizes, "check_batch_sizes", positive=True)
-    if os.path.exists(FLAGS.model_repository) and not os.path.isdir(FLAGS.model_repository):
-        raise app.UsageError(f"--model_repository {FLAGS.model_repository} is a file; give a directory "
-                             f"(created if missing)")
+    # Before any work (dlrm.data.outputs): never a foreign folder, a link, the working directory or the checkpoint.
+    claim_repository(FLAGS.model_repository, cfg.model_name, FLAGS.overwrite, inputs={"checkpoint": FLAGS.checkpoint},
+                     settings=("model_repository", "model_name"))
     # a bad checkpoint raises CheckpointError: cli.run prints it as one line and exits 2
-    deployed = deploy_checkpoint(FLAGS.checkpoint, FLAGS.model_repository, cfg, check_batch_sizes)
+    deployed = deploy_checkpoint(FLAGS.checkpoint, FLAGS.model_repository, cfg, check_batch_sizes, FLAGS.overwrite)
     flavour = "python backend" if cfg.python_backend else f"platform {FORMATS[cfg.format][1]}"
     print(f"deployed {cfg.model_name!r} ({flavour}, {cfg.format}, numerical {cfg.numerical_type}) "
           f"to {deployed.model_dir}")

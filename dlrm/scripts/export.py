@@ -4,7 +4,8 @@ r"""Export a checkpoint for serving and check the files against the eager model.
         [--format onnx,torchscript] [--opset 17]
 
 Writes <output>/model.onnx and/or <output>/model.pt, then prints the maximum absolute error of
-each file against the eager model per batch size.
+each file against the eager model per batch size. --output is new or empty, or (with
+--overwrite) an earlier export; a folder holding anything else is never written into.
 """
 
 from __future__ import annotations
@@ -15,14 +16,19 @@ from absl import app, flags
 from absl import logging as absl_logging
 
 from dlrm.data.atomic import check_can_create
-from dlrm.inference.export import EXPORTED, build_inference_model, check_export, export_onnx, export_torchscript
+from dlrm.data.outputs import claim_output
+from dlrm.inference.export import (EXPORT, EXPORTED, build_inference_model, check_export, export_onnx,
+                                   export_torchscript)
 from dlrm.scripts import cli
 
 FORMATS = {"onnx": "model.onnx", "torchscript": "model.pt"}
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("checkpoint", None, "Checkpoint directory (as written by training).")
-flags.DEFINE_string("output", None, "Directory for the exported files (created if missing).")
+flags.DEFINE_string("output", None, "Directory for the exported files (created if missing; an existing one "
+                    "must be empty, or with --overwrite an earlier export).")
+flags.DEFINE_boolean("overwrite", False, "Replace the files an earlier export wrote in --output (never a folder "
+                     "holding anything else).")
 flags.DEFINE_list("format", ["onnx", "torchscript"], f"Comma-separated formats out of {sorted(FORMATS)}.")
 flags.DEFINE_integer("opset", 17, "ONNX opset version.", lower_bound=7)
 flags.DEFINE_list("check_batch_sizes", ["1", "64", "4096"], "Batch sizes the exported files are checked at.")
@@ -48,8 +54,8 @@ def main(argv: list[str]) -> int:
         if FLAGS.opset > onnx.defs.onnx_opset_version():
             raise app.UsageError(f"--opset {FLAGS.opset}: the installed onnx writes opsets up to "
                                  f"{onnx.defs.onnx_opset_version()}")
-    if os.path.exists(FLAGS.output) and not os.path.isdir(FLAGS.output):
-        raise app.UsageError(f"--output {FLAGS.output} is a file; give a directory (created if missing)")
+    # Before any work (dlrm.data.outputs): never a foreign folder, a link, the working directory or the checkpoint.
+    claim_output(FLAGS.output, EXPORT, "output", inputs={"checkpoint": FLAGS.checkpoint}, replace=FLAGS.overwrite)
     for fmt in FLAGS.format:  # a read-only or missing file system fails before the export's work
         check_can_create(os.path.join(FLAGS.output, FORMATS[fmt]), EXPORTED)
     model = build_inference_model(FLAGS.checkpoint)  # CheckpointError: one line and exit 2 (cli.run)
