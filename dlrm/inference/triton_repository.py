@@ -34,7 +34,7 @@ from dlrm.inference.export import (
     export_onnx,
     export_torchscript,
 )
-from dlrm.data.atomic import write_atomically, write_text_atomically
+from dlrm.data.atomic import check_can_create, write_atomically, write_text_atomically
 from dlrm.data.outputs import OutputKind, claim_output, holds_only
 from dlrm.model.dlrm import DLRM
 
@@ -78,10 +78,12 @@ def claim_repository(repository: str, model_name: str, overwrite: bool, inputs: 
     """Checks, before any work, that ``model_name`` may be deployed into ``repository``: the
     repository is new, empty or a Triton repository (a model is added to it as a matter of
     course), and the model folder new, or an earlier one replaced with ``overwrite``; never one
-    of ``inputs``. ``settings``: how messages name the two. Returns the model folder."""
+    of ``inputs``. ``settings``: how messages name the two. A file system that refuses the write
+    (read-only, no permission) is a ``StorageError`` now too. Returns the model folder."""
     claim_output(repository, TRITON_REPOSITORY, settings[0], inputs=inputs, keep=True)
     model_dir = os.path.join(os.path.abspath(repository), model_name)
     claim_output(model_dir, TRITON_MODEL, settings[1], inputs=inputs, replace=overwrite)
+    check_can_create(os.path.join(model_dir, CONFIG), "the Triton model")
     return model_dir
 
 

@@ -18,7 +18,7 @@ import shutil
 
 from absl import app, flags
 
-from dlrm.data.atomic import StorageError, write_atomically
+from dlrm.data.atomic import StorageError, check_can_create, write_atomically
 from dlrm.data.csv_source import RANDOM_CSV, CsvSource, csv_targets, write_random_csv
 from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import SPEC_FILE_NAME
@@ -43,8 +43,10 @@ def main(argv: list[str]) -> int:
     # never the spec's folder nor the working directory; every file the spec names lies inside it.
     output = claim_output(FLAGS.output, RANDOM_CSV, "output", inputs={"feature_spec_in": source.path},
                           replace=FLAGS.overwrite)
+    check_can_create(output, "the CSV files", inside=True)  # a read-only file system fails before any file
     spec_copy = os.path.join(output, SPEC_FILE_NAME)
-    if any(chunk.path == spec_copy for _, chunk in csv_targets(source, overwrite=True)):
+    if any(os.path.realpath(chunk.path) == os.path.realpath(spec_copy)
+           for _, chunk in csv_targets(source, overwrite=True)):
         raise app.UsageError(f"{source.path}: a CSV file is named {SPEC_FILE_NAME}, where the spec is copied; "
                              f"rename the file in the spec")
     try:

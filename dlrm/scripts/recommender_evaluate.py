@@ -107,6 +107,9 @@ def _check_flags() -> tuple[list[int], list[str]]:
         claim_output(FLAGS.output, METRICS, "output", replace=FLAGS.overwrite,
                      inputs={"input": FLAGS.input, "heldout": FLAGS.heldout,
                              "load_checkpoint_path": FLAGS.load_checkpoint_path})
+        from dlrm.data.atomic import check_can_create
+
+        check_can_create(FLAGS.output, "the metrics")  # a read-only file system fails now, not after the work
     return ks, baselines
 
 
