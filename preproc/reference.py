@@ -45,7 +45,6 @@ from typing import IO, Iterator
 
 import numpy as np
 
-from dlrm.data.batch import Batch
 from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import FeatureSpec
 from dlrm.data.split_binary_writer import SplitBinaryWriter
@@ -274,6 +273,8 @@ def _flush(writer: SplitBinaryWriter, labels: list[int], numerical: list[list[fl
            rounding: str) -> None:
     if not labels:
         return
+    from dlrm.data.batch import Batch  # torch: not for the command line's checks (preproc.cli imports this module)
+
     writer.write(
         Batch(
             numerical=to_float16(numerical, rounding),  # type: ignore[arg-type]

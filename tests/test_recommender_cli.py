@@ -181,7 +181,7 @@ def test_predict_writes_dsstne_score_format_on_request(cli, data, trained):
     for row, line in enumerate(open(recs, encoding="utf-8").read().splitlines()):
         pairs = [field.split(",") for field in line.partition("\t")[2].split(":")]
         assert [s for _, s in pairs] == [f"{raw[row, int(i)]:.3f}" for i, _ in pairs], line
-    refused = cli(*args, "--score_format", "%.3f:", check=False)
+    refused = cli(*args, "--score_format", "%.3f:", "--overwrite", check=False)
     lines = refused.stderr.strip().splitlines()
     assert refused.returncode == 2 and len(lines) == 1, refused.stderr
     assert lines[0] == "error: --score_format '%.3f:': give a printf format of one float, e.g. %.6g (the default) or " \

@@ -181,6 +181,11 @@ class CsvSource:
         return NUMERICAL if name in self.numerical_names else CATEGORICAL
 
 
+def source_files(source: CsvSource) -> list[str]:
+    """What a reader of ``source`` reads: its spec and every CSV file it names."""
+    return [source.path] + [chunk.path for split in source.splits for chunk in source.chunks(split)]
+
+
 # ---------------------------------------------------------------------------- writing (gen_csv)
 
 _NUMBERS_LINE = re.compile(rb"[-+0-9.eE]+(?:,[-+0-9.eE]+)*")  # what write_random_csv writes per line

@@ -1,23 +1,28 @@
 """Writer of the split-binary layout: batches appended to one split's files, which appear
-together, and only when the writer closes cleanly (the reader is ``dlrm.data.split_binary``)."""
+together, and only when the writer closes cleanly (the reader is ``dlrm.data.split_binary``).
+
+Importing this module does not import torch (a batch of tensors has done so already), so that a
+command can check its output folder (``SPLIT_BINARY_DATASET``) at once, before torch loads."""
 
 from __future__ import annotations
 
 import contextlib
 import glob
 import os
-from typing import BinaryIO
+import sys
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
-import torch
 import yaml
 
 from dlrm.data.atomic import StagedWriter, remove_stale_temporaries, temporary_name
-from dlrm.data.batch import Bags, Batch
 from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import OFFSETS_DTYPE, PADDING_ID, SPLIT_BINARY, VARIABLE, FeatureSpec
 from dlrm.data.outputs import OutputKind, holds_only
 from dlrm.data.split_binary_columns import LABEL_DTYPE, NUMERICAL_DTYPE
+
+if TYPE_CHECKING:
+    from dlrm.data.batch import Bags, Batch
 
 # Besides its spec and the files the spec names: split directories of .bin files, the vocabulary
 # that preprocessing keeps with its datasets (docs/data_format.md), preprocessing's resume state
@@ -76,7 +81,8 @@ SPLIT_BINARY_DATASET = OutputKind("dataset", directory=True, recognise=is_split_
 
 
 def _to_numpy(x) -> np.ndarray:
-    if isinstance(x, torch.Tensor):
+    torch = sys.modules.get("torch")  # not imported: x is no tensor
+    if torch is not None and isinstance(x, torch.Tensor):
         return x.detach().cpu().numpy()
     return np.asarray(x)
 
@@ -134,6 +140,10 @@ class SplitBinaryWriter(StagedWriter):
         n = label.shape[0]
         numerical = _to_numpy(batch.numerical)
         spec = self.spec
+        import torch
+
+        from dlrm.data.batch import Bags
+
         bags = batch.categorical if isinstance(batch.categorical, Bags) else None
         if bags is None and self._multi_hot:  # one id per feature: bags of one
             bags = Bags.from_one_hot(torch.as_tensor(_to_numpy(batch.categorical)).reshape(n, -1))

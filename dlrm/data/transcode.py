@@ -415,11 +415,6 @@ def _aligned(split: str, chunks, readers) -> Iterator[list[_Chunk]]:
         done += n
 
 
-def source_files(source) -> list[str]:
-    """What ``transcode_csv_source`` reads of a ``CsvSource``: its spec and every CSV file it names."""
-    return [source.path] + [chunk.path for split in source.splits for chunk in source.chunks(split)]
-
-
 def transcode_csv_source(spec_path: str, output_dir: str, spec_out_name: str = SPEC_FILE_NAME,
                          chunk_rows: int = 1_000_000, overwrite: bool = False) -> FeatureSpec:
     """NVIDIA's transcode: the CSV files a CSV source spec (``csv_source``) describes -> a
@@ -430,7 +425,7 @@ def transcode_csv_source(spec_path: str, output_dir: str, spec_out_name: str = S
     be written as integral floats (``5.0``). Nothing replaces an existing dataset unless every
     split converts cleanly; the spec is written last. ``overwrite``: write over a dataset this
     program wrote there before (module docstring); the output never holds the spec or its files."""
-    from dlrm.data.csv_source import CsvSource
+    from dlrm.data.csv_source import CsvSource, source_files
 
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")

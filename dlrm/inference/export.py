@@ -21,7 +21,6 @@ import torch
 from torch import nn
 
 from dlrm.data.atomic import check_free_space, write_atomically
-from dlrm.data.outputs import OutputKind, holds_only
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.training.checkpoint import load_checkpoint, read_meta, state_bytes
 
@@ -29,9 +28,6 @@ INPUT_NAMES = ("numerical", "categorical")
 OUTPUT_NAME = "click_probability"
 ONNX_MAX_BYTES = 2**31 - 1  # protobuf's limit for one file; beyond it ONNX needs external data
 EXPORTED = "the exported model"  # what a StorageError says could not be written
-EXPORT_FILES = ("model.onnx", "model.pt")  # what ``python -m dlrm.scripts.export`` writes into its --output
-# An export folder: the exported files and nothing else (``dlrm.data.outputs``).
-EXPORT = OutputKind("model export", directory=True, recognise=lambda p: holds_only(p, EXPORT_FILES))
 
 
 def build_inference_model(checkpoint: str, device: torch.device | str = "cpu") -> DLRM:

@@ -22,24 +22,19 @@ import os
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from dlrm.inference import triton_python_model
-from dlrm.inference.export import (
-    INPUT_NAMES,
-    OUTPUT_NAME,
-    build_inference_model,
-    check_export,
-    export_onnx,
-    export_torchscript,
-)
 from dlrm.data.atomic import check_can_create, write_atomically, write_text_atomically
 from dlrm.data.outputs import OutputKind, claim_output, holds_only
-from dlrm.model.dlrm import DLRM
 
+if TYPE_CHECKING:
+    from dlrm.model.dlrm import DLRM
+
+# torch (and the exporter) load only when a model is exported, so that a deploy checks its
+# destination (``claim_repository``) at once.
 FORMATS = {"onnx": ("model.onnx", "onnxruntime_onnx"), "torchscript": ("model.pt", "pytorch_libtorch")}
-NUMERICAL_TYPES = {"fp32": ("TYPE_FP32", torch.float32), "fp16": ("TYPE_FP16", torch.float16)}
+NUMERICAL_TYPES = {"fp32": ("TYPE_FP32", "float32"), "fp16": ("TYPE_FP16", "float16")}  # Triton's type, torch's
 INSTANCE_KINDS = {"gpu": "KIND_GPU", "cpu": "KIND_CPU"}
 CONFIG = "config.pbtxt"
 
@@ -136,6 +131,8 @@ class TritonModelConfig:
         """(numerical, categorical, output). TorchScript has no tensor names, so the libtorch
         backend binds them by position and wants ``<name>__<index>``; the others use the
         exported names."""
+        from dlrm.inference.export import INPUT_NAMES, OUTPUT_NAME
+
         if self.format == "torchscript" and not self.python_backend:
             return f"{INPUT_NAMES[0]}__0", f"{INPUT_NAMES[1]}__1", f"{OUTPUT_NAME}__0"
         return INPUT_NAMES[0], INPUT_NAMES[1], OUTPUT_NAME
@@ -221,9 +218,13 @@ def deploy_model(
 
 def _deploy(model: DLRM, model_dir: str, version_dir: str, cfg: TritonModelConfig,
             check_batch_sizes: Sequence[int]) -> DeployedModel:
+    import torch
+
+    from dlrm.inference.export import check_export, export_onnx, export_torchscript
+
     os.makedirs(version_dir, exist_ok=True)
     model_path = os.path.join(version_dir, cfg.model_file)
-    numerical_dtype = NUMERICAL_TYPES[cfg.numerical_type][1]
+    numerical_dtype = getattr(torch, NUMERICAL_TYPES[cfg.numerical_type][1])
     if cfg.format == "onnx":
         export_onnx(model, model_path, numerical_dtype=numerical_dtype)
     else:
@@ -249,4 +250,6 @@ def deploy_checkpoint(
     """``deploy_model`` for the model a checkpoint directory holds (config from its meta.json)."""
     cfg.validate()
     claim_repository(repository, cfg.model_name, overwrite, inputs={"checkpoint": checkpoint})  # before the work
+    from dlrm.inference.export import build_inference_model
+
     return deploy_model(build_inference_model(checkpoint), repository, cfg, check_batch_sizes, overwrite)

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 
 from dlrm.data.atomic import write_atomically
-from dlrm.data.outputs import OutputKind
 from dlrm.recommender.csr_dataset import CsrDataset
 from dlrm.recommender.metrics import MetricsAccumulator, RankingMetrics
 from dlrm.recommender.model import SparseAutoencoder, activation
@@ -90,49 +88,6 @@ def rank(score: Scorer, history: Csr, k: int, filters: Sequence[Csr], item_start
         values, items = merge_top_k(list(parallel.all_gather_same(values).cpu()),
                                     list(parallel.all_gather_same(items).cpu()), k)
     return values.cpu(), items.cpu()
-
-
-# One line of ``write_predictions``: sample<TAB>item,score:item,score:... (the list may be empty).
-_PREDICTION_LINE = re.compile(r"[^\t\n]*\t(?:[^\t\n,:]+,[^\t\n,:]+(?::[^\t\n,:]+,[^\t\n,:]+)*)?")
-
-
-def is_predictions(path: str) -> bool:
-    """Whether file ``path`` reads as ``write_predictions`` writes (its first MiB, whole lines;
-    an empty file, 0 users, too)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(1 << 20)
-            more = f.read(1) != b""
-    except OSError:
-        return False
-    if more:  # a line cut at the MiB is not judged
-        head = head[:head.rfind(b"\n") + 1]
-    lines = head.split(b"\n")
-    if lines[-1] == b"":
-        lines.pop()
-    try:
-        return all(_PREDICTION_LINE.fullmatch(line.decode("utf-8")) for line in lines)
-    except UnicodeDecodeError:
-        return False
-
-
-PREDICTIONS = OutputKind("predictions file", directory=False, recognise=is_predictions)
-
-
-def is_scores(path: str) -> bool:
-    """Whether file ``path`` is a float32 .npy of [samples, items], as ``recommender_predict
-    --scores_path`` writes it."""
-    try:
-        with open(path, "rb") as f:
-            version = np.lib.format.read_magic(f)
-            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-            shape, _, dtype = read(f)
-    except (OSError, ValueError):
-        return False
-    return dtype == np.float32 and len(shape) == 2
-
-
-SCORES = OutputKind("scores file", directory=False, recognise=is_scores)
 
 
 def write_predictions(path: str | os.PathLike, batches: Iterator[tuple[int, torch.Tensor, torch.Tensor]],

@@ -16,12 +16,12 @@ from absl import app, flags
 from absl import logging as absl_logging
 
 from dlrm.data.atomic import check_can_create
-from dlrm.data.outputs import claim_output
-from dlrm.inference.export import (EXPORT, EXPORTED, build_inference_model, check_export, export_onnx,
-                                   export_torchscript)
+from dlrm.data.outputs import OutputKind, claim_output, holds_only
 from dlrm.scripts import cli
 
 FORMATS = {"onnx": "model.onnx", "torchscript": "model.pt"}
+# What --output holds: the exported files and nothing else (dlrm.data.outputs).
+EXPORT = OutputKind("model export", directory=True, recognise=lambda p: holds_only(p, list(FORMATS.values())))
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("checkpoint", None, "Checkpoint directory (as written by training).")
@@ -56,6 +56,8 @@ def main(argv: list[str]) -> int:
                                  f"{onnx.defs.onnx_opset_version()}")
     # Before any work (dlrm.data.outputs): never a foreign folder, a link, the working directory or the checkpoint.
     claim_output(FLAGS.output, EXPORT, "output", inputs={"checkpoint": FLAGS.checkpoint}, replace=FLAGS.overwrite)
+    from dlrm.inference.export import EXPORTED, build_inference_model, check_export, export_onnx, export_torchscript
+
     for fmt in FLAGS.format:  # a read-only or missing file system fails before the export's work
         check_can_create(os.path.join(FLAGS.output, FORMATS[fmt]), EXPORTED)
     model = build_inference_model(FLAGS.checkpoint)  # CheckpointError: one line and exit 2 (cli.run)

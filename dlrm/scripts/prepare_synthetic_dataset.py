@@ -24,10 +24,6 @@ from dlrm.data.atomic import StorageError
 from dlrm.data.errors import DatasetError
 from dlrm.data.outputs import claim_output
 from dlrm.data.split_binary_writer import SPLIT_BINARY_DATASET
-from dlrm.data.synthetic import (
-    FL15_CARDINALITIES, MLPERF_DLRMV2_CARDINALITIES, MLPERF_MULTI_HOT_SIZES, write_synthetic_dataset,
-    write_synthetic_dataset_for_spec,
-)
 from dlrm.scripts import cli
 
 FLAGS = flags.FLAGS
@@ -80,6 +76,8 @@ def _split_bytes(path: str) -> dict[str, int]:
 
 
 def _multi_hot_sizes() -> list[int] | None:
+    from dlrm.data.synthetic import MLPERF_MULTI_HOT_SIZES
+
     values = FLAGS.synthetic_multi_hot_sizes
     if not values and FLAGS.preset == "mlperf_dlrmv2":
         values = ["mlperf"]
@@ -115,6 +113,7 @@ def _spec_samples(splits: list[str]) -> dict[str, int]:
 
 def _write_for_spec() -> dict[str, int]:
     from dlrm.data.feature_spec import FeatureSpec
+    from dlrm.data.synthetic import write_synthetic_dataset_for_spec
 
     given = [f"--{name}" for name in _SPEC_REPLACES if FLAGS[name].present]
     if given:
@@ -135,6 +134,8 @@ def _progress(split: str, done: int, total: int) -> None:
 
 def _write_from_flags() -> tuple[dict[str, int], str, int]:
     """The dataset of the layout flags; returns (rows per split, kind of bags, tables)."""
+    from dlrm.data.synthetic import FL15_CARDINALITIES, MLPERF_DLRMV2_CARDINALITIES, write_synthetic_dataset
+
     if FLAGS.preset == "criteo_fl15":
         table_sizes = list(FL15_CARDINALITIES)
     elif FLAGS.preset == "mlperf_dlrmv2" and not FLAGS["synthetic_dataset_table_sizes"].present:

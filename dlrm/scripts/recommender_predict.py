@@ -31,10 +31,12 @@ what this command writes (a file of anything else is refused, whatever the flags
 from __future__ import annotations
 
 import os
+import re
 import time
 
 from absl import app, flags
 
+from dlrm.data.outputs import OutputKind
 from dlrm.scripts import cli
 from dlrm.scripts import recommender_common as common
 
@@ -80,11 +82,54 @@ def _names(flag: str, count: int, exact: bool) -> list[str]:
     return index.labels(count)
 
 
+# One line of ``write_predictions``: sample<TAB>item,score:item,score:... (the list may be empty).
+_PREDICTION_LINE = re.compile(r"[^\t\n]*\t(?:[^\t\n,:]+,[^\t\n,:]+(?::[^\t\n,:]+,[^\t\n,:]+)*)?")
+
+
+def is_predictions(path: str) -> bool:
+    """Whether file ``path`` reads as this command writes it (``predict.write_predictions``): its
+    first MiB, whole lines; an empty file (0 users) too."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 20)
+            more = f.read(1) != b""
+    except OSError:
+        return False
+    if more:  # a line cut at the MiB is not judged
+        head = head[:head.rfind(b"\n") + 1]
+    lines = head.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    try:
+        return all(_PREDICTION_LINE.fullmatch(line.decode("utf-8")) for line in lines)
+    except UnicodeDecodeError:
+        return False
+
+
+PREDICTIONS = OutputKind("predictions file", directory=False, recognise=is_predictions)
+
+
+def is_scores(path: str) -> bool:
+    """Whether file ``path`` is a float32 .npy of [samples, items], as --scores_path is written."""
+    import numpy as np
+
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, dtype = read(f)
+    except (OSError, ValueError):
+        return False
+    return dtype == np.float32 and len(shape) == 2
+
+
+SCORES = OutputKind("scores file", directory=False, recognise=is_scores)
+
+
 def _claim_outputs() -> None:
     """Before any work (dlrm.data.outputs): each output file is new, or this program's own of
     its kind and --overwrite given; none is an input of the run or the other output."""
     from dlrm.data.outputs import claim_output
-    from dlrm.recommender.predict import PREDICTIONS, SCORES
 
     inputs = {"load_checkpoint_path": FLAGS.load_checkpoint_path, "input": FLAGS.input, "filter": FLAGS.filter,
               "features_index": FLAGS.features_index, "samples_index": FLAGS.samples_index}
@@ -108,6 +153,13 @@ def _main(argv: list[str], env) -> int:
                              "scores, or drop --scores_path")
     for flag, path in [("input", FLAGS.input)] + [("filter", p) for p in FLAGS.filter]:
         common.check_dataset_dir(flag, path)  # before torch loads: a mistyped path fails at once
+    _claim_outputs()
+    from dlrm.data.atomic import check_can_create, check_free_space, write_atomically
+
+    if env is None or env.rank == 0:  # the first process writes: a read-only or missing file system fails now
+        check_can_create(FLAGS.output, "the predictions")
+        if FLAGS.scores_path:
+            check_can_create(FLAGS.scores_path, "the scores")
     import numpy as np
 
     from dlrm.recommender import checkpoint
@@ -120,13 +172,6 @@ def _main(argv: list[str], env) -> int:
     except ValueError:
         raise app.UsageError(f"--score_format {FLAGS.score_format!r}: give a printf format of one float, e.g. %.6g "
                              f"(the default) or %4.3f (DSSTNE's)") from None
-    _claim_outputs()
-    from dlrm.data.atomic import check_can_create, check_free_space, write_atomically
-
-    if env is None or env.rank == 0:  # the first process writes: a read-only or missing file system fails now
-        check_can_create(FLAGS.output, "the predictions")
-        if FLAGS.scores_path:
-            check_can_create(FLAGS.scores_path, "the scores")
 
     device = common.device(FLAGS.base_device, env)
     amp_dtype = common.amp_dtype(FLAGS.amp, FLAGS.amp_dtype, device)

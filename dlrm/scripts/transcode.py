@@ -26,7 +26,6 @@ from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import SPEC_FILE_NAME
 from dlrm.data.outputs import claim_output
 from dlrm.data.split_binary_writer import SPLIT_BINARY_DATASET
-from dlrm.data.transcode import source_files, transcode, transcode_csv_source
 from dlrm.scripts import cli
 
 FLAGS = flags.FLAGS
@@ -62,10 +61,12 @@ def _from_csv_source() -> int:
     if not os.path.isdir(FLAGS.input):
         raise app.UsageError(f"--input {FLAGS.input} is not a directory; give the directory of the CSV files and "
                              f"their feature spec")
-    from dlrm.data.csv_source import CsvSource
+    from dlrm.data.csv_source import CsvSource, source_files
 
     spec_in = os.path.join(FLAGS.input, FLAGS.feature_spec_in)
     _claim_output({"input": source_files(CsvSource.from_yaml(spec_in))})  # a bad spec: DatasetError (cli.run)
+    from dlrm.data.transcode import transcode_csv_source  # torch: once the output is known to be free
+
     try:
         spec = transcode_csv_source(spec_in, FLAGS.output, spec_out_name=FLAGS.feature_spec_out,
                                     chunk_rows=FLAGS.chunk_size, overwrite=FLAGS.overwrite)
@@ -95,6 +96,8 @@ def main(argv: list[str]) -> int:
                              "--num_numerical and --num_categorical")
     inputs = {name: getattr(FLAGS, name) for name in ("train", "test", "validation") if getattr(FLAGS, name)}
     _claim_output(inputs)
+    from dlrm.data.transcode import transcode  # torch: once the output is known to be free
+
     cardinalities = None
     if FLAGS.cardinalities:
         try:
