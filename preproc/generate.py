@@ -11,17 +11,26 @@ only on (rows, seed, days), and 1M rows take seconds.
 
     python -m preproc.generate --output /tmp/criteo.tsv --rows 1000000
     python -m preproc.generate --output /tmp/criteo_days --rows 2400000 --days 24 --gzip
+
+--output must be new (or, with --days, an empty folder); what an earlier run wrote there is
+replaced with --overwrite, and a file or folder of anything else never (exit 2, one line).
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import gzip as gzip_module
 import os
+import re
+import sys
 from dataclasses import dataclass
 from typing import IO
 
 import numpy as np
+
+from dlrm.data.atomic import StorageError, check_can_create
+from dlrm.data.outputs import OutputError, OutputKind, claim_output
 
 NUM_NUMERICAL = 13
 NUM_CATEGORICAL = 26
@@ -176,15 +185,62 @@ def generate_criteo_tsv(path: str, rows: int, seed: int = 0, days: int | None = 
             _write_rows(f, rng, cols, day_rows)
 
 
+def is_criteo_tsv(path: str) -> bool:
+    """Whether file ``path`` (plain or gzip) holds Criteo lines, as this generator writes them: the
+    first MiB of text, whole lines of 40 tab-separated fields (an empty file too)."""
+    try:
+        with open(path, "rb") as raw:
+            packed = raw.read(2) == b"\x1f\x8b"
+        with (gzip_module.open(path, "rb") if packed else open(path, "rb")) as f:
+            head = f.read(1 << 20)
+            more = f.read(1) != b""
+    except (OSError, EOFError):
+        return False
+    if more:
+        head = head[:head.rfind(b"\n") + 1]
+    lines = head.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    return all(line.count(b"\t") == NUM_NUMERICAL + NUM_CATEGORICAL for line in lines)
+
+
+def is_criteo_days(path: str) -> bool:
+    """Whether directory ``path`` holds day files of this generator (``day_<n>``, ``.gz``) and nothing else."""
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return False
+    return all(fnmatch.fnmatchcase(name, "day_[0-9]*") and os.path.isfile(os.path.join(path, name))
+               and not os.path.islink(os.path.join(path, name)) and is_criteo_tsv(os.path.join(path, name))
+               for name in names)
+
+
+CRITEO_TSV = OutputKind("Criteo TSV file", directory=False, recognise=is_criteo_tsv)
+CRITEO_DAYS = OutputKind("Criteo day folder", directory=True, recognise=is_criteo_days)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Write synthetic click logs in the raw Criteo TSV format.")
-    parser.add_argument("--output", required=True, help="output file, or directory with --days")
+    parser.add_argument("--output", required=True, help="output file, or directory with --days (new, or with "
+                        "--overwrite an earlier run's; never a file or folder of anything else)")
     parser.add_argument("--rows", type=int, required=True, help="total number of lines")
     parser.add_argument("--days", type=int, default=None, help="write day_0..day_{N-1} into the --output directory")
     parser.add_argument("--gzip", action="store_true", help="gzip-compress the output (day files get .gz)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--overwrite", action="store_true", help="replace what an earlier run wrote in --output")
     args = parser.parse_args(argv)
+    try:  # before any work (dlrm.data.outputs), and a file system that refuses it (read-only, no permission)
+        claim_output(args.output, CRITEO_DAYS if args.days is not None else CRITEO_TSV, "output",
+                     replace=args.overwrite)
+        check_can_create(args.output, "the generated logs", inside=args.days is not None and os.path.isdir(args.output))
+    except (OutputError, StorageError) as e:
+        print("error: " + re.sub(r"`(\w+)`", r"--\1", str(e)), file=sys.stderr)
+        sys.exit(2)
     generate_criteo_tsv(args.output, args.rows, seed=args.seed, days=args.days, gzip=args.gzip)
+    if args.days is not None:  # an earlier run's other days (more of them, or the other compression) go
+        written = {day_file_name(day, args.gzip) for day in range(args.days)}
+        for name in set(os.listdir(args.output)) - written:
+            os.remove(os.path.join(args.output, name))
 
 
 if __name__ == "__main__":

@@ -174,6 +174,8 @@ def _deploy(i: Path, d: str, script: bool = False) -> list[str]:
                     "--instance_kind", "cpu", "--model_repository", d]
 
 
+DESTINATIONS = ["foreign_folder", "own_input", "working_directory", "file", "symlink", "read_only_folder"]
+
 WRITERS = [
     Writer("preproc", "--output", _preproc("local"), lambda i: i / "criteo_train.tsv",
            again=["--frequency_threshold", "2"]),
@@ -183,6 +185,12 @@ WRITERS = [
     Writer("preproc_work_dir", "--work_dir",
            lambda i, d: _preproc("local")(i, str(Path(d).parent / "fresh_output")) + ["--work_dir", d],
            lambda i: i / "criteo_train.tsv", overwrite_test=False),
+    Writer("preproc_generate", "--output",
+           lambda i, d: ["-m", "preproc.generate", "--rows", "20", "--output", d], lambda i: i,  # it reads nothing
+           file=True, again=["--seed", "7"], destinations=tuple(d for d in DESTINATIONS if d != "own_input")),
+    Writer("preproc_generate_days", "--output",
+           lambda i, d: ["-m", "preproc.generate", "--rows", "20", "--days", "2", "--output", d], lambda i: i,
+           again=["--gzip"], destinations=tuple(d for d in DESTINATIONS if d != "own_input")),
     Writer("transcode", "--output",
            lambda i, d: ["-m", "dlrm.scripts.transcode", "--train", str(i / "train.tsv"), "--test", str(i / "test.tsv"),
                          "--num_numerical", "1", "--num_categorical", "1", "--output", d],
@@ -219,7 +227,6 @@ WRITERS = [
            overwrite_test=False, destinations=("foreign_folder", "symlink")),
 ]
 
-DESTINATIONS = ["foreign_folder", "own_input", "working_directory", "file", "symlink", "read_only_folder"]
 
 
 def _expected(writer: Writer, destination: str) -> str:
