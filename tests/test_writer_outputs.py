@@ -207,6 +207,11 @@ WRITERS = [
     Writer("recommender_generate", "--output",
            lambda i, d: ["-m", "dlrm.scripts.recommender_generate", "--text", str(i / "histories.txt"), "--output", d],
            lambda i: i / "histories.txt", again=["--heldout_fraction", "0.5"]),
+    # An explicit index is read and merged into, so an index of its own is continued; never a foreign file.
+    Writer("recommender_generate_features_index", "--features_index",
+           lambda i, d: ["-m", "dlrm.scripts.recommender_generate", "--text", str(i / "histories.txt"), "--output",
+                         str(Path(d).parent / "fresh_output"), "--features_index", d],
+           lambda i: i / "histories.txt", file=True, overwrite_test=False),
     Writer("recommender_predict", "--output", lambda i, d: _predict(i) + ["--output", d],
            lambda i: i / "rec" / "input", file=True, again=["--k", "2"]),
     Writer("recommender_predict_scores", "--scores_path",
@@ -394,3 +399,43 @@ def test_write_random_csv_replaces_only_its_own_files(tmp_path):
     assert str(out / "train" / "numerical.csv") in written
     lines = (out / "train" / "numerical.csv").read_text().splitlines()
     assert len(lines) == 5 and all(len(line.split(",")) == 3 for line in lines)
+
+
+def test_nvidias_commands_twice_ask_for_overwrite(tmp_path):
+    """docs/data_format.md's NVIDIA commands (gen_csv into a folder, transcode into a folder inside
+    it), run twice: the second round asks for --overwrite, and with it both run again."""
+    from nvidia_specs import SMALL_CSV
+    import yaml
+
+    spec = tmp_path / "small_csv.yaml"
+    spec.write_text(yaml.safe_dump(SMALL_CSV))
+    data = tmp_path / "data"
+    gen = ["-m", "dlrm.scripts.gen_csv", "--feature_spec_in", str(spec), "--output", str(data), "--size", "20"]
+    transcode = ["-m", "dlrm.scripts.transcode", "--input", str(data), "--output", str(data / "converted")]
+    for argv in (gen, transcode):
+        assert finish(run(argv)).returncode == 0
+    before = tree(tmp_path)
+    for argv in (gen, transcode):
+        one_line(finish(run(argv)), "--output", "pass --overwrite")
+    assert tree(tmp_path) == before
+    for argv in (gen, transcode):
+        proc = finish(run(argv + ["--overwrite"]))
+        assert proc.returncode == 0, proc.stderr
+
+
+def test_a_folder_filled_while_a_dataset_was_staged_is_not_replaced(tmp_path):
+    """atomic.replace_dir claims the destination again just before the rename."""
+    from dlrm.data.atomic import check_writable_dir, replace_dir, temporary_name
+    from dlrm.data.outputs import OutputError
+    from dlrm.data.split_binary_writer import SPLIT_BINARY_DATASET
+
+    target = tmp_path / "ds"
+    target.mkdir()
+    check_writable_dir(target, SPLIT_BINARY_DATASET, "output_dir", overwrite=True)  # empty: free
+    staging = temporary_name(target)
+    os.mkdir(staging)
+    (Path(staging) / "feature_spec.yaml").write_text("{}")
+    (target / "notes.txt").write_text("written meanwhile\n")
+    with pytest.raises(OutputError, match="is not a dataset written by this program"):
+        replace_dir(staging, target, SPLIT_BINARY_DATASET, "output_dir", overwrite=True)
+    assert (target / "notes.txt").read_text() == "written meanwhile\n" and os.path.isdir(staging)

@@ -219,7 +219,11 @@ def _is_csv_source_spec(path: str) -> bool:
 def is_random_csv_dir(path: str) -> bool:
     """Whether directory ``path`` holds what ``python -m dlrm.scripts.gen_csv`` writes and nothing
     else: a CSV source spec as ``feature_spec.yaml``, and CSV files of numbers (those the spec
-    names, and ``*.csv`` ones an earlier spec named)."""
+    names, and ``*.csv`` ones an earlier spec named). Folders in it that hold a split-binary
+    dataset count too: NVIDIA's commands transcode ``/data`` into ``/data/converted``, and gen_csv
+    leaves them alone."""
+    from dlrm.data.split_binary_writer import is_split_binary_dataset
+
     spec = os.path.join(path, SPEC_FILE_NAME)
     try:
         source = CsvSource.from_yaml(spec, base_directory=path)
@@ -227,10 +231,18 @@ def is_random_csv_dir(path: str) -> bool:
         return False
     named = [os.path.relpath(c.path, source.base_directory).replace(os.sep, "/")
              for split in source.splits for c in source.chunks(split)]
-    if not holds_only(path, [SPEC_FILE_NAME, "*.csv"] + [glob.escape(f) for f in named], required=[SPEC_FILE_NAME]):
+    datasets = [name for name in os.listdir(path) if os.path.isdir(os.path.join(path, name))
+                and not os.path.islink(os.path.join(path, name)) and is_split_binary_dataset(os.path.join(path, name))]
+    patterns = [SPEC_FILE_NAME, "*.csv"] + [glob.escape(f) for f in named] + [glob.escape(d) + "/*" for d in datasets]
+    if not holds_only(path, patterns, required=[SPEC_FILE_NAME]):
         return False
-    return all(is_random_csv(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files
-               if os.path.join(d, f) != spec and not f.endswith(".tmp"))
+    for directory, dirs, files in os.walk(path):
+        if directory == path:
+            dirs[:] = [d for d in dirs if d not in datasets]
+        if not all(is_random_csv(os.path.join(directory, f)) for f in files
+                   if os.path.join(directory, f) != spec and not f.endswith(".tmp")):
+            return False
+    return True
 
 
 RANDOM_CSV = OutputKind("CSV dataset", directory=True, recognise=is_random_csv_dir)
