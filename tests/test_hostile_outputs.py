@@ -151,7 +151,14 @@ def _module_of(rel: str) -> list[str]:
 
 # Writers covered by their own table-driven suites (tests/test_writer_outputs.py,
 # tests/test_spark_outputs.py), by entry point and flag.
-OTHER_TABLES: list[tuple[str, str]] = []
+OTHER_TABLES: list[tuple[str, str]] = [
+    ("preproc", "output"), ("preproc", "work_dir"), ("dlrm.scripts.transcode", "output"),
+    ("dlrm.scripts.transcode", "feature_spec_out"), ("dlrm.scripts.prepare_synthetic_dataset", "synthetic_dataset_dir"),
+    ("dlrm.scripts.gen_csv", "output"), ("dlrm.scripts.recommender_generate", "output"),
+    ("dlrm.scripts.recommender_generate", "features_index"), ("dlrm.scripts.recommender_predict", "output"),
+    ("dlrm.scripts.recommender_predict", "scores_path"), ("dlrm.scripts.recommender_evaluate", "output"),
+    ("dlrm.scripts.export", "output"), ("dlrm.scripts.deploy", "model_repository"),
+]
 
 
 def _checksums(root: Path, skip: tuple[str, ...] = ()) -> dict[str, str]:

@@ -439,3 +439,13 @@ def test_a_folder_filled_while_a_dataset_was_staged_is_not_replaced(tmp_path):
     with pytest.raises(OutputError, match="is not a dataset written by this program"):
         replace_dir(staging, target, SPLIT_BINARY_DATASET, "output_dir", overwrite=True)
     assert (target / "notes.txt").read_text() == "written meanwhile\n" and os.path.isdir(staging)
+
+
+@pytest.mark.parametrize("name", ["../escape.yaml", "/tmp/escape.yaml", "train"])
+def test_transcode_writes_its_spec_in_its_output_beside_the_splits(inputs, tmp_path, name):
+    """--feature_spec_out is a file name in --output: never a path out of it, nor a split's folder."""
+    before = tree(tmp_path)
+    proc = finish(run(["-m", "dlrm.scripts.transcode", "--train", str(inputs / "train.tsv"), "--num_numerical", "1",
+                       "--num_categorical", "1", "--output", str(tmp_path / "out"), "--feature_spec_out", name]))
+    one_line(proc, f"--feature_spec_out {name!r}")
+    assert tree(tmp_path) == before

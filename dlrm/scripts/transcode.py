@@ -64,7 +64,8 @@ def _from_csv_source() -> int:
     from dlrm.data.csv_source import CsvSource, source_files
 
     spec_in = os.path.join(FLAGS.input, FLAGS.feature_spec_in)
-    _claim_output({"input": source_files(CsvSource.from_yaml(spec_in))})  # a bad spec: DatasetError (cli.run)
+    source = CsvSource.from_yaml(spec_in)  # a bad spec: DatasetError (cli.run)
+    _claim_output({"input": source_files(source)}, source.splits)
     from dlrm.data.transcode import transcode_csv_source  # torch: once the output is known to be free
 
     try:
@@ -79,8 +80,15 @@ def _from_csv_source() -> int:
     return 0
 
 
-def _claim_output(inputs: dict) -> None:
-    """Before any work: --output is free, or this program's dataset and --overwrite given (dlrm.data.outputs)."""
+def _claim_output(inputs: dict, splits: list[str]) -> None:
+    """Before any work: --output is free, or this program's dataset and --overwrite given
+    (dlrm.data.outputs); --feature_spec_out names a file in it, beside the split folders."""
+    name = FLAGS.feature_spec_out
+    if name in ("", ".", "..") or "/" in name or os.sep in name:
+        raise app.UsageError(f"--feature_spec_out {name!r} must be a file name: the spec is written in --output")
+    if name in splits:
+        raise app.UsageError(f"--feature_spec_out {name!r} is the folder of split '{name}'; choose another name, "
+                             f"e.g. {SPEC_FILE_NAME}")
     claim_output(FLAGS.output, SPLIT_BINARY_DATASET, "output", inputs=inputs, replace=FLAGS.overwrite)
 
 
@@ -95,7 +103,7 @@ def main(argv: list[str]) -> int:
         raise app.UsageError("--feature_spec_in goes with --input; the --train form takes the layout from "
                              "--num_numerical and --num_categorical")
     inputs = {name: getattr(FLAGS, name) for name in ("train", "test", "validation") if getattr(FLAGS, name)}
-    _claim_output(inputs)
+    _claim_output(inputs, list(inputs))
     from dlrm.data.transcode import transcode  # torch: once the output is known to be free
 
     cardinalities = None
