@@ -213,7 +213,7 @@ def test_export_keeps_the_old_model(tmpfs_ok, dlrm_checkpoint, tmp_path, read_on
     proc, after = on_tmpfs(tmp_path, 64 * PAGE, "dlrm.scripts.export", "--checkpoint", str(dlrm_checkpoint / "ck"),
                            "--output", "{fs}/m", "--format", "torchscript", "--overwrite", seed=seed,
                            read_only=read_only)
-    one_line(proc, f"{tmp_path}/fs/m/model.pt", *(READ_ONLY if read_only else FULL))
+    one_line(proc, f"{tmp_path}/fs/m" if read_only else f"{tmp_path}/fs/m/model.pt", *(READ_ONLY if read_only else FULL))
     assert tree(after) == tree(seed)
 
 
