@@ -134,16 +134,16 @@ class SplitBinaryWriter(StagedWriter):
 
     def write(self, batch: Batch) -> None:
         """Append a batch; checks shapes, label values, float16 range and id ranges first."""
+        import torch  # loaded already: a Batch comes from dlrm.data.batch
+
+        from dlrm.data.batch import Bags
+
         if not self._files:
             raise RuntimeError(f"writer for split '{self.split}' is already closed")
         label = _to_numpy(batch.label).reshape(-1)
         n = label.shape[0]
         numerical = _to_numpy(batch.numerical)
         spec = self.spec
-        import torch
-
-        from dlrm.data.batch import Bags
-
         bags = batch.categorical if isinstance(batch.categorical, Bags) else None
         if bags is None and self._multi_hot:  # one id per feature: bags of one
             bags = Bags.from_one_hot(torch.as_tensor(_to_numpy(batch.categorical)).reshape(n, -1))

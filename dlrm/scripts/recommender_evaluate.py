@@ -103,13 +103,10 @@ def _check_flags() -> tuple[list[int], list[str]]:
                              f"invertible")
     if not baselines and not FLAGS.load_checkpoint_path:
         raise app.UsageError("nothing to evaluate: give --load_checkpoint_path, or baselines with --baselines")
-    if FLAGS.output:  # before any work (dlrm.data.outputs)
+    if FLAGS.output:  # before any work (dlrm.data.outputs; a read-only file system too)
         claim_output(FLAGS.output, METRICS, "output", replace=FLAGS.overwrite,
                      inputs={"input": FLAGS.input, "heldout": FLAGS.heldout,
                              "load_checkpoint_path": FLAGS.load_checkpoint_path})
-        from dlrm.data.atomic import check_can_create
-
-        check_can_create(FLAGS.output, "the metrics")  # a read-only file system fails now, not after the work
     return ks, baselines
 
 
