@@ -92,6 +92,19 @@ WRITERS = [
            lambda i: i["dataset"], ["dlrm.inference.triton_server", "dlrm.scripts.cli"],
            control=lambda result: result["returncode"] != 0 and "--workdir" not in result["stderr"]
            and "no_server_here" in result["stderr"]),
+    # The Spark jobs check --output on the driver before Spark starts; their control run names a
+    # model that is not there, which is checked next: that error shows the command got past --output.
+    Writer("dlrm.scripts.spark_score", "output", True,
+           lambda i, dest, scratch: ["--model", f"{scratch}/no_model.onnx", "--dataset", i["dataset"], "--split",
+                                     "test", "--output", dest],
+           lambda i: i["dataset"], ["dlrm.scripts.cli"],
+           control=lambda result: result["returncode"] == 2 and "no_model.onnx" in result["stderr"]),
+    *(Writer("dlrm.scripts.spark_recommend", "output", fmt == "parquet",
+             lambda i, dest, scratch, fmt=fmt: ["--load_checkpoint_path", f"{scratch}/no_ckpt", "--input", i["csr"],
+                                                "--output_format", fmt, "--output", dest],
+             lambda i: os.path.dirname(i["csr"]), ["dlrm.scripts.cli"],
+             control=lambda result: result["returncode"] == 2 and "no_ckpt" in result["stderr"])
+      for fmt in ("parquet", "text")),
 ]
 
 # Path flags that only read, or that name something other than a path to write.
@@ -111,7 +124,7 @@ _PATHISH = re.compile(r"(path|dir|output|file|spec|index|repository|workdir|work
 def _defined_path_flags() -> list[tuple[str, str]]:
     """(entry point file, flag) for every path-like flag the command lines define."""
     found = []
-    files = glob.glob(os.path.join(REPO, "dlrm", "scripts", "*.py")) + [os.path.join(REPO, "preproc", "cli.py")] \
+    files = glob.glob(os.path.join(REPO, "dlrm", "scripts", "*.py")) + glob.glob(os.path.join(REPO, "preproc", "*.py")) \
         + glob.glob(os.path.join(REPO, "triton", "*.py"))
     for path in files:
         text = open(path, encoding="utf-8").read()
@@ -157,7 +170,7 @@ OTHER_TABLES: list[tuple[str, str]] = [
     ("dlrm.scripts.gen_csv", "output"), ("dlrm.scripts.recommender_generate", "output"),
     ("dlrm.scripts.recommender_generate", "features_index"), ("dlrm.scripts.recommender_predict", "output"),
     ("dlrm.scripts.recommender_predict", "scores_path"), ("dlrm.scripts.recommender_evaluate", "output"),
-    ("dlrm.scripts.export", "output"), ("dlrm.scripts.deploy", "model_repository"),
+    ("dlrm.scripts.export", "output"), ("dlrm.scripts.deploy", "model_repository"), ("preproc.generate", "output"),
 ]
 
 
@@ -205,7 +218,8 @@ _UNDER_READ_ONLY_MOUNT = 'mount -t tmpfs -o size=64k,ro tmpfs "$RO_MOUNT" || exi
 
 
 def _name(writer: Writer) -> str:
-    return f"{os.path.basename(writer.module).removesuffix('.py').rsplit('.', 1)[-1]}--{writer.flag}"
+    kind = "" if "spark_recommend" not in writer.module else ("-parquet" if writer.directory else "-text")
+    return f"{os.path.basename(writer.module).removesuffix('.py').rsplit('.', 1)[-1]}--{writer.flag}{kind}"
 
 
 @pytest.mark.parametrize("writer", WRITERS, ids=_name)

@@ -54,12 +54,13 @@ def parse_lines(path: str) -> list[tuple[str, list[str], list[float]]]:
 
 def test_cli_writes_predicts_file_byte_for_byte(run, tmp_path):
     """Two tasks of 150 users (one after the other: one Python worker, one model load), over an
-    older file, which is replaced whole."""
+    older file of recommendations, which --overwrite replaces whole (a file of anything else is
+    refused: tests/test_hostile_outputs.py)."""
     out = tmp_path / "recs.txt"
-    out.write_text("stale\n")
+    out.write_text("stale\titem1,0.5\n")
     proc = run_cli("dlrm.scripts.spark_recommend", "--checkpoint", run["ae"], "--input", run["input"],
                    "--features_index", run["items"], "--samples_index", run["users"], "--k", str(K),
-                   "--users_per_partition", "150", "--output", str(out), "--spark_master", "local[1]")
+                   "--users_per_partition", "150", "--output", str(out), "--spark_master", "local[1]", "--overwrite")
     assert f"model: {run['ae']}.best" in proc.stdout and f"wrote {out}: {USERS} users" in proc.stdout, proc.stdout
     assert out.read_bytes() == open(run["predicted"], "rb").read()
     assert os.listdir(tmp_path) == ["recs.txt"]  # nothing staged left beside it
@@ -153,6 +154,16 @@ def test_unknown_items_and_malformed_lines_fail_naming_them_or_are_skipped(spark
     assert skipped == recommend(known, run["ae"], K, features_index=run["items"]).collect()
     with pytest.raises(ValueError, match="give the features index that names them"):
         recommend(histories, run["ae"], K)  # names without an index: refused on the driver
+
+    for bad in (float("nan"), float("inf"), 1e300):  # 1e300: a double beyond float32
+        weighted = spark.createDataFrame([("u1", ["item3", "item7"], [1.0, bad])],
+                                         "user string, items array<string>, weights array<double>")
+        with pytest.raises(Exception) as failed:
+            recommend(weighted, run["ae"], K, features_index=run["items"]).collect()
+        error = task_error(failed.value)
+        assert isinstance(error, DatasetError), failed.value
+        assert str(error).startswith(("user 'u1': weight inf", "user 'u1': weight nan")), error
+        assert "is not a finite number" in str(error) and "\n" not in str(error)
 
     text = tmp_path / "histories.txt"
     text.write_text("u1\titem3:item7\nu2 item3\n")

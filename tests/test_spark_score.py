@@ -5,6 +5,7 @@ import gzip
 import json
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -76,16 +77,25 @@ def test_scored_split_has_the_offline_auc_and_the_eager_probabilities(spark, dat
 
 def test_cli_writes_parquet_and_prints_the_offline_auc(dataset, trained, cli, tmp_path):  # noqa: F811
     """Started by a python not on PATH (the tasks must run it, not the first python3 there),
-    over an older output, which the scores replace."""
+    over an older output of its own, which the scores replace with --overwrite only; the dataset
+    being scored, or a folder of the user's, is never replaced (before Spark starts)."""
     _, model_path, offline_auc = trained
     out = tmp_path / "scores.parquet"
     out.mkdir()
-    (out / "old.parquet").write_bytes(b"stale")
-    stdout = cli("dlrm.scripts.spark_score", "--model", model_path, "--dataset", dataset, "--split", "test",
-                 "--output", str(out), "--spark_master", "local[2]", env=env_without_this_python(tmp_path)).stdout
+    (out / "_SUCCESS").write_bytes(b"")
+    (out / "part-00000-old.snappy.parquet").write_bytes(b"stale")
+    score = ("dlrm.scripts.spark_score", "--model", model_path, "--dataset", dataset, "--split", "test")
+    before = {p: p.read_bytes() for p in Path(dataset).rglob("*") if p.is_file()}
+    proc = cli(*score, "--output", dataset, "--overwrite", check=False)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "is the input --dataset" in proc.stderr, proc.stderr
+    assert {p: p.read_bytes() for p in Path(dataset).rglob("*") if p.is_file()} == before
+    proc = cli(*score, "--output", str(out), check=False)
+    assert proc.returncode == 2 and "pass --overwrite to replace it" in proc.stderr, proc.stderr
+    stdout = cli(*score, "--output", str(out), "--overwrite", "--spark_master", "local[2]",
+                 env=env_without_this_python(tmp_path)).stdout
     assert "wrote 3,000 rows" in stdout
     assert float(stdout.split("auc ")[1].split()[0]) == pytest.approx(offline_auc, abs=2e-6)
-    assert len(pd.read_parquet(out)) == 3000 and not (out / "old.parquet").exists()
+    assert len(pd.read_parquet(out)) == 3000 and not (out / "part-00000-old.snappy.parquet").exists()
     assert sorted(os.listdir(tmp_path)) == ["bin", "scores.parquet"]  # nothing staged left beside it
 
 

@@ -31,12 +31,12 @@ what this command writes (a file of anything else is refused, whatever the flags
 from __future__ import annotations
 
 import os
-import re
 import time
 
 from absl import app, flags
 
 from dlrm.data.outputs import OutputKind
+from dlrm.recommender.prediction_file import PREDICTIONS
 from dlrm.scripts import cli
 from dlrm.scripts import recommender_common as common
 
@@ -82,31 +82,6 @@ def _names(flag: str, count: int, exact: bool) -> list[str]:
     return index.labels(count)
 
 
-# One line of ``write_predictions``: sample<TAB>item,score:item,score:... (the list may be empty).
-_PREDICTION_LINE = re.compile(r"[^\t\n]*\t(?:[^\t\n,:]+,[^\t\n,:]+(?::[^\t\n,:]+,[^\t\n,:]+)*)?")
-
-
-def is_predictions(path: str) -> bool:
-    """Whether file ``path`` reads as this command writes it (``predict.write_predictions``): its
-    first MiB, whole lines; an empty file (0 users) too."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(1 << 20)
-            more = f.read(1) != b""
-    except OSError:
-        return False
-    if more:  # a line cut at the MiB is not judged
-        head = head[:head.rfind(b"\n") + 1]
-    lines = head.split(b"\n")
-    if lines[-1] == b"":
-        lines.pop()
-    try:
-        return all(_PREDICTION_LINE.fullmatch(line.decode("utf-8")) for line in lines)
-    except UnicodeDecodeError:
-        return False
-
-
-PREDICTIONS = OutputKind("predictions file", directory=False, recognise=is_predictions)
 
 
 def is_scores(path: str) -> bool:

@@ -60,6 +60,8 @@ flags.DEFINE_enum("output_format", "text", ["text", "parquet"], "text: DSSTNE's 
                   "through the driver; parquet: user and recommendations, written by the executors.")
 flags.DEFINE_integer("users_per_partition", 65536, "--input: users a Spark task reads and scores.", lower_bound=1)
 flags.DEFINE_string("spark_master", None, "Spark master URL; default: spark-submit's, else local[*].")
+flags.DEFINE_boolean("overwrite", False, "Replace the recommendations an earlier run wrote at --output; a file or "
+                     "folder holding anything else is never replaced.")
 flags.mark_flags_as_required(["load_checkpoint_path", "output"])
 
 _SOURCE_FLAGS = {"input": ("samples_index", "users_per_partition"),
@@ -113,15 +115,18 @@ def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     _check_flags()
-    from dlrm.data.atomic import check_can_create
+    from dlrm.data.outputs import claim_output
+    from dlrm.recommender.prediction_file import PREDICTIONS
+    from dlrm.spark.score import PARQUET_OUTPUT
 
     output = FLAGS.output
-    if FLAGS.output_format == "text":
-        if os.path.isdir(output):
-            raise app.UsageError(f"--output {output} is a directory; give a file name (or --output_format parquet)")
-        check_can_create(output, "the recommendations")  # a read-only or missing file system fails now
-    elif _local(output):
-        check_can_create(output.removeprefix("file:"), "the recommendations")
+    if _local(output):  # the output rule (dlrm.data.outputs), before Spark starts; it also checks the file system
+        local = [p.removeprefix("file:") if _local(p) else None for p in (FLAGS.text or [])]
+        inputs = {"load_checkpoint_path": FLAGS.load_checkpoint_path, "input": FLAGS.input, "text": local,
+                  "parquet": FLAGS.parquet.removeprefix("file:") if FLAGS.parquet and _local(FLAGS.parquet) else None,
+                  "features_index": FLAGS.features_index, "samples_index": FLAGS.samples_index}
+        kind = PREDICTIONS if FLAGS.output_format == "text" else PARQUET_OUTPUT
+        claim_output(output.removeprefix("file:"), kind, "output", inputs=inputs, replace=FLAGS.overwrite)
     from dlrm.spark.recommend import open_recommender
 
     try:  # before Spark starts: a missing checkpoint or index is one line at once

@@ -13,12 +13,16 @@ was). See docs/spark.md.
 
 from __future__ import annotations
 
+import glob
+
 from absl import app, flags
+
+from dlrm.data.outputs import claim_output
 
 from dlrm.scripts import cli
 from dlrm.spark.launch import script_session
 from dlrm.spark.score import (
-    LABEL, OUTPUT, model_inputs, model_maps_any_id, prepare_raw_rows, read_dataset, read_raw_lines, score,
+    LABEL, OUTPUT, PARQUET_OUTPUT, model_inputs, model_maps_any_id, prepare_raw_rows, read_dataset, read_raw_lines, score,
     task_error, write_parquet,
 )
 
@@ -31,7 +35,9 @@ flags.DEFINE_enum("on_error", "fail", ["fail", "skip"],
                   "--raw: a malformed line stops the run naming its file and line (fail), or is left out (skip).")
 flags.DEFINE_boolean("hash_indices", False, "--split: score ids outside a feature's cardinality too; the model "
                      "must map them (exported from a run with --hash_indices).")
-flags.DEFINE_string("output", None, "Parquet directory to write (replaced if it exists).")
+flags.DEFINE_string("output", None, "Parquet directory to write: absent, empty, or an earlier output of this "
+                    "command (replaced with --overwrite only); a folder holding anything else is never replaced.")
+flags.DEFINE_boolean("overwrite", False, "Replace the Parquet output an earlier run wrote at --output.")
 flags.DEFINE_string("spark_master", None, "Spark master URL; default: spark-submit's, else local[*].")
 flags.mark_flags_as_required(["model", "dataset", "output"])
 
@@ -41,6 +47,10 @@ def main(argv: list[str]) -> int:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if (FLAGS.split is None) == (FLAGS.raw is None):
         raise app.UsageError("give --split (rows of --dataset) or --raw (raw TSV files), not both")
+    if "://" not in FLAGS.output or FLAGS.output.startswith("file:"):  # a local path: the output rule, now
+        raw = [p for p in glob.glob(FLAGS.raw.removeprefix("file:"))] if FLAGS.raw else None
+        claim_output(FLAGS.output.removeprefix("file:"), PARQUET_OUTPUT, "output", replace=FLAGS.overwrite,
+                     inputs={"model": FLAGS.model, "dataset": FLAGS.dataset, "raw": raw})
     try:
         model_inputs(FLAGS.model)  # before a session starts
     except ValueError as e:

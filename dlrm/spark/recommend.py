@@ -449,4 +449,10 @@ def _weights(batch: Any, lengths: np.ndarray, rows: np.ndarray, entries: int) ->
                            f"items; give one weight per item, or none (null)")
     values = np.ones(entries, np.float32)
     values[given[rows]] = pc.list_flatten(column).to_numpy(zero_copy_only=False).astype(np.float32)
+    bad = ~np.isfinite(values)  # NaN, inf, a null inside an array, or a double beyond float32
+    if bad.any():
+        first = int(np.argmax(bad))
+        raise DatasetError(f"user {batch.column(0)[int(rows[first])].as_py()!r}: weight {values[first]} of the "
+                           f"`weights_column` is not a finite number; give finite weights (ratings), or none (null) "
+                           f"for unweighted histories")
     return values

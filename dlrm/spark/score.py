@@ -29,6 +29,7 @@ from urllib.parse import unquote, urlparse
 import numpy as np
 
 from dlrm.data.errors import DatasetError
+from dlrm.data.outputs import OutputKind, holds_only
 
 LABEL = "label"
 NUMERICAL_PREFIX = "num_"
@@ -244,6 +245,15 @@ def score(rows: Any, model_path: str, output_column: str = OUTPUT, threads: int 
 
     schema = StructType([*rows.schema.fields, StructField(output_column, FloatType())])  # add() would change rows'
     return rows.mapInPandas(run, schema)
+
+
+def is_parquet_output(path: str) -> bool:
+    """Whether folder ``path`` holds nothing but what a Spark job writes as a Parquet directory:
+    ``part-*`` files, ``_SUCCESS``, the commit protocol's markers and Hadoop's ``.crc`` files."""
+    return holds_only(path, ["part-*", "_SUCCESS", "_committed_*", "_started_*", ".*.crc"], required=["_SUCCESS"])
+
+
+PARQUET_OUTPUT = OutputKind("Parquet output of a Spark job", directory=True, recognise=is_parquet_output)
 
 
 def write_parquet(frame: Any, path: str) -> None:
