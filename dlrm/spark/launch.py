@@ -51,6 +51,10 @@ def check_flags(flags: Mapping[str, Any]) -> None:
     if flags.get("resume") is False or flags.get("load_checkpoint_path"):
         raise ValueError("a Spark run resumes from its own `save_checkpoint_path` (`resume` is set for it): "
                          "to start from another checkpoint, copy it there first")
+    if flags.get("overwrite"):
+        raise ValueError("a Spark run continues the checkpoint at its own `save_checkpoint_path` (every attempt "
+                         "resumes from it), so `overwrite` cannot start over there: give a new "
+                         "`save_checkpoint_path`, or remove the old checkpoint yourself")
     for name in SHARED_PATH_FLAGS:
         if not flags.get(name):
             raise ValueError(f"`{name}` is needed: every Spark task writes there (a path all executors share, "
