@@ -264,3 +264,52 @@ def test_preprocessing_on_a_full_disk_keeps_the_old_dataset(tmpfs_ok, tmp_path):
     one_line(proc, f"{tmp_path}/fs/out", *FULL)
     assert {k: v for k, v in tree(after).items() if ".preproc_work" not in k} == tree(seed)
     assert not [name for name in tree(after) if name.endswith(".tmp") or "/.tmp" in name]
+
+
+def _whole_json_lines(path: Path) -> list[dict]:
+    data = path.read_bytes()
+    assert data.endswith(b"\n"), data[-200:]
+    return [json.loads(line) for line in data.splitlines()]
+
+
+def test_log_on_a_disk_that_fills_mid_run_is_one_line_and_the_checkpoint_is_saved(tmpfs_ok, tmp_path):
+    """The log's disk fills after some progress records; the checkpoint is on another disk. One
+    line naming --log_path and the fix, exit 2; the checkpoint of the last whole step is saved and
+    said so (never "Could not save"); the log keeps whole lines."""
+    from dlrm.model.dlrm import DLRM as Model, DLRMConfig
+    from dlrm.training.checkpoint import load_checkpoint, read_meta
+
+    ck = tmp_path / "ck"
+    proc, after = on_tmpfs(tmp_path, 2 * PAGE, *DLRM, "--synthetic_dataset_num_entries", "100000",
+                           "--max_steps", "150", "--log_path", "{fs}/log.json", "--save_checkpoint_path", str(ck))
+    one_line(proc, f"the log file (--log_path) {tmp_path}/fs/log.json", *FULL)
+    (saved,) = [line for line in proc.stdout.splitlines() if line.startswith("Saved checkpoint")]
+    step = int(saved.split()[4])
+    assert 0 < step < 150 and "Could not save" not in proc.stdout and "Traceback" not in proc.stdout
+    model = Model(DLRMConfig(**read_meta(str(ck))["model_config"]))
+    assert load_checkpoint(str(ck), model).step == step
+    records = _whole_json_lines(after / "log.json")
+    assert records[0]["type"] == "flags" and records[-1]["type"] == "train" and records[-1]["step"] < step
+
+
+def test_tensorboard_on_a_disk_that_fills_mid_run_is_one_line_and_the_checkpoint_is_saved(tmpfs_ok, recommender,
+                                                                                         tmp_path):
+    """The same for --tensorboard_dir, whose writer thread meets the full disk: no thread
+    traceback, one line naming the folder, the checkpoint saved, the log (elsewhere) complete."""
+    from dlrm.recommender.checkpoint import read_meta
+
+    ck, log = tmp_path / "ck", tmp_path / "log.json"
+    proc, after = on_tmpfs(tmp_path, PAGE, "dlrm.scripts.recommender_train", "--network", str(recommender["network"]),
+                           "--input", str(recommender["input"]), "--save_checkpoint_path", str(ck), "--device", "cpu",
+                           "--batch_size", "50", "--epochs", "200", "--validation_users", "0", "--print_freq", "1",
+                           "--checkpoint_every_steps", "1000", "--tensorboard_dir", "{fs}/board", "--log_path", str(log))
+    one_line(proc, f"the TensorBoard folder (--tensorboard_dir) {tmp_path}/fs/board", *FULL)
+    (saved,) = [line for line in proc.stdout.splitlines() if line.startswith("Saved checkpoint")]
+    step = int(saved.split()[4])
+    assert 0 < step < 400 and "Could not save" not in proc.stdout
+    assert read_meta(str(ck))["train_state"]["step"] == step
+    records = _whole_json_lines(log)
+    assert records[-2] == {**records[-2], "type": "checkpoint", "step": step}
+    assert records[-1]["type"] == "summary" and records[-1]["stop_reason"] == "error"
+    assert "TensorBoard folder" in records[-1]["error"]
+    assert os.listdir(after / "board")  # the events written before the disk filled are there

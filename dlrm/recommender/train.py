@@ -161,7 +161,8 @@ class _AutoencoderRun:
             batches=self.batches, step=self.step, progress=self.progress,
             steps_left=lambda: self.total_steps - self.state.step, summary=self.summary,
             evaluate=self.evaluate if self.validate is not None else None, save=self.save,
-            save_path=self.cfg.checkpoint_path, loss_dtype=torch.float64)
+            save_path=self.cfg.checkpoint_path, loss_dtype=torch.float64, state_tensors=self.state_tensors,
+            non_finite_hint="lower `alpha`" + (", or train without `amp`" if self.cfg.amp_dtype is not None else ""))
 
     def ended(self) -> str | None:
         if self.state.epoch >= self.cfg.epochs:
@@ -236,6 +237,11 @@ class _AutoencoderRun:
             self.logger.record("checkpoint", path=cfg.best_checkpoint_path, step=state.step)
         return "early_stopped" if cfg.patience is not None and state.stale >= cfg.patience else None
 
+    def state_tensors(self) -> list[torch.Tensor]:
+        """What a checkpoint saves: the weights and the optimizer's state."""
+        return [*self.model.parameters(), *(value for state in self.optimizer.state.values()
+                                            for value in state.values() if torch.is_tensor(value))]
+
     def save(self) -> None:
         checkpoint.save(self.cfg.checkpoint_path, self.model, self.optimizer, self.state, self.run_config)
 
@@ -262,7 +268,8 @@ def train(model: SparseAutoencoder, optimizer: torch.optim.Optimizer, inputs: Cs
     ``best_checkpoint_path`` and ``patience`` validations without a better one end the run
     ("early_stopped"). ``train_mask`` (bool per stored entry) leaves the validation entries out
     of every batch. The loop's guarantees (the summary record, the save on a stop or an error,
-    the refusal of an empty dataset) are ``run_loop``'s."""
+    the refusal of an empty dataset, ``NonFiniteLoss`` when the loss turns non-finite, with the
+    last finite checkpoint and best checkpoint kept) are ``run_loop``'s."""
     check_datasets(inputs, targets, model)
     if cfg.amp_dtype == torch.float16:
         raise ValueError("`amp_dtype` float16 needs loss scaling, which the recommender's training loop does not do "

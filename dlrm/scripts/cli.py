@@ -17,6 +17,8 @@ What a user sees, whatever the script:
   full, no permission), whose messages name the file and the fix):
   ``<prefix()>error: <message>`` on one line of stderr; exit 2.
 - A missing optional dependency (``dlrm.extras``): one line naming the pip extra; exit 2.
+- An error class with an ``exit_code`` of its own is reported the same way with that code: a
+  training run whose loss turned non-finite (``dlrm.training.loop.NonFiniteLoss``) exits 3.
 - Anything else is a bug and keeps its traceback.
 
 Library messages name a setting in library terms, as `name` or `name=value` in backquotes (a
@@ -61,6 +63,7 @@ DEFAULT_ERRORS: tuple[type[BaseException] | str, ...] = (
     "dlrm.data.outputs.OutputError",
     "dlrm.training.logger.LogOpenError",
     "dlrm.nn.cached_embedding.CacheTooSmallError",
+    "dlrm.training.loop.NonFiniteLoss",  # exit code 3 (its exit_code)
 )
 USAGE_ERROR_EXIT = 2
 
@@ -135,14 +138,14 @@ def flags_error_message(error: flags.Error) -> str:
     return f"--{required.group(1)} is required (see --help)" if required else message
 
 
-def _fail(prefix: Callable[[], str], message: object) -> NoReturn:
+def _fail(prefix: Callable[[], str], message: object, code: int = USAGE_ERROR_EXIT) -> NoReturn:
     try:
         where = prefix()
     except Exception:  # a prefix that fails must not hide the error being reported
         where = ""
     sys.stdout.flush()
     print(f"{where}error: {flag_terms(_one_line(message))}", file=sys.stderr, flush=True)
-    sys.exit(USAGE_ERROR_EXIT)
+    sys.exit(code)
 
 
 def _flags_module(main: Callable) -> str:
@@ -223,7 +226,7 @@ def run(
             _fail(prefix, message)
         except Exception as e:
             if isinstance(e, _resolve(errors)):
-                _fail(prefix, e)
+                _fail(prefix, e, getattr(e, "exit_code", USAGE_ERROR_EXIT))
             raise
 
     app.run(guarded, flags_parser=_parser(main, prefix))

@@ -44,7 +44,9 @@ flags.DEFINE_boolean("allow_tf32", True, "Use TF32 for float32 matmuls on GPUs t
 # Training
 flags.DEFINE_integer("batch_size", 65536, "Training batch size.")
 flags.DEFINE_integer("test_batch_size", 65536, "Batch size for testing.")
-flags.DEFINE_float("lr", 24.0, "Base learning rate (embeddings and MLPs).")
+flags.DEFINE_float("lr", 24.0, "Base learning rate (embeddings and MLPs). Too high, and the loss diverges: a run "
+                   "whose training loss turns non-finite (nan, inf) stops with exit code 3 and one line naming the "
+                   "step and the flags to change, keeping its last finite checkpoint.")
 flags.DEFINE_enum("optimizer", "sgd", list(EMBEDDING_OPTIMIZERS),
                   "Optimizer of the embedding tables: sgd, adagrad (an accumulator per weight), rowwise_adagrad "
                   "(one per row, as FBGEMM/TorchRec/MLPerf DLRMv2) or adam (torch SparseAdam's lazy rule). Each "
@@ -127,7 +129,9 @@ flags.DEFINE_string("load_checkpoint_path", None,
 flags.DEFINE_string("save_checkpoint_path", None,
                     "Directory to save the checkpoint to (atomically) at the end: absent or empty, or holding this "
                     "program's checkpoint with --resume (continue it) or --overwrite (start over in its place). "
-                    "A folder holding anything else is never replaced.")
+                    "A folder holding anything else is never replaced. Nothing non-finite is ever saved: a run "
+                    "whose loss or weights turn nan or inf stops (exit code 3) with the last finite checkpoint "
+                    "kept here.")
 flags.DEFINE_integer("checkpoint_freq", None, "Also save every this many steps.")
 flags.DEFINE_boolean("resume", False,
                      "Continue a run exactly (weights, optimizer and scaler state, step, data position, RNG): from "

@@ -20,6 +20,12 @@ and where the run stops; --resume continues from it exactly, given the same --se
 never silently replaced (--overwrite starts over in its place); a folder holding anything else is
 never replaced at all.
 
+A run whose training loss turns non-finite (nan or inf: too high an --alpha, say) stops with
+exit code 3 and one line naming the step and the flags to change; nothing non-finite is ever
+saved, so --save_checkpoint_path (and its .best) keeps the last finite checkpoint. Exit codes:
+0 done, 2 a usage or input error (also a disk that fills), 3 a non-finite loss, 130/143 stopped
+by Ctrl-C/SIGTERM after saving.
+
 Flag names are dlrm.scripts.main's for the same settings: --save_checkpoint_path, --print_freq
 and --base_device; the earlier names --checkpoint_path, --log_every_steps and --device are
 kept as aliases.
@@ -82,7 +88,8 @@ flags.DEFINE_integer("negatives", None, "Sampled negative items per step (an app
                      "large catalogues); default: every item is scored.", lower_bound=1)
 flags.DEFINE_enum("optimizer", None, ["sgd", "momentum", "nesterov", "adagrad", "rmsprop", "adam"],
                   "Override the network file's Optimizer.Kind.")
-flags.DEFINE_float("alpha", None, "Override Optimizer.Alpha (learning rate, > 0).")
+flags.DEFINE_float("alpha", None, "Override Optimizer.Alpha (learning rate, > 0). Too high, and the loss "
+                   "diverges: the run stops with exit code 3, keeping its last finite checkpoint.")
 flags.DEFINE_float("mu", None, "Override Optimizer.Mu (momentum; RMSProp's decay), in [0, 1).")
 flags.DEFINE_float("lambda", None, "Override Optimizer.Lambda (L2 weight decay of the weights, >= 0).")
 flags.DEFINE_string("log_path", None, "JSON-lines log: the flags, periodic train records, checkpoints and a "

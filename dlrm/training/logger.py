@@ -1,15 +1,28 @@
 """Run output: human lines on stdout, machine-readable JSON lines in a log file and, when asked,
-the same metrics as TensorBoard scalars (``torch.utils.tensorboard``) to watch a run live."""
+the same metrics as TensorBoard scalars (``torch.utils.tensorboard``) to watch a run live.
+
+A write the file system refuses mid-run (the disk of the log or of the TensorBoard folder
+filled up, it went read-only) raises a ``StorageError`` naming that output, its flag and the fix
+(the entry points print it as one line, exit code 2), once: the output that failed is written no
+more, so the records that follow (the checkpoint the run saves after the error, the summary) go
+to the other outputs without raising again. The log keeps whole lines: a line the disk had no
+room for is cut off again.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import errno
 import json
+import math
 import os
 import sys
-import math
+import threading
 import time
 from typing import Any, TextIO
+
+from dlrm.data.atomic import StorageError, describe
 
 # Record fields that place a value on the curve rather than being one.
 _NOT_SCALARS = frozenset({"step", "epoch", "time"})
@@ -27,6 +40,35 @@ class LogOpenError(OSError):
         return f"`{self.what}` {self.filename}: cannot be written ({self.strerror})"
 
 
+# What each output is called in the message of a write that failed.
+_OUTPUTS = {"log_path": "the log file (`log_path`)", "tensorboard_dir": "the TensorBoard folder (`tensorboard_dir`)"}
+
+
+def _write_error(what: str, error: OSError, path: str) -> StorageError:
+    """The ``StorageError`` of a refused write to output ``what`` (``log_path``, ``tensorboard_dir``)."""
+    return describe(error.errno or errno.EIO, path, _OUTPUTS[what])
+
+
+class _QuietTensorBoardThreads:
+    """``threading.excepthook`` while a TensorBoard writer is open: leaves out the traceback of
+    its writer thread's failed write (the writer raises that error again at its next call, where
+    ``RunLogger`` turns it into its one-line message); anything else goes to the hook before."""
+
+    def __init__(self) -> None:
+        self.previous = threading.excepthook
+
+    def __call__(self, args: threading.ExceptHookArgs) -> None:
+        thread = type(args.thread)
+        if (thread.__name__ == "_AsyncWriterThread" and thread.__module__.startswith("tensorboard.")
+                and issubclass(args.exc_type, OSError)):
+            return
+        self.previous(args)
+
+    def remove(self) -> None:
+        if threading.excepthook is self:
+            threading.excepthook = self.previous
+
+
 def format_eta(seconds: float) -> str:
     return str(datetime.timedelta(seconds=max(0, int(seconds))))
 
@@ -42,14 +84,20 @@ class RunLogger:
     With ``tensorboard_dir``, every record that has a ``step`` also becomes TensorBoard scalars,
     one per finite number, tagged ``<type>/<field>`` (``train/loss``, ``eval/auc``,
     ``validation/ndcg``): both products write their curves through this one place.
+
+    A write the file system refuses raises a ``StorageError`` (module docstring) and ends that
+    output: later records skip it.
     """
 
     def __init__(self, log_path: str | None = None, stream: TextIO | None = None, enabled: bool = True,
                  tensorboard_dir: str | None = None):
         self.stream = stream if stream is not None else sys.stdout  # None: stdout as it is now
         self.enabled = enabled
-        self._file: TextIO | None = None
+        self._fd: int | None = None  # the log file, appended to with whole lines
+        self._log_path = log_path
         self._tensorboard: Any = None
+        self._tensorboard_dir = tensorboard_dir
+        self._hook: _QuietTensorBoardThreads | None = None
         self._kinds: set[str] = set()
         if enabled and tensorboard_dir:
             # torch's writer: needs the tensorboard package (extra "tensorboard"); imported only
@@ -62,10 +110,12 @@ class RunLogger:
                 self._tensorboard = SummaryWriter(tensorboard_dir)
             except OSError as e:
                 raise LogOpenError("tensorboard_dir", e, tensorboard_dir) from None
+            self._hook = _QuietTensorBoardThreads()
+            threading.excepthook = self._hook
         if enabled and log_path:
             try:
                 os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
-                self._file = open(log_path, "a", buffering=1)
+                self._fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
             except OSError as e:
                 self.close()
                 raise LogOpenError("log_path", e, log_path) from None
@@ -75,29 +125,77 @@ class RunLogger:
             print(line, file=self.stream, flush=True)
 
     def record(self, kind: str, **values: Any) -> None:
+        """Writes one record to the log file and, if it has a ``step``, its numbers to TensorBoard.
+        Raises ``StorageError`` when the file system refuses the write (that output then ends)."""
         self._kinds.add(kind)
-        if self._file is not None:
-            self._file.write(json.dumps({"type": kind, "time": time.time(), **values}, default=str) + "\n")
+        if self._fd is not None:
+            line = json.dumps({"type": kind, "time": time.time(), **values}, default=str) + "\n"
+            try:
+                self._append(line.encode())
+            except OSError as e:
+                self._end_log()
+                raise _write_error("log_path", e, self._log_path) from e
         if self._tensorboard is not None and isinstance(values.get("step"), int):
-            for name, value in values.items():
-                if (name not in _NOT_SCALARS and isinstance(value, (int, float)) and not isinstance(value, bool)
-                        and math.isfinite(value)):
-                    self._tensorboard.add_scalar(f"{kind}/{name}", value, values["step"])
-            self._tensorboard.flush()  # a watcher sees each point as it is logged
+            try:
+                for name, value in values.items():
+                    if (name not in _NOT_SCALARS and isinstance(value, (int, float)) and not isinstance(value, bool)
+                            and math.isfinite(value)):
+                        self._tensorboard.add_scalar(f"{kind}/{name}", value, values["step"])
+                self._tensorboard.flush()  # a watcher sees each point as it is logged
+            except OSError as e:  # the writer thread's failed write, raised again here
+                with contextlib.suppress(StorageError):
+                    self._end_tensorboard()
+                raise _write_error("tensorboard_dir", e, self._tensorboard_dir) from e
+
+    def _append(self, data: bytes) -> None:
+        """Appends ``data`` whole or not at all: a write cut short (a full disk) is truncated
+        away, so the log stays whole JSON lines that a resumed run appends to."""
+        start = os.lseek(self._fd, 0, os.SEEK_END)
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self._fd, view):]
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, start)
+            raise
+
+    def _end_log(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+
+    def _end_tensorboard(self) -> None:
+        """Closes the TensorBoard writer; raises ``StorageError`` if what it still held cannot be written."""
+        writer, self._tensorboard = self._tensorboard, None
+        if writer is None:
+            return
+        try:
+            writer.close()  # writes what is queued; after a failed write it raises that error again
+        except OSError as e:
+            raise _write_error("tensorboard_dir", e, self._tensorboard_dir) from e
+        finally:
+            if self._hook is not None:
+                self._hook.remove()
+                self._hook = None
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        if self._tensorboard is not None:
-            self._tensorboard.close()
-            self._tensorboard = None
+        self._end_log()
+        self._end_tensorboard()
 
     def __enter__(self) -> "RunLogger":
         return self
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> None:
-        if exc is not None and "summary" not in self._kinds:
-            self.record("summary", stop_reason="error" if isinstance(exc, Exception) else "aborted",
-                        error=f"{type(exc).__name__}: {exc}")
-        self.close()
+        if exc is None:
+            self.close()
+            return
+        # The error in flight is what the user needs: a log that cannot take its summary, or
+        # close, does not replace it.
+        with contextlib.suppress(StorageError):
+            if "summary" not in self._kinds:
+                self.record("summary", stop_reason="error" if isinstance(exc, Exception) else "aborted",
+                            error=f"{type(exc).__name__}: {exc}")
+        with contextlib.suppress(StorageError):
+            self.close()

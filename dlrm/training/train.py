@@ -293,6 +293,7 @@ class _DlrmRun:
         self.lr = cfg.schedule.lr_at(state.step + 1)
         self.step_fn: Callable[[Batch], torch.Tensor] | None = None  # set by ``train`` once the checks pass
         self.eval_forward = GraphedInference(model, precision) if cfg.cuda_graphs else None
+        self.scaler_state = DeviceScalerState(scaler) if scaler.is_enabled() else None
 
     def parts(self) -> LoopParts:
         return LoopParts(
@@ -300,7 +301,32 @@ class _DlrmRun:
             empty="the training split has no samples: add data to it", ended=self.ended, batches=self.batches,
             step=self.step, progress=self.progress, steps_left=lambda: self.final_step - self.state.step,
             summary=self.summary, evaluate=self.evaluate if self.test_source is not None else None,
-            save=self.save, save_path=self.cfg.save_checkpoint_path, finish_line=self.finish_line)
+            save=self.save, save_path=self.cfg.save_checkpoint_path, finish_line=self.finish_line,
+            state_tensors=self.state_tensors, loss_scale=self.loss_scale if self.scaler_state is not None else None,
+            non_finite_hint=self.non_finite_hint())
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """What a checkpoint saves: the parameters, the floating-point buffers (a host table's
+        device cache holds rows newer than the table) and the optimizers' state."""
+        optimizers = [getattr(self.optimizer, name, None) for name in ("dense", "embeddings", "fused")]
+        states = [state for opt in ([o for o in optimizers if o is not None] or [self.optimizer])
+                  for state in opt.state.values()]
+        return [*self.model.parameters(), *(b for b in self.model.buffers() if b.is_floating_point()),
+                *(value for state in states for value in state.values() if torch.is_tensor(value))]
+
+    def loss_scale(self) -> torch.Tensor | float:
+        """fp16 loss scaling's scale: the GradScaler's device tensor once its first step made it."""
+        try:
+            return self.scaler_state.scale_tensor()
+        except RuntimeError:  # no scale yet: the one its first step will use
+            return self.scaler.get_scale()
+
+    def non_finite_hint(self) -> str:
+        """The settings that make a diverging DLRM run converge, for its stop's one line."""
+        hint = "lower `lr` (or lengthen `warmup_steps`)"
+        if self.scaler_state is not None:
+            return hint + ", or train with `amp_dtype=bfloat16` (float16's range is too small for it) or without `amp`"
+        return hint + (", or train without `amp`" if self.precision.dtype is not None else "")
 
     def ended(self) -> str | None:
         return "completed" if self.state.epoch >= self.cfg.epochs or self.state.step >= self.max_steps else None
@@ -390,7 +416,8 @@ def train(
     ``should_stop()`` turns true (checked between steps, so a stop never splits an update).
     Continues from ``state`` (step, epoch, sample position in the epoch) when resuming, also with
     another batch size. The loop's guarantees (the summary record, the save on a stop or an
-    error) are ``run_loop``'s."""
+    error, ``NonFiniteLoss`` when the loss turns non-finite, with the last finite checkpoint
+    kept) are ``run_loop``'s."""
     state = state or TrainState()
     run = _DlrmRun(model, optimizer, scaler, precision, train_source, test_source, cfg, device, logger, state,
                    run_config, collectives)
