@@ -22,7 +22,7 @@ import numpy as np
 import yaml
 
 from dlrm.data.errors import DatasetError, FeatureSpecError
-from dlrm.data.feature_spec import CATEGORICAL, CHANNELS, LABEL, NUMERICAL, SPEC_FILE_NAME
+from dlrm.data.feature_spec import CATEGORICAL, CHANNELS, LABEL, NUMERICAL, SPEC_FILE_NAME, read_spec_yaml
 
 CSV = "csv"
 AUTO = "auto"
@@ -51,8 +51,7 @@ class CsvSource:
         if os.path.isdir(path):
             path = os.path.join(path, SPEC_FILE_NAME)
         try:
-            with open(path, encoding="utf-8") as f:
-                raw = yaml.safe_load(f)
+            raw = read_spec_yaml(path)
         except FileNotFoundError:
             raise DatasetError(f"{path}: feature spec not found; give the CSV files' feature spec "
                                f"(NVIDIA's tests/transcoding/small_csv.yaml shows the layout)") from None
