@@ -185,7 +185,7 @@ def test_predict_writes_dsstne_score_format_on_request(cli, data, trained):
     lines = refused.stderr.strip().splitlines()
     assert refused.returncode == 2 and len(lines) == 1, refused.stderr
     assert lines[0] == "error: --score_format '%.3f:': give a printf format of one float, e.g. %.6g (the default) or " \
-                       "%4.3f (DSSTNE's)", lines
+                       "%4.3f (DSSTNE's), with at most 17 digits of precision and a width of at most 32", lines
 
 
 def test_evaluate_reports_the_model_and_four_baselines(cli, data, trained):

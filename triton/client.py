@@ -18,7 +18,8 @@ from absl import app, flags
 from dlrm.data.errors import DatasetError
 from dlrm.data.sources import DataConfig, load_feature_spec
 from dlrm.data.split_binary import SplitBinaryReader
-from dlrm.inference.triton_client import PROTOCOLS, DLRMTritonClient, TritonClientError, score_split, soak
+from dlrm.inference.triton_client import (PROTOCOLS, DLRMTritonClient, TritonClientError, check_url, score_split,
+                                          soak)
 from dlrm.scripts import cli
 
 FLAGS = flags.FLAGS
@@ -51,7 +52,11 @@ def main(argv: list[str]) -> int:
         raise app.UsageError(f"--timeout_s must be positive, got {FLAGS.timeout_s}")
     if FLAGS.soak_seconds and FLAGS.protocol != "grpc":
         raise app.UsageError("--soak_seconds runs gRPC streams: add --protocol grpc (and the gRPC port in --url)")
-    url = FLAGS.url or ("localhost:8000" if FLAGS.protocol == "http" else "localhost:8001")
+    try:  # before the dataset is read: a mistyped --url fails at once, in one line
+        url = check_url(FLAGS.url or ("localhost:8000" if FLAGS.protocol == "http" else "localhost:8001"),
+                        FLAGS.protocol)
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
     records = []
     try:
         spec = load_feature_spec(DataConfig(dataset=FLAGS.dataset, feature_spec=FLAGS.feature_spec))

@@ -25,7 +25,7 @@ import yaml
 
 from dlrm.data.atomic import write_atomically
 from dlrm.data.errors import DatasetError, FeatureSpecError
-from dlrm.data.feature_spec import CATEGORICAL, CHANNELS, LABEL, NUMERICAL, SPEC_FILE_NAME
+from dlrm.data.feature_spec import CATEGORICAL, CHANNELS, LABEL, NUMERICAL, SPEC_FILE_NAME, read_spec_yaml
 from dlrm.data.outputs import OutputError, OutputKind, holds_only, inside
 
 CSV = "csv"
@@ -55,8 +55,7 @@ class CsvSource:
         if os.path.isdir(path):
             path = os.path.join(path, SPEC_FILE_NAME)
         try:
-            with open(path, encoding="utf-8") as f:
-                raw = yaml.safe_load(f)
+            raw = read_spec_yaml(path)
         except FileNotFoundError:
             raise DatasetError(f"{path}: feature spec not found; give the CSV files' feature spec "
                                f"(NVIDIA's tests/transcoding/small_csv.yaml shows the layout)") from None

@@ -62,6 +62,73 @@ def dtype_for_cardinality(cardinality: int) -> np.dtype:
     raise ValueError(f"cardinality {cardinality} does not fit in int64 (max id {np.iinfo(np.int64).max})")
 
 
+# Bounds of a feature spec file, checked before its YAML becomes Python objects. A spec of 10,000
+# features over three splits takes about 2 MiB; a YAML alias costs a few bytes where it stands
+# but is written out in full when the spec is saved (and walked in full by whoever reads the
+# metadata), so a few nested aliases (a "billion laughs") stand for gigabytes: the size the spec
+# has with its aliases expanded is bounded too. Deep nesting would overflow PyYAML's recursion.
+MAX_SPEC_BYTES = 8 << 20
+MAX_SPEC_DEPTH = 64
+
+
+def _alias_sizes(text: str, path: str) -> None:
+    """Walks the YAML events of ``text`` (an iterative parse: no recursion, no objects built) and
+    refuses nesting deeper than MAX_SPEC_DEPTH, an alias inside its own anchor (a recursive
+    structure, which has no full form) and aliases that expand the spec past MAX_SPEC_BYTES,
+    each with a FeatureSpecError naming the file and line. Syntax errors raise yaml.YAMLError."""
+    written = 0  # bytes of the spec written out in full, so far (about: one per collection)
+    starts: list[tuple[int, str | None]] = []  # open collections: (written at their start, anchor)
+    sizes: dict[str, int] = {}  # anchor -> its expanded size
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        line = event.start_mark.line + 1 if event.start_mark is not None else 0
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            if len(starts) >= MAX_SPEC_DEPTH:
+                raise FeatureSpecError(f"{path}:{line}: nested more than {MAX_SPEC_DEPTH} levels deep; a feature spec "
+                                       f"is a few levels of mappings and lists: fix the file")
+            starts.append((written, event.anchor))
+            written += 1
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            begin, anchor = starts.pop()
+            if anchor is not None:
+                sizes[anchor] = written - begin
+        elif isinstance(event, yaml.ScalarEvent):
+            written += 1 + len(event.value)
+            if event.anchor is not None:
+                sizes[event.anchor] = 1 + len(event.value)
+        elif isinstance(event, yaml.AliasEvent):
+            if any(anchor == event.anchor for _, anchor in starts):
+                raise FeatureSpecError(f"{path}:{line}: the alias *{event.anchor} stands inside its own anchor "
+                                       f"&{event.anchor}, a structure without end; write the value out in full")
+            written += sizes.get(event.anchor, 0)  # an undefined alias: yaml.load names it
+            if written > MAX_SPEC_BYTES:
+                raise FeatureSpecError(f"{path}:{line}: its YAML aliases (such as *{event.anchor}) expand the spec to "
+                                       f"more than {MAX_SPEC_BYTES >> 20} MiB (nested aliases, a 'billion laughs'?); "
+                                       f"a feature spec is far smaller: write its values out without nested aliases")
+
+
+def read_spec_yaml(path: str) -> Any:
+    """The YAML of a feature spec file, read safely: at most MAX_SPEC_BYTES, nested at most
+    MAX_SPEC_DEPTH deep, aliases that do not blow up when written out (``_alias_sizes``), plain
+    YAML types only (``yaml.SafeLoader``). Refusals and values that do not convert (an integer of
+    thousands of digits, a date that does not exist) are FeatureSpecErrors naming the file; a
+    file that cannot be read raises OSError, one that is not UTF-8 UnicodeDecodeError, and bad
+    syntax yaml.YAMLError, for the caller to word. Shared by every reader of a spec (this
+    module's and ``dlrm.data.csv_source``'s)."""
+    with open(path, "rb") as f:
+        data = f.read(MAX_SPEC_BYTES + 1)
+    if len(data) > MAX_SPEC_BYTES:
+        raise FeatureSpecError(f"{path}: larger than {MAX_SPEC_BYTES >> 20} MiB; a feature spec is far smaller (10,000 "
+                               f"features take about 2 MiB): is this the dataset's {SPEC_FILE_NAME}?")
+    text = data.decode("utf-8")
+    _alias_sizes(text, path)
+    try:
+        return yaml.load(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        raise
+    except (ValueError, OverflowError) as e:  # a constructor's: int("9" * 5000), a 31st of February
+        raise FeatureSpecError(f"{path}: a value cannot be read: {str(e).split('; ')[0]}") from None
+
+
 def _first_bad_byte(path: str) -> str:
     """Where a file stops being UTF-8, for the message (the decoder's offset is within a chunk)."""
     with open(path, "rb") as f:
@@ -128,8 +195,7 @@ class FeatureSpec:
         if os.path.isdir(path):
             path = os.path.join(path, SPEC_FILE_NAME)
         try:
-            with open(path, "r", encoding="utf-8") as f:
-                raw = yaml.safe_load(f)
+            raw = read_spec_yaml(path)
         except FileNotFoundError:
             raise DatasetError(
                 f"{path}: feature spec not found; point the data path at a dataset directory that "

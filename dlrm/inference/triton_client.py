@@ -11,7 +11,9 @@ Needs ``tritonclient[grpc,http]`` (the ``serving`` extra).
 
 from __future__ import annotations
 
+import ipaddress
 import queue
+import re
 import threading
 import time
 from collections.abc import Iterable
@@ -46,12 +48,52 @@ def _protocol_module(protocol: str) -> Any:
     return module
 
 
-def _host_port(url: str) -> str:
-    """tritonclient wants ``host:port``; accept ``http://host:port`` and ``grpc://host:port`` too."""
-    for scheme in ("http://", "https://", "grpc://"):
-        if url.startswith(scheme):
-            return url[len(scheme):].rstrip("/")
-    return url.rstrip("/")
+_URL = re.compile(r"(?:(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://)?(?P<host>\[[^\]/]*\]|[^:/\[\]]*)(?::(?P<port>[^/]*))?/*")
+_HOST_NAME = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)(?:\.(?!-)[A-Za-z0-9_-]{1,63}(?<!-))*\.?")
+
+
+def check_url(url: str, protocol: str) -> str:
+    """The server address ``url`` as tritonclient takes it, ``host:port``, after checking it:
+    ``[scheme://]host:port[/]`` with the scheme, if given, the protocol's own (``http://`` or
+    ``grpc://``), the host a name, an IPv4 address or an IPv6 address in brackets, and the port a
+    number in 1..65535 (Triton listens on 8000 for HTTP, 8001 for gRPC). Anything else raises a
+    ValueError naming `url`, before any connection is tried."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+    example = "localhost:8000" if protocol == "http" else "localhost:8001"
+    where = f"`url` {url!r}:"
+    fix = f"give host:port, e.g. {example}"
+    match = _URL.fullmatch(url) if isinstance(url, str) else None
+    if match is None:
+        unclosed = isinstance(url, str) and "[" in url and "]" not in url
+        raise ValueError(f"{where} {'the [ of an IPv6 address is not closed' if unclosed else 'not a server address'}; "
+                         f"{fix}")
+    scheme, host, port = match.group("scheme"), match.group("host"), match.group("port")
+    if scheme is not None and scheme.lower() != protocol:
+        why = ("this client speaks plain HTTP and gRPC, without TLS" if scheme.lower() == "https"
+               else f"it does not match `protocol={protocol}`" if scheme.lower() in PROTOCOLS
+               else "the schemes are http:// and grpc://")
+        raise ValueError(f"{where} the scheme {scheme}:// is not {protocol}://: {why}; {fix}")
+    if host.startswith("["):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise ValueError(f"{where} {host} is not an IPv6 address; {fix} (an IPv6 address in brackets: "
+                             f"[::1]:{example.split(':')[1]})") from None
+    elif not host:
+        raise ValueError(f"{where} no host; {fix}")
+    elif not _HOST_NAME.fullmatch(host) or len(host) > 253:
+        raise ValueError(f"{where} {host!r} is not a host name or an IP address; {fix}")
+    elif host.rstrip(".").replace(".", "").isdigit():  # numbers only: an IPv4 address or nothing
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            raise ValueError(f"{where} {host} is not an IPv4 address; {fix}") from None
+    if port is None or port == "":
+        raise ValueError(f"{where} no port; {fix}")
+    if not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
+        raise ValueError(f"{where} the port {port!r} is not a number in 1..65535; {fix}")
+    return f"{host}:{int(port)}"
 
 
 def _pick(tensors: list[dict], name: str, what: str, where: str) -> dict:
@@ -84,9 +126,9 @@ class DLRMTritonClient:
     """
 
     def __init__(self, url: str, model_name: str, protocol: str = "http", timeout_s: float = 60.0) -> None:
+        self.url = check_url(url, protocol)  # before the client library, which fails on a bad one noisily
         self.module = _protocol_module(protocol)
         self.protocol = protocol
-        self.url = _host_port(url)
         self.model_name = model_name
         self.where = f"model {model_name!r} on the Triton server at {protocol}://{self.url}"
         self.timeout_s = timeout_s

@@ -227,11 +227,14 @@ class CsrDataset:
     file fails here, not mid-epoch), arrays memory-mapped so only touched pages are read.
 
     ``batch(start, stop)`` returns torch tensors for ``F.embedding_bag(..., offsets,
-    include_last_offset=True, per_sample_weights=values)``. The cheap structural checks
-    (offsets start at 0 and end at nnz) run on open; ``validate()`` scans everything.
+    include_last_offset=True, per_sample_weights=values)``. Opening checks the contents too
+    (``validate``: offsets non-decreasing from 0 to nnz, every index in [0, n_features), values
+    finite; vectorised, in bounded chunks), so every reader (training, prediction, evaluation)
+    refuses a bad dataset with one ``DatasetError`` before any work; ``check=False`` skips that
+    scan for a caller that reads the header only.
     """
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, check: bool = True):
         self.path = os.path.abspath(os.fspath(path))
         header_path = os.path.join(self.path, HEADER)
         try:
@@ -272,6 +275,8 @@ class CsrDataset:
         if last != self.nnz:
             raise DatasetError(f"{self.offsets_path}: offsets end at {last} (position {self.n_samples}), but the "
                                f"header says nnz = {self.nnz}; re-create the dataset")
+        if check:
+            self.validate()
 
     @staticmethod
     def _check_header(header: object, header_path: str) -> None:
@@ -284,6 +289,9 @@ class CsrDataset:
             value = header.get(key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise DatasetError(f"{header_path}: `{key}` must be a non-negative integer, got {value!r}")
+        if header["n_features"] > _MAX_FEATURES:  # before anything is sized by it (a model's item layers)
+            raise DatasetError(f"{header_path}: `n_features` = {header['n_features']:,} is above {_MAX_FEATURES:,}, "
+                               f"the most a CSR dataset can index (its indices are int32); re-create the dataset")
         if not isinstance(header.get("has_values"), bool):
             raise DatasetError(f"{header_path}: `has_values` must be true or false, got {header.get('has_values')!r}")
         dtypes = header.get("dtypes")
@@ -344,14 +352,18 @@ class CsrDataset:
             yield self.batch(s, min(s + batch_size, stop), check=check)
 
     def _bad_offsets(self, offsets: np.ndarray, start: int) -> DatasetError:
-        for i, value in enumerate(offsets):  # the first offset out of [0, nnz] or below its predecessor
+        # the first offset out of [0, nnz] or below its predecessor
+        bad = (offsets < 0) | (offsets > self.nnz)
+        bad[1:] |= offsets[1:] < offsets[:-1]
+        if bad.any():
+            i = int(np.argmax(bad))
+            value = int(offsets[i])
             if not 0 <= value <= self.nnz:
-                return DatasetError(f"{self.offsets_path}: offset {int(value)} at position {start + i} is outside "
+                return DatasetError(f"{self.offsets_path}: offset {value} at position {start + i} is outside "
                                     f"[0, nnz = {self.nnz}]; re-create the dataset")
-            if i and value < offsets[i - 1]:
-                return DatasetError(f"{self.offsets_path}: offsets decrease at position {start + i} "
-                                    f"({int(offsets[i - 1])} then {int(value)}); they must be non-decreasing; "
-                                    f"re-create the dataset")
+            return DatasetError(f"{self.offsets_path}: offsets decrease at position {start + i} "
+                                f"({int(offsets[i - 1])} then {value}); they must be non-decreasing; "
+                                f"re-create the dataset")
         return DatasetError(f"{self.offsets_path}: offsets near position {start} are inconsistent; re-create the dataset")
 
     def _bad_index(self, position: int, value: int) -> DatasetError:
@@ -361,17 +373,18 @@ class CsrDataset:
     def validate(self) -> None:
         """Scan every array in bounded chunks: offsets non-decreasing from 0 to nnz, indices in
         [0, n_features), values finite. Raises DatasetError naming the file and the first bad
-        position."""
+        position. Opening runs it (unless ``check=False``); the checks of ``rows`` are the same,
+        for one batch."""
         for s in range(0, self.n_samples + 1, _CHECK_CHUNK):
-            chunk = np.asarray(self.offsets[max(s - 1, 0):s + _CHECK_CHUNK])
-            base = max(s - 1, 0)
-            if ((chunk < 0) | (chunk > self.nnz)).any() or (chunk[1:] < chunk[:-1]).any():
+            base = max(s - 1, 0)  # one offset of overlap: the step across chunks is checked too
+            chunk = np.asarray(self.offsets[base:s + _CHECK_CHUNK])
+            if chunk.size and (int(chunk.min()) < 0 or int(chunk.max()) > self.nnz
+                               or (chunk.size > 1 and int(np.diff(chunk).min()) < 0)):
                 raise self._bad_offsets(chunk, base)
         for s in range(0, self.nnz, _CHECK_CHUNK):
             chunk = np.asarray(self.indices[s:s + _CHECK_CHUNK])
-            bad = (chunk < 0) | (chunk >= self.n_features)
-            if bad.any():
-                i = int(np.argmax(bad))
+            if int(chunk.min()) < 0 or int(chunk.max()) >= self.n_features:
+                i = int(np.argmax((chunk < 0) | (chunk >= self.n_features)))
                 raise self._bad_index(s + i, chunk[i])
             if self.values is not None:
                 v = np.asarray(self.values[s:s + _CHECK_CHUNK])

@@ -12,7 +12,9 @@ Rules (DSSTNE's, made strict where DSSTNE silently dropped data):
   ``name\\t`` with nothing after the tab is a sample with no features;
 - surrounding whitespace (and a Windows ``\\r``) is stripped from names and values;
 - errors, naming file and line: no tab, empty sample name, a value with no feature name, more
-  than one comma in a field, a value that is not a finite number, a sample given twice;
+  than one comma in a field, a value that is not a finite number, a sample given twice, a name
+  (of a sample, a feature, or an index entry) holding a tab, a newline or another control
+  character (``check_name``: it could not be written to an index file and read back);
 - a file whose fields carry values gives a dataset with values; a field without a value then
   counts as 1.0 (an indicator), where DSSTNE stored 0.
 
@@ -28,6 +30,7 @@ with one samples index always align.
 from __future__ import annotations
 
 import os
+import re
 from array import array
 from dataclasses import dataclass
 from typing import Iterable, Iterator, TextIO
@@ -37,6 +40,25 @@ import numpy as np
 from dlrm.data.atomic import write_atomically, write_text_atomically
 from dlrm.recommender.csr_dataset import CsrRows, write_csr
 from dlrm.data.errors import DatasetError, finite_number
+
+
+# What no name may hold: the separators of DSSTNE text and of the index files (tab, newline,
+# carriage return) and every other control character (C0, DEL, C1, and the Unicode line and
+# paragraph separators): a name with one could not be written back and read again.
+_BAD_NAME_CHARACTER = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_CHARACTER_NAMES = {"\t": "a tab", "\n": "a newline", "\r": "a carriage return"}
+
+
+def check_name(name: str, what: str) -> None:
+    """Raises DatasetError if ``name`` (of a ``what``: "sample", "feature", "index entry") holds a
+    character no name may hold (``_BAD_NAME_CHARACTER``); the caller prefixes where it is."""
+    bad = _BAD_NAME_CHARACTER.search(name)
+    if bad is not None:
+        c = bad.group()
+        shown = _CHARACTER_NAMES.get(c, "the control character")
+        raise DatasetError(f"{what} name {name[:80]!r} holds {shown} (U+{ord(c):04X}) at character {bad.start() + 1}; "
+                           f"names may not hold tabs, newlines or other control characters (they separate the "
+                           f"fields of DSSTNE text and of the index files): rename it")
 
 
 class NameIndex:
@@ -73,6 +95,10 @@ class NameIndex:
                 name, text = parts[0].strip(), parts[1].strip()
                 if not name:
                     raise DatasetError(f"{path}:{number}: empty name in index line {line[:80]!r}")
+                try:
+                    check_name(name, "index entry")
+                except DatasetError as e:
+                    raise DatasetError(f"{path}:{number}: {e}") from None
                 if not text.isdigit():
                     raise DatasetError(f"{path}:{number}: index {text!r} of '{name}' is not a non-negative integer")
                 value = int(text)
@@ -168,6 +194,8 @@ def split_line(line: str) -> tuple[str, list[str], list[float], bool] | None:
     name = line[:tab].strip()
     if not name:
         raise DatasetError("empty sample name (the line starts with a tab)")
+    check_name(name, "sample")
+    names_checked = _BAD_NAME_CHARACTER.search(line, tab + 1) is None  # the common case: no name to check
     features: list[str] = []
     values: list[float] = []
     any_value = False
@@ -181,6 +209,8 @@ def split_line(line: str) -> tuple[str, list[str], list[float], bool] | None:
             if len(parts) == 1 and not field.strip():
                 continue  # empty field: skipped, as DSSTNE does
             raise DatasetError(f"empty feature name in field {field[:80]!r}")
+        if not names_checked:
+            check_name(feature, "feature")
         value = 1.0
         if len(parts) == 2:
             value = finite_number(parts[1])

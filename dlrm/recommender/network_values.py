@@ -10,9 +10,12 @@ import difflib
 import json
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from dlrm.recommender.network_config import NetworkConfigError, _where
 
@@ -128,19 +131,49 @@ def _n(ctx: _Ctx, v: Any, path: str, allow_auto: bool) -> int | None:
     return v
 
 
+# A DSSTNE network file is a few KB, nested four levels deep (top, Layers, a layer, WeightInit).
+# The bounds keep a wrong or hostile file from costing memory (size) or overflowing Python's
+# recursion in the JSON parser (depth: 100,000 nested arrays).
+MAX_NETWORK_BYTES = 4 << 20
+MAX_NETWORK_DEPTH = 64
+_JSON_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"')
+
+
+def _check_depth(text: str, path: str) -> None:
+    """Refuses JSON nested deeper than MAX_NETWORK_DEPTH, naming the line where it gets there
+    (strings are blanked first, so brackets inside them do not count; vectorised)."""
+    skeleton = _JSON_STRING.sub('""', text).encode("utf-8")
+    codes = np.frombuffer(skeleton, np.uint8)
+    step = ((codes == ord("[")) | (codes == ord("{"))).astype(np.int32) - ((codes == ord("]")) | (codes == ord("}")))
+    depth = np.cumsum(step)
+    if depth.size and int(depth.max()) > MAX_NETWORK_DEPTH:
+        at = int(np.argmax(depth > MAX_NETWORK_DEPTH))
+        line = skeleton.count(b"\n", 0, at) + 1
+        raise NetworkConfigError(f"{path}:{line}: JSON nested more than {MAX_NETWORK_DEPTH} levels deep; a network "
+                                 f"definition is a few levels of objects and arrays: fix the file")
+
+
 def _load(source: str | os.PathLike) -> tuple[Any, str]:
     path = os.fspath(source)
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            data = f.read(MAX_NETWORK_BYTES + 1)
+        if len(data) > MAX_NETWORK_BYTES:
+            raise NetworkConfigError(f"{path}: larger than {MAX_NETWORK_BYTES >> 20} MiB; a network definition is a "
+                                     f"JSON file of a few KB: is this the network file?")
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise NetworkConfigError(f"{path}: no such network definition file; check the path") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
+    except (OSError, UnicodeDecodeError) as e:  # a directory, no permission, not UTF-8
         raise NetworkConfigError(f"{path}: cannot read the network definition ({e}); give a readable UTF-8 "
                                  f"JSON file") from None
+    _check_depth(text, path)
     try:
         return json.loads(text, object_pairs_hook=_pairs_hook), path
     except json.JSONDecodeError as e:
         raise NetworkConfigError(f"{path}:{e.lineno}:{e.colno}: invalid JSON at line {e.lineno}, column {e.colno}: "
                                  f"{e.msg}; fix the syntax there (plain JSON: no comments, no trailing "
                                  f"commas)") from None
+    except ValueError as e:  # int("9" * 5000): past Python's limit on digits
+        raise NetworkConfigError(f"{path}: a number cannot be read: {str(e).split('; ')[0]}; a network definition "
+                                 f"holds small numbers") from None

@@ -24,7 +24,12 @@ import torch
 # 0.004, 0.004, 0.003, ...). DSSTNE's predict wrote 3 decimals (its ``-p`` option, default "4.3f").
 DEFAULT_SCORE_FORMAT = "%.6g"
 DSSTNE_SCORE_FORMAT = "%4.3f"
-_SCORE_FORMAT = re.compile(r"%?[-+ #0]*[0-9]*(?:\.[0-9]+)?[eEfFgG]")
+_SCORE_FORMAT = re.compile(r"%?[-+ #0]*(?P<width>[0-9]*)(?:\.(?P<precision>[0-9]+))?[eEfFgG]")
+# Bounds of a score's printf format: a float32 score has 9 significant digits and a float64 17,
+# so more digits print noise (and %.99999999f writes 100 MB per score); a width beyond a few
+# dozen characters only pads.
+MAX_SCORE_PRECISION = 17
+MAX_SCORE_WIDTH = 32
 
 # Rows of scores processed at once by ``top_k``: bounds its temporaries (two bool masks and,
 # only when a tie straddles the k-th place, an int32 running count) to about this many elements.
@@ -178,9 +183,16 @@ def check_score_format(spec: str) -> str:
     """``spec`` as a printf format of one float (``%.6g``, ``%4.3f``, ``%.8e``), with its ``%``
     added if left out as in DSSTNE's ``-p 4.3f``. Anything else is refused: text beside the
     number could break the ``item,score:`` fields."""
-    if not isinstance(spec, str) or not _SCORE_FORMAT.fullmatch(spec):
+    match = _SCORE_FORMAT.fullmatch(spec) if isinstance(spec, str) and len(spec) <= 64 else None
+    if match is None:
         raise ValueError(f"`score_format` must be a printf format of one float such as {DEFAULT_SCORE_FORMAT!r} or "
-                         f"{DSSTNE_SCORE_FORMAT!r} (DSSTNE's), got {spec!r}")
+                         f"{DSSTNE_SCORE_FORMAT!r} (DSSTNE's), got {spec[:80] if isinstance(spec, str) else spec!r}")
+    width, precision = int(match.group("width") or 0), int(match.group("precision") or 0)
+    if precision > MAX_SCORE_PRECISION or width > MAX_SCORE_WIDTH:
+        raise ValueError(f"`score_format` {spec!r} has a {'precision' if precision > MAX_SCORE_PRECISION else 'width'} "
+                         f"of {precision if precision > MAX_SCORE_PRECISION else width}; at most "
+                         f"{MAX_SCORE_PRECISION} digits of precision (a float64's; a score has fewer) and a width "
+                         f"of {MAX_SCORE_WIDTH}, e.g. {DEFAULT_SCORE_FORMAT!r}")
     return spec if spec.startswith("%") else "%" + spec
 
 
