@@ -3,13 +3,14 @@
     python benchmarks/preprocess.py --rows 1000000 --dir DIR [--engines local spark] [--workers 1]
 
 Generates ``--rows`` lines as 24 Terabyte-style days under DIR/input_<rows> (kept and reused
-across runs), then runs ``python -m preproc`` once per engine as a user would (frequency
-threshold 15, --fresh, progress lines on stderr) and prints one line per engine: wall time,
-rows/s end to end (all rows read, every pass included) and peak memory. Memory is the
-resident set size summed over the whole process tree (the CLI, its worker processes, and for
-Spark the JVM and its Python workers), sampled every 0.2 s; shared pages count once per
-process, so this errs on the high side. The per-stage lines of the engines are kept in
-DIR/<engine>_<rows>.log. Finally the two outputs are compared byte for byte.
+across runs; a generation cut short is redone there with --overwrite), then runs
+``python -m preproc`` once per engine as a user would (frequency threshold 15, --fresh,
+--overwrite: each run replaces the previous run's DIR/<engine>_<rows>; progress lines on
+stderr) and prints one line per engine: wall time, rows/s end to end (all rows read, every
+pass included) and peak memory. Memory is the resident set size summed over the whole process
+tree (the CLI, its worker processes, and for Spark the JVM and its Python workers), sampled
+every 0.2 s; shared pages count once per process, so this errs on the high side. The
+per-stage lines of the engines are kept in DIR/<engine>_<rows>.log. Finally the two outputs are compared byte for byte.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def main() -> None:
     if not os.path.exists(os.path.join(src, "day_23")):
         start = time.monotonic()
         subprocess.run([sys.executable, "-m", "preproc.generate", "--output", src, "--rows", str(args.rows),
-                        "--days", "24", "--seed", "0"], cwd=REPO, check=True)
+                        "--days", "24", "--seed", "0", "--overwrite"], cwd=REPO, check=True)
         print(f"generated {args.rows:,} rows in {time.monotonic() - start:.0f} s", flush=True)
     size = sum(os.path.getsize(os.path.join(src, f)) for f in os.listdir(src))
     print(f"input: {args.rows:,} rows, {size / 1e9:.2f} GB in 24 day files; threshold {args.threshold}; "
@@ -85,7 +86,8 @@ def main() -> None:
     for engine in args.engines:
         out = os.path.join(args.dir, f"{engine}_{args.rows}")
         cmd = [sys.executable, "-m", "preproc", "--input_dir", src, "--output", out, "--frequency_threshold",
-               args.threshold, "--engine", engine, "--fresh", "--progress", "log", "--memory_limit_gb", args.memory_limit_gb]
+               args.threshold, "--engine", engine, "--fresh", "--overwrite", "--progress", "log",
+               "--memory_limit_gb", args.memory_limit_gb]
         if engine == "local":
             cmd += ["--workers", args.workers]
         else:

@@ -8,7 +8,8 @@
 #
 # USERS, ITEMS, INTERACTIONS (default: the generator's MovieLens-20M size), BASELINES
 # (default popularity,ease,mf,itemknn), DEVICE (default: cuda if available), AMP (default 1)
-# change the run. Every figure it prints is measured in this run.
+# change the run. Every figure it prints is measured in this run; a rerun into the same WORKDIR
+# replaces the earlier run's data, checkpoints and metrics (--overwrite; the .jsonl logs append).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 work=${1:?usage: recommender_quality.sh WORKDIR [NETWORK.json ...]}
@@ -35,7 +36,7 @@ echo "generate: $((SECONDS - start)) s"
     t=$SECONDS
     "$python" -m dlrm.scripts.recommender_evaluate --input "$work/data/input" --heldout "$work/data/heldout" \
         --k 10,20 --baselines "${BASELINES:-popularity,ease,mf,itemknn}" --output "$work/baselines.metrics.json" \
-        >"$work/baselines.txt" 2>&1
+        --overwrite >"$work/baselines.txt" 2>&1
     echo "baselines: $((SECONDS - t)) s" >>"$work/baselines.txt"
 ) &
 baselines=$!
@@ -44,14 +45,14 @@ for network in "${networks[@]}"; do
     name=$(basename "$network" .json)
     t=$SECONDS
     "$python" -m dlrm.scripts.recommender_train --network "$network" --input "$work/data/input" "${amp[@]}" \
-        "${device[@]}" --checkpoint_path "$work/$name" --log_path "$work/$name.jsonl" --log_every_steps 0
+        "${device[@]}" --checkpoint_path "$work/$name" --overwrite --log_path "$work/$name.jsonl" --log_every_steps 0
     echo "train $name: $((SECONDS - t)) s"
     models+=("$name")
 done
 for name in "${models[@]}"; do
     "$python" -m dlrm.scripts.recommender_evaluate --checkpoint "$work/$name" --input "$work/data/input" \
         --heldout "$work/data/heldout" --k 10,20 --baselines "" "${amp[@]}" "${device[@]}" \
-        --output "$work/$name.metrics.json" | sed "s/^model /$name /"
+        --output "$work/$name.metrics.json" --overwrite | sed "s/^model /$name /"
 done
 wait "$baselines"
 cat "$work/baselines.txt"

@@ -16,6 +16,7 @@ import sys
 from absl import app, flags
 
 from dlrm.data.errors import DatasetError
+from dlrm.data.outputs import LOG, claim_output
 from dlrm.data.sources import DataConfig, load_feature_spec
 from dlrm.data.split_binary import SplitBinaryReader
 from dlrm.inference.triton_client import (PROTOCOLS, DLRMTritonClient, TritonClientError, check_url, score_split,
@@ -37,7 +38,8 @@ flags.DEFINE_float("soak_seconds", 0, "After scoring, keep --soak_streams gRPC s
 flags.DEFINE_integer("soak_streams", 16, "Concurrent gRPC streams in the soak.", lower_bound=1)
 flags.DEFINE_integer("soak_batch_size", 64, "Samples per soak request (from the split's first batch).", lower_bound=1)
 flags.DEFINE_float("timeout_s", 60, "Seconds to wait for the server per call.")
-flags.DEFINE_string("log_path", None, "Append the results as JSON lines here.")
+flags.DEFINE_string("log_path", None, "Append the results as JSON lines here (a new file, or a JSON-lines log this "
+                    "program wrote; anything else is refused).")
 flags.mark_flag_as_required("dataset")
 
 
@@ -57,6 +59,8 @@ def main(argv: list[str]) -> int:
                         FLAGS.protocol)
     except ValueError as e:
         raise app.UsageError(str(e)) from None
+    if FLAGS.log_path:  # appended to: a log of this program's, or a new file (dlrm.data.outputs), checked now
+        claim_output(FLAGS.log_path, LOG, "log_path", inputs={"dataset": FLAGS.dataset}, keep=True)
     records = []
     try:
         spec = load_feature_spec(DataConfig(dataset=FLAGS.dataset, feature_spec=FLAGS.feature_spec))
