@@ -195,7 +195,9 @@ class StepLosses:
                  loss_scale: Callable[[], torch.Tensor | float] | None = None, capacity: int = READ_EVERY):
         self.loss_scale = loss_scale
         self._losses = torch.zeros(capacity, dtype=dtype, device=device)
+        self._loss_slots = self._losses.unbind()  # one view per step, made once: a step only copies
         self._scales = torch.zeros(capacity, dtype=torch.float32, device=device) if loss_scale else None
+        self._scale_slots = self._scales.unbind() if loss_scale else ()
         self._scale_before = (torch.tensor(float(loss_scale()), dtype=torch.float32, device=device)
                               if loss_scale else None)  # the scale before the first step held
         self._held, self._first_step = 0, 0  # steps held; the step number of the first
@@ -205,18 +207,18 @@ class StepLosses:
 
     @property
     def full(self) -> bool:
-        return self._held == self._losses.numel()
+        return self._held == len(self._loss_slots)
 
     def add(self, loss: torch.Tensor, step: int) -> None:
-        """Holds the loss of step ``step`` (and with loss scaling the scale after it)."""
-        if self._held == 0:
+        """Holds the loss of step ``step`` (a 0-dim tensor; with loss scaling also the scale after it)."""
+        held = self._held
+        if held == 0:
             self._first_step = step
-        self._losses[self._held].copy_(loss.detach().reshape(()))
-        if self._scales is not None:
+        self._loss_slots[held].copy_(loss.detach())
+        if self._scale_slots:
             scale = self.loss_scale()
-            target = self._scales[self._held]
-            target.copy_(scale) if torch.is_tensor(scale) else target.fill_(scale)
-        self._held += 1
+            self._scale_slots[held].copy_(scale) if torch.is_tensor(scale) else self._scale_slots[held].fill_(scale)
+        self._held = held + 1
 
     def read(self, collectives: Collectives) -> _Found | None:
         """Reads the losses held (every process at the same step): adds them to the window and

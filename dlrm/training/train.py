@@ -325,7 +325,7 @@ class _DlrmRun:
         """The settings that make a diverging DLRM run converge, for its stop's one line."""
         hint = "lower `lr` (or lengthen `warmup_steps`)"
         if self.scaler_state is not None:
-            return hint + ", or train with `amp_dtype=bfloat16` (float16's range is too small for it) or without `amp`"
+            return hint + ", or train with `amp_dtype=bfloat16` (the range of float32) or without `amp`"
         return hint + (", or train without `amp`" if self.precision.dtype is not None else "")
 
     def ended(self) -> str | None:
