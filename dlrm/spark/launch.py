@@ -24,9 +24,10 @@ from typing import Any
 ENTRY_POINT = "dlrm.scripts.main"  # run by torchrun as a file in every task
 
 SHARED_PATH_FLAGS = ("save_checkpoint_path", "log_path")
-FAILED = ("error", "aborted", "interrupted")  # stop reasons of a run that did not finish
+FAILED = ("error", "aborted", "interrupted", "non_finite_loss")  # stop reasons of a run that did not finish
 # Errors of a run's input (main exits 2 on them, its summary names the class): another attempt fails the same way.
-USER_ERRORS = ("UsageError", "DatasetError", "FeatureSpecError", "CheckpointError", "PlanError")
+USER_ERRORS = ("UsageError", "DatasetError", "FeatureSpecError", "CheckpointError", "PlanError",
+               "NonFiniteLoss", "OutputError")  # not retried: the next attempt would meet them again
 
 
 def flag_args(flags: Mapping[str, Any]) -> list[str]:
