@@ -21,6 +21,7 @@ reported; it can never shift into other columns.
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -226,6 +227,14 @@ def _decode_block(raw: np.ndarray, words: np.ndarray, t: np.ndarray, line_start:
     return ok, label, counts, count_present, long, c_start, c_end, hashes, hash_present
 
 
+def _fits_int(count: str) -> bool:
+    """Whether Python turns the decimal ``count`` into an int: at most sys.get_int_max_str_digits()
+    digits (4300 by default; 0 is no limit). A longer count is set aside, as the reference cannot
+    value it either: its parse of the line reports it."""
+    limit = sys.get_int_max_str_digits()
+    return limit == 0 or len(count) - count.startswith("-") <= limit
+
+
 def parse_chunk(data: bytes, first_line: int) -> Chunk:
     """Parse ``data`` (whole lines, each ending in ``\\n``) whose first line is ``first_line``."""
     pad = _PAD + (-len(data)) % 8
@@ -259,7 +268,7 @@ def parse_chunk(data: bytes, first_line: int) -> Chunk:
         )
         for r, k in zip(*np.nonzero(long)):  # rare: counts too long for int64 are checked here
             text = data[c_start[r, k] : c_end[r, k]].decode("ascii")
-            if _COUNT.fullmatch(text):
+            if _COUNT.fullmatch(text) and _fits_int(text):
                 long_counts.append((a + int(r), int(k), text))
             else:
                 ok[a + r] = False

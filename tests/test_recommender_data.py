@@ -127,7 +127,7 @@ def test_text_errors_name_file_and_line(tmp_path, lines, line_no, message):
 @pytest.mark.parametrize("text, message", [
     ("A\n", r"idx:1: malformed index line 'A'"),
     ("\t3\n", r"idx:1: empty name"),
-    ("A\t-1\n", r"idx:1: index '-1' of 'A' is not a non-negative integer"),
+    ("A\t-1\n", r"idx:1: index '-1' of 'A' is not an integer in \[0, "),
     ("A\t0\nB\t0\n", r"idx:2: index 0 is given to 'B' here but belongs to 'A'"),
 ])
 def test_index_errors(tmp_path, text, message):

@@ -106,33 +106,50 @@ def _alias_sizes(text: str, path: str) -> None:
                                        f"a feature spec is far smaller: write its values out without nested aliases")
 
 
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML syntax error on one line: what is wrong and where (PyYAML's own text spans lines
+    and quotes the document as "<unicode string>")."""
+    if isinstance(e, yaml.MarkedYAMLError) and e.problem:
+        mark = e.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        return f"{e.context + ': ' if e.context else ''}{e.problem}{where}"
+    if isinstance(e, yaml.reader.ReaderError):
+        return f"{e.reason} (character {e.character!r} at offset {e.position})"
+    return " ".join(str(e).split())
+
+
 def read_spec_yaml(path: str) -> Any:
     """The YAML of a feature spec file, read safely: at most MAX_SPEC_BYTES, nested at most
     MAX_SPEC_DEPTH deep, aliases that do not blow up when written out (``_alias_sizes``), plain
-    YAML types only (``yaml.SafeLoader``). Refusals and values that do not convert (an integer of
-    thousands of digits, a date that does not exist) are FeatureSpecErrors naming the file; a
-    file that cannot be read raises OSError, one that is not UTF-8 UnicodeDecodeError, and bad
-    syntax yaml.YAMLError, for the caller to word. Shared by every reader of a spec (this
-    module's and ``dlrm.data.csv_source``'s)."""
+    YAML types only (``yaml.SafeLoader``). Refusals, syntax errors and values that do not convert
+    (an integer of thousands of digits, a date that does not exist) are FeatureSpecErrors naming
+    the file, on one line; a file that cannot be read raises OSError and one that is not UTF-8
+    UnicodeDecodeError, for the caller to word. Shared by every reader of a spec (this module's
+    and ``dlrm.data.csv_source``'s)."""
     with open(path, "rb") as f:
         data = f.read(MAX_SPEC_BYTES + 1)
     if len(data) > MAX_SPEC_BYTES:
         raise FeatureSpecError(f"{path}: larger than {MAX_SPEC_BYTES >> 20} MiB; a feature spec is far smaller (10,000 "
                                f"features take about 2 MiB): is this the dataset's {SPEC_FILE_NAME}?")
     text = data.decode("utf-8")
-    _alias_sizes(text, path)
     try:
+        _alias_sizes(text, path)
         return yaml.load(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
+    except yaml.YAMLError as e:
+        raise FeatureSpecError(f"{path}: not valid YAML: {_yaml_problem(e)}") from None
+    except FeatureSpecError:
         raise
     except (ValueError, OverflowError) as e:  # a constructor's: int("9" * 5000), a 31st of February
         raise FeatureSpecError(f"{path}: a value cannot be read: {str(e).split('; ')[0]}") from None
+    except (TypeError, AttributeError, IndexError, KeyError) as e:  # PyYAML's constructors on "!!int " and the like
+        raise FeatureSpecError(f"{path}: a value cannot be read (PyYAML: {type(e).__name__}: {e}); check the "
+                               f"values with an explicit tag (!!int, !!timestamp, ...)") from None
 
 
 def _first_bad_byte(path: str) -> str:
     """Where a file stops being UTF-8, for the message (the decoder's offset is within a chunk)."""
     with open(path, "rb") as f:
-        data = f.read()
+        data = f.read(MAX_SPEC_BYTES + 1)  # what read_spec_yaml decoded
     try:
         data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -210,8 +227,6 @@ class FeatureSpec:
             raise FeatureSpecError(f"{path}: is a directory, not a feature spec file") from None
         except OSError as e:
             raise DatasetError(f"{path}: cannot read the feature spec: {e.strerror or e}") from None
-        except yaml.YAMLError as e:
-            raise FeatureSpecError(f"{path}: not valid YAML: {e}") from None
         if not isinstance(raw, dict):
             raise FeatureSpecError(f"{path}: expected a mapping with keys {list(TOP_LEVEL_KEYS)}, got {type(raw).__name__}")
         missing = [k for k in TOP_LEVEL_KEYS[:3] if k not in raw]
@@ -363,9 +378,11 @@ class FeatureSpec:
             channel = channel_of[name]
             if not isinstance(info, dict) or "dtype" not in info:
                 raise FeatureSpecError(f"feature '{name}': feature_spec entry needs a 'dtype', got {info!r}")
-            try:
+            try:  # a name only: numpy would also build dtypes from lists and mappings
+                if not isinstance(info["dtype"], str):
+                    raise TypeError
                 dtype = np.dtype(info["dtype"])
-            except TypeError:
+            except (TypeError, ValueError, KeyError, SyntaxError):
                 raise FeatureSpecError(f"feature '{name}': dtype {info['dtype']!r} is not a numpy dtype") from None
             if channel != CATEGORICAL and (BAG_SIZE in info or POOLING in info):
                 raise FeatureSpecError(

@@ -47,6 +47,19 @@ from dlrm.data.errors import DatasetError, finite_number
 # paragraph separators): a name with one could not be written back and read again.
 _BAD_NAME_CHARACTER = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _CHARACTER_NAMES = {"\t": "a tab", "\n": "a newline", "\r": "a carriage return"}
+# Files are read with errors="surrogateescape": a byte that is not UTF-8 becomes a lone surrogate,
+# found per line, so the error names the line (a strict decoder fails a whole block of lines).
+_NOT_UTF8 = re.compile("[\ud800-\udfff]")
+
+
+def check_utf8(line: str) -> None:
+    """Raises DatasetError if ``line`` (read with errors="surrogateescape") held bytes that are
+    not UTF-8; the caller prefixes where it is."""
+    bad = _NOT_UTF8.search(line)
+    if bad is not None:
+        c = ord(bad.group())
+        what = f"byte 0x{c - 0xDC00:02x}" if 0xDC80 <= c <= 0xDCFF else f"the lone surrogate U+{c:04X}"
+        raise DatasetError(f"not UTF-8 text: {what} at character {bad.start() + 1}; save the file as UTF-8")
 
 
 def check_name(name: str, what: str) -> None:
@@ -59,6 +72,9 @@ def check_name(name: str, what: str) -> None:
         raise DatasetError(f"{what} name {name[:80]!r} holds {shown} (U+{ord(c):04X}) at character {bad.start() + 1}; "
                            f"names may not hold tabs, newlines or other control characters (they separate the "
                            f"fields of DSSTNE text and of the index files): rename it")
+
+
+MAX_INDEX = 2**31  # an index numbers rows or columns of a CSR dataset, whose indices are int32
 
 
 class NameIndex:
@@ -83,9 +99,13 @@ class NameIndex:
         """Add the entries of an index file; an entry must agree with what is already known
         (same name, same index), so two indexes that number differently fail loudly."""
         path = os.fspath(path)
-        with open(path, encoding="utf-8", newline="") as f:
+        with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
             for number, line in enumerate(f, 1):
                 line = line.rstrip("\r\n")
+                try:
+                    check_utf8(line)
+                except DatasetError as e:
+                    raise DatasetError(f"{path}:{number}: {e}") from None
                 if not line.strip():
                     continue
                 parts = line.split("\t")
@@ -99,8 +119,9 @@ class NameIndex:
                     check_name(name, "index entry")
                 except DatasetError as e:
                     raise DatasetError(f"{path}:{number}: {e}") from None
-                if not text.isdigit():
-                    raise DatasetError(f"{path}:{number}: index {text!r} of '{name}' is not a non-negative integer")
+                if not (text.isascii() and text.isdigit()) or len(text) > 10 or int(text) >= MAX_INDEX:
+                    raise DatasetError(f"{path}:{number}: index {text[:40]!r} of '{name}' is not an integer in "
+                                       f"[0, {MAX_INDEX:,}) (a column or row of a CSR dataset, int32)")
                 value = int(text)
                 if self._index.get(name, value) != value:
                     raise DatasetError(f"{path}:{number}: '{name}' has index {value} here but {self._index[name]} "
@@ -227,6 +248,7 @@ def _parse_lines(lines: Iterable[str], path: str, features: NameIndex, samples: 
     skipped = 0
     for number, raw in enumerate(lines, 1):
         try:
+            check_utf8(raw)
             parsed = split_line(raw)
         except DatasetError as e:
             raise DatasetError(f"{path}:{number}: {e}") from None
@@ -271,7 +293,7 @@ def parse_text(paths: str | os.PathLike | Iterable[str | os.PathLike], features:
     skipped = 0
     for path in paths:
         path = os.fspath(path)
-        with open(path, encoding="utf-8", newline="") as f:
+        with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
             skipped += _parse_lines(f, path, features, samples, add_features, acc)
     return ParsedSamples(_to_rows(acc, features.size, samples.size), features, samples, skipped)
 

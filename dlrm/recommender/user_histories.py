@@ -21,10 +21,12 @@ import numpy as np
 
 from dlrm.data.atomic import write_atomically
 from dlrm.recommender.csr_dataset import CsrRows, write_csr
-from dlrm.recommender.dsstne_text import NameIndex, write_text
+from dlrm.recommender.dsstne_text import NameIndex, check_utf8, write_text
 from dlrm.data.errors import DatasetError, finite_number
 
 MOVIELENS_HEADER = ("userId", "movieId", "rating", "timestamp")
+_INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
+_FLOAT32_MAX = float(np.finfo(np.float32).max)  # a rating rounds to inf past it (plus half a step)
 
 # ---------------------------------------------------------------------------- MovieLens
 
@@ -38,8 +40,8 @@ class _Chunk:
 
 
 def _check_header(path: str) -> None:
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        first = f.readline().rstrip("\r\n")
+    with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as f:
+        first = f.readline(1 << 16).rstrip("\r\n")
     fields = tuple(x.strip() for x in first.split(","))
     if fields != MOVIELENS_HEADER:
         raise DatasetError(f"{path}:1: header is {first[:80]!r}, expected {','.join(MOVIELENS_HEADER)!r} "
@@ -57,22 +59,30 @@ def _parse_line(line: str, path: str, number: int) -> tuple[int, int, float, int
         raise DatasetError(f"{path}:{number}: malformed line {line[:80]!r}: userId and movieId must be "
                            f"integers") from None
     rating = finite_number(fields[2])
-    if rating is None:
-        raise DatasetError(f"{path}:{number}: bad rating {fields[2].strip()!r}: not a finite number")
+    if rating is None or not _FLOAT32_MAX >= rating >= -_FLOAT32_MAX:
+        raise DatasetError(f"{path}:{number}: bad rating {fields[2].strip()[:40]!r}: not a finite number "
+                           f"(of float32, as ratings are kept)")
     try:
         time = int(fields[3])
     except ValueError:
         raise DatasetError(f"{path}:{number}: malformed line {line[:80]!r}: timestamp must be an integer") from None
+    for name, value in (("userId", user), ("movieId", item), ("timestamp", time)):
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            raise DatasetError(f"{path}:{number}: {name} {value} is outside the 64-bit integers it is kept in")
     return user, item, rating, time
 
 
 def _python_chunks(path: str, chunk_rows: int) -> Iterator[_Chunk]:
     """The stdlib reader: slower, but needs nothing and names the line of any problem."""
     rows: list[tuple[int, int, float, int]] = []
-    with open(path, encoding="utf-8-sig", newline="") as f:
+    with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as f:  # bad bytes: by line, below
         f.readline()
         for number, line in enumerate(f, 2):
             line = line.rstrip("\r\n")
+            try:
+                check_utf8(line)
+            except DatasetError as e:
+                raise DatasetError(f"{path}:{number}: {e}") from None
             if not line.strip():
                 continue
             rows.append(_parse_line(line, path, number))
@@ -89,17 +99,23 @@ def _to_chunk(rows: list[tuple[int, int, float, int]]) -> _Chunk:
                   np.array(time, np.int64))
 
 
+class _ArrowRefused(Exception):
+    """pyarrow's reader stopped on the file; the stdlib reader reads it again and names the line
+    of any problem (or reads it whole where pyarrow's rules are stricter than its own)."""
+
+
 def _arrow_chunks(path: str, chunk_bytes: int) -> Iterator[_Chunk]:
-    """pyarrow's streaming CSV reader (tens of millions of lines a minute). Any parse problem
-    is re-located by the stdlib reader, which names the line."""
+    """pyarrow's streaming CSV reader (tens of millions of lines a minute). Any problem raises
+    _ArrowRefused, and the conversion starts again with the stdlib reader."""
     import pyarrow as pa  # optional: the stdlib reader serves without it
     import pyarrow.csv as pacsv
 
     types = {"userId": pa.int64(), "movieId": pa.int64(), "rating": pa.float32(), "timestamp": pa.int64()}
     try:
-        reader = pacsv.open_csv(
-            path, read_options=pacsv.ReadOptions(block_size=chunk_bytes, encoding="utf8"),
-            convert_options=pacsv.ConvertOptions(column_types=types, include_columns=list(MOVIELENS_HEADER)),
+        reader = pacsv.open_csv(  # the header was checked (_check_header): the columns by position
+            path, read_options=pacsv.ReadOptions(block_size=chunk_bytes, encoding="utf8", skip_rows=1,
+                                                 column_names=list(MOVIELENS_HEADER)),
+            convert_options=pacsv.ConvertOptions(column_types=types),
         )
         for batch in reader:
             columns = [batch.column(i) for i in range(4)]
@@ -109,10 +125,8 @@ def _arrow_chunks(path: str, chunk_bytes: int) -> Iterator[_Chunk]:
             if not np.isfinite(chunk.rating).all():
                 raise ValueError("non-finite rating")
             yield chunk
-    except (pa.ArrowInvalid, ValueError):
-        for _ in _python_chunks(path, 1 << 16):  # raises DatasetError naming the line
-            pass
-        raise
+    except (pa.ArrowException, ValueError) as e:
+        raise _ArrowRefused() from e
 
 
 def movielens_to_text(ratings_csv: str | os.PathLike, output: str | os.PathLike, *, with_ratings: bool = False,
@@ -144,7 +158,13 @@ def movielens_to_text(ratings_csv: str | os.PathLike, output: str | os.PathLike,
 
     def write(tmp: str) -> None:
         with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-            _group_users(chunks, f, path, with_ratings, min_rating, counts)
+            try:
+                _group_users(chunks, f, path, with_ratings, min_rating, counts)
+            except _ArrowRefused:  # again from the start, with the reader that names the line of a problem
+                f.seek(0)
+                f.truncate()
+                counts[:] = [0, 0]
+                _group_users(_python_chunks(path, chunk_rows), f, path, with_ratings, min_rating, counts)
 
     write_atomically(output, write)
     return counts[0], counts[1]
