@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from dlrm.distributed.collectives import Collectives
 from dlrm.recommender.model import SparseAutoencoder
 from dlrm.recommender.network import parse_network
 from dlrm.training import checkpoint_store as store
@@ -27,10 +28,39 @@ from dlrm.training.checkpoint_store import CheckpointError, host_copy, latest_ch
 
 FORMAT = "dlrm-autoencoder-checkpoint"
 VERSION = 1
-META_FORMAT = store.Format("autoencoder checkpoint", ("version", VERSION),
-                           {"network": dict, "n_input": int, "n_output": int, "hidden": list, "train_state": dict},
+# Both model kinds of the recommender: the autoencoder (its network, hidden sizes and weights) and
+# the linear item-item model (``"model": "linear"``, its settings and ``linear.pt``).
+META_FORMAT = store.Format("recommender checkpoint", ("version", VERSION),
+                           {"n_input": int, "n_output": int, "train_state": dict},
                            marks={"format": FORMAT}, foreign="a DLRM checkpoint loads with dlrm.scripts.main, not here")
-read_meta = META_FORMAT.read_meta
+LINEAR, AUTOENCODER = "linear", "autoencoder"
+LINEAR_FILE = "linear.pt"
+
+
+def read_meta(path: str) -> dict[str, Any]:
+    """``meta.json`` of a recommender checkpoint of either kind, checked (``store.Format``)."""
+    meta = META_FORMAT.read_meta(path)
+    kind = meta.get("model", AUTOENCODER)
+    needs = {LINEAR: {"settings": dict}, AUTOENCODER: {"network": dict, "hidden": list}}.get(kind)
+    if needs is None:
+        raise CheckpointError(f"{os.path.join(path, store.META)}: model {kind!r} is not one this version knows "
+                              f"({LINEAR}, {AUTOENCODER})")
+    for key, type_ in needs.items():
+        if not isinstance(meta.get(key), type_):
+            raise CheckpointError(f"{os.path.join(path, store.META)}: entry {key!r} is missing or not a "
+                                  f"{type_.__name__}: the checkpoint is damaged")
+    return meta
+
+
+def model_kind(path: str) -> str:
+    """Which model the checkpoint at ``path`` holds: ``LINEAR`` or ``AUTOENCODER``."""
+    return read_meta(path).get("model", AUTOENCODER)
+
+
+def sizes_of(path: str) -> tuple[int, int]:
+    """(inputs, outputs): the items a checkpoint's model reads and scores."""
+    meta = read_meta(path)
+    return meta["n_input"], meta["n_output"]
 
 
 @dataclass
@@ -123,7 +153,14 @@ def model_path(path: str, best: bool = True) -> str:
 
 def describe(path: str) -> str:
     """``path``, and which of its run's checkpoints it is, for the line a script prints."""
-    state = read_meta(path).get("train_state", {})
+    meta = read_meta(path)
+    if meta.get("model") == LINEAR:
+        from dlrm.recommender.linear import LinearSettings
+
+        chosen = meta.get("validation", {}).get("ndcg")
+        return (f"{path} (linear item-item model, {LinearSettings(**meta['settings']).describe()}"
+                + (f", validation NDCG {chosen:.4f}" if isinstance(chosen, float) else "") + ")")
+    state = meta.get("train_state", {})
     if path.rstrip(os.sep).endswith(".best") and state.get("best_metric") is not None:
         return (f"{path} (the best validation of its run: NDCG {state['best_metric']:.4f} after epoch "
                 f"{state['best_epoch']}, step {state['best_step']})")
@@ -213,3 +250,60 @@ def _load(path: str, model: SparseAutoencoder, optimizer: torch.optim.Optimizer 
         return AutoencoderState(**meta["train_state"])
     except TypeError as e:
         raise CheckpointError(f"{os.path.join(path, store.META)}: train_state is damaged ({e})") from None
+
+
+# ----------------------------------------------------------------------------- the linear model
+
+
+def save_linear(path: str, model, validation: dict[str, Any], run_config: dict[str, Any] | None = None) -> None:
+    """The linear model (``dlrm.recommender.linear.LinearModel``, all its columns) as a
+    checkpoint at ``path``, through the checkpoint store as the autoencoder's."""
+    if not bool(torch.isfinite(model.weights).all()):
+        raise CheckpointError(f"the linear model's weights are not all finite ({model.settings.describe()}): "
+                              "nothing was saved; raise `regularization`")
+    n = model.n_items
+
+    def write_rest(files: store.StagedFiles) -> dict[str, Any]:
+        files.save(LINEAR_FILE, {"weights": host_copy(model.weights)})
+        return {"format": FORMAT, "version": VERSION, "model": LINEAR, "n_input": n, "n_output": n,
+                "settings": asdict(model.settings), "validation": validation, "train_state": {},
+                "run_config": run_config or {}, "world_size": 1}
+
+    store.save_directory(path, Collectives(), n * n * 4, lambda files: None, write_rest)
+
+
+def load_linear(path: str, parallel, device: torch.device | str = "cpu", verify: bool = True):
+    """The columns of the linear model at ``path`` that this process scores (all on one)."""
+    from dlrm.recommender.linear import LinearModel, LinearSettings
+
+    def read():
+        meta = read_meta(path)
+        if meta.get("model") != LINEAR:
+            raise CheckpointError(f"{path} holds an autoencoder, not a linear model")
+        store.check_files(path, meta, [LINEAR_FILE], verify)
+        saved = store.load_tensor_file(path, LINEAR_FILE)
+        where = os.path.join(path, LINEAR_FILE)
+        if not isinstance(saved, dict) or not torch.is_tensor(saved.get("weights")):
+            raise CheckpointError(f"{where}: does not hold what this program writes: the checkpoint is damaged")
+        n = meta["n_input"]
+        store.check_shape(where, "weights", saved["weights"], (n, n))
+        try:
+            settings = LinearSettings(**meta["settings"])
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"{os.path.join(path, store.META)}: settings are damaged ({e})") from None
+        start, stop = parallel.item_range(n)
+        return LinearModel(saved["weights"][:, start:stop].to(device, torch.float32).contiguous(), settings, start)
+
+    return store.read_consistently(path, read)
+
+
+def load_scorer(path: str, parallel, device: torch.device | str = "cpu", amp_dtype: torch.dtype | None = None):
+    """(scores of a batch of histories for this process's items, the first of those items) of
+    the checkpoint at ``path``, whichever model it holds: what predict, evaluate and Spark use."""
+    if model_kind(path) == LINEAR:
+        model = load_linear(path, parallel, device)
+        return model.scores, model.item_start
+    from dlrm.recommender.predict import model_scorer
+
+    model = load_model(path, parallel, device)
+    return model_scorer(model, amp_dtype), model.output_range[0]

@@ -22,7 +22,7 @@ import torch
 from dlrm.recommender.csr_dataset import CsrDataset
 from dlrm.recommender.metrics import MetricsAccumulator, RankingMetrics
 from dlrm.recommender.model import SparseAutoencoder
-from dlrm.recommender.predict import model_scorer, rank
+from dlrm.recommender.predict import Scorer, model_scorer, rank
 from dlrm.recommender.train import take_rows
 
 
@@ -88,12 +88,17 @@ def validate(model: SparseAutoencoder, dataset: CsrDataset, split: ValidationSpl
     """NDCG@K, P@K and R@K of ranking every item for the validation users from their training
     entries (which are excluded from the ranking) against their held-out entries. Leaves the
     model in eval mode (no dropout); the training loop turns it back."""
-    score = model_scorer(model, amp_dtype)
+    return validate_scores(model_scorer(model, amp_dtype), dataset, split, cfg, model.output_range[0], model.parallel)
+
+
+def validate_scores(score: Scorer, dataset: CsrDataset, split: ValidationSplit, cfg: ValidationConfig,
+                    item_start: int = 0, parallel=None) -> RankingMetrics:
+    """``validate`` for any model's scores (``score``: a batch of histories -> [B, n_local])."""
     accumulator = MetricsAccumulator([cfg.k], dataset.n_features)
     train_mask = split.train_mask
     for chunk in np.array_split(split.users, max(1, math.ceil(len(split.users) / cfg.batch_size))):
         history = take_rows(dataset, chunk, train_mask)
-        _, items = rank(score, history, cfg.k, [history], model.output_range[0], model.parallel)
+        _, items = rank(score, history, cfg.k, [history], item_start, parallel)
         offsets, indices, _ = take_rows(dataset, chunk, split.held)
         accumulator.add(items, offsets, indices)
     return accumulator.result()[0]

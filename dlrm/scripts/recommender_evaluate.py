@@ -157,24 +157,23 @@ def _evaluate_model(inputs, heldout, ks: list[int], env) -> tuple[dict | None, b
 
     from dlrm.recommender import checkpoint
     from dlrm.recommender.item_parallel import ItemParallel
-    from dlrm.recommender.predict import evaluate, model_scorer, recommend
+    from dlrm.recommender.predict import evaluate, recommend
 
     device = common.device(FLAGS.base_device, env)
     amp_dtype = common.amp_dtype(FLAGS.amp, FLAGS.amp_dtype, device)
     path = checkpoint.model_path(FLAGS.load_checkpoint_path, FLAGS.best)
-    network = checkpoint.network_of(path)
-    if (network.input.n, network.output.n) != (inputs.n_features, heldout.n_features):
-        raise app.UsageError(f"--load_checkpoint_path {FLAGS.load_checkpoint_path} has {network.input.n:,} inputs and "
-                             f"{network.output.n:,} outputs, --input and --heldout {inputs.n_features:,} and "
+    n_input, n_output = checkpoint.sizes_of(path)
+    if (n_input, n_output) != (inputs.n_features, heldout.n_features):
+        raise app.UsageError(f"--load_checkpoint_path {FLAGS.load_checkpoint_path} has {n_input:,} inputs and "
+                             f"{n_output:,} outputs, --input and --heldout {inputs.n_features:,} and "
                              f"{heldout.n_features:,} items; evaluate on the datasets it was trained for")
     common.start_processes(env, device, FLAGS.dist_timeout)
     parallel = ItemParallel.from_process_group()
-    model = checkpoint.load_model(path, parallel, device)
+    score, item_start = checkpoint.load_scorer(path, parallel, device, amp_dtype)
     if parallel.rank == 0:
         print(f"model: {checkpoint.describe(path)}", flush=True)
     started = time.perf_counter()
-    batches = recommend(model_scorer(model, amp_dtype), inputs, max(ks), FLAGS.batch_size,
-                        item_start=model.output_range[0], parallel=parallel)
+    batches = recommend(score, inputs, max(ks), FLAGS.batch_size, item_start=item_start, parallel=parallel)
     row = {**_row(evaluate(batches, heldout, ks)), "seconds": time.perf_counter() - started}
     if env is not None:  # the baselines run on one process: the others are done
         torch.distributed.barrier()

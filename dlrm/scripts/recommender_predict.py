@@ -139,7 +139,7 @@ def _main(argv: list[str], env) -> int:
 
     from dlrm.recommender import checkpoint
     from dlrm.recommender.item_parallel import ItemParallel
-    from dlrm.recommender.predict import model_scorer, recommend, write_predictions
+    from dlrm.recommender.predict import recommend, write_predictions
     from dlrm.recommender.topk import MAX_SCORE_PRECISION, MAX_SCORE_WIDTH, check_score_format
 
     try:
@@ -152,25 +152,24 @@ def _main(argv: list[str], env) -> int:
     device = common.device(FLAGS.base_device, env)
     amp_dtype = common.amp_dtype(FLAGS.amp, FLAGS.amp_dtype, device)
     path = checkpoint.model_path(FLAGS.load_checkpoint_path, FLAGS.best)
-    network = checkpoint.network_of(path)
+    n_input, n_output = checkpoint.sizes_of(path)
     inputs = common.dataset("input", FLAGS.input)
-    if inputs.n_features != network.input.n:
-        raise app.UsageError(f"--input {FLAGS.input} has {inputs.n_features:,} items, the checkpoint's network "
-                             f"{network.input.n:,} inputs; give the dataset (and features index) it was trained on")
+    if inputs.n_features != n_input:
+        raise app.UsageError(f"--input {FLAGS.input} has {inputs.n_features:,} items, the checkpoint's model "
+                             f"{n_input:,} inputs; give the dataset (and features index) it was trained on")
     filters = [common.dataset("filter", p) for p in FLAGS.filter]
     for f in filters:
         if len(f) != len(inputs):
             raise app.UsageError(f"--filter {f.path} has {len(f):,} users, --input {len(inputs):,}: they must hold the "
                                  f"same users in the same order")
-    item_names = _names("features_index", network.output.n, exact=False)
+    item_names = _names("features_index", n_output, exact=False)
     user_names = _names("samples_index", len(inputs), exact=True)
 
     common.start_processes(env, device, FLAGS.dist_timeout)
     parallel = ItemParallel.from_process_group()
-    model = checkpoint.load_model(path, parallel, device)
+    score, item_start = checkpoint.load_scorer(path, parallel, device, amp_dtype)
     if parallel.rank == 0:
         print(f"model: {checkpoint.describe(path)}", flush=True)
-    score = model_scorer(model, amp_dtype)
     first = parallel.rank == 0
 
     def batches(scores=None):
@@ -184,7 +183,7 @@ def _main(argv: list[str], env) -> int:
                 done += values.shape[0]
             return values
 
-        return recommend(scored, inputs, FLAGS.k, FLAGS.batch_size, item_start=model.output_range[0],
+        return recommend(scored, inputs, FLAGS.k, FLAGS.batch_size, item_start=item_start,
                          exclude=filters, exclude_inputs=FLAGS.exclude_inputs, parallel=parallel)
 
     started = time.perf_counter()
@@ -193,12 +192,12 @@ def _main(argv: list[str], env) -> int:
         for _ in batches():  # the collectives of the merge, in step with the first process
             pass
     elif FLAGS.scores_path:
-        check_free_space(FLAGS.scores_path, len(inputs) * network.output.n * 4, "the scores")
+        check_free_space(FLAGS.scores_path, len(inputs) * n_output * 4, "the scores")
 
         def write_scores(tmp: str) -> None:
             nonlocal lines
             scores = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32,
-                                               shape=(len(inputs), network.output.n))
+                                               shape=(len(inputs), n_output))
             with open(tmp, "rb+") as f:  # claim the blocks: a full disk is an error now, not a SIGBUS in the memmap
                 os.posix_fallocate(f.fileno(), 0, os.path.getsize(tmp))
             lines = write_predictions(FLAGS.output, batches(scores), user_names, item_names, score_format)
@@ -210,12 +209,12 @@ def _main(argv: list[str], env) -> int:
         lines = write_predictions(FLAGS.output, batches(), user_names, item_names, score_format)
     seconds = time.perf_counter() - started
     if first:
-        print(f"wrote {FLAGS.output}: {lines:,} users, top {FLAGS.k} items each from {network.output.n:,} "
+        print(f"wrote {FLAGS.output}: {lines:,} users, top {FLAGS.k} items each from {n_output:,} "
               f"(inputs {'excluded' if FLAGS.exclude_inputs else 'allowed'}"
               f"{', ' + str(len(filters)) + ' filter(s)' if filters else ''}), {parallel.world_size} "
               f"process{'es' if parallel.world_size > 1 else ''}")
         if FLAGS.scores_path:
-            print(f"wrote {FLAGS.scores_path}: float32 [{len(inputs):,}, {network.output.n:,}] scores")
+            print(f"wrote {FLAGS.scores_path}: float32 [{len(inputs):,}, {n_output:,}] scores")
         # Scoring, exclusion, top K and writing; loading the model and the data is not counted.
         print(f"predicted {lines:,} users in {seconds:.2f} s ({lines / max(seconds, 1e-9):,.0f} users/s)")
     common.end_processes(env)

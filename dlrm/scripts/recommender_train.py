@@ -1,5 +1,8 @@
-r"""Train the sparse autoencoder recommender on CSR user histories (DSSTNE's train).
+r"""Train the recommender on CSR user histories: a linear item-item model or DSSTNE's sparse
+autoencoder (DSSTNE's train).
 
+    # the default: the linear item-item model, its settings chosen on a validation split
+    python -m dlrm.scripts.recommender_train --input /data/ml100k/input --save_checkpoint_path ckpt/
     python -m dlrm.scripts.recommender_train --network configs/recommender/movielens_autoencoder.json \
         --input /data/ml20m/input --save_checkpoint_path ckpt/ --epochs 10 --batch_size 256
     # continue where it stopped (the same draws as an uninterrupted run)
@@ -7,6 +10,14 @@ r"""Train the sparse autoencoder recommender on CSR user histories (DSSTNE's tra
     # item layers split across processes (one GPU each, or CPU processes with gloo)
     torchrun --nproc_per_node 4 -m dlrm.scripts.recommender_train --network ... --input ... \
         --save_checkpoint_path ckpt/
+
+--model auto (the default) fits the linear item-item model (dlrm.recommender.linear: EASE and its
+dropout-emphasised form EDLAE, in closed form) when no --network is given and its item x item
+matrices fit --linear_max_memory_gb; its regularisation and dropout are chosen by NDCG@K on a
+validation split of --input (--validation_items of the items of every user, up to
+--validation_max_users users), then it is refitted on all of --input. It needs no epochs, batch
+size or learning rate. With --network (or --model autoencoder) the autoencoder trains, as
+below: the model of catalogues too large for an item x item matrix, and DSSTNE's.
 
 --network is a DSSTNE JSON network definition ("N": "auto" takes the dataset's item count);
 its Optimizer block (this project's addition) can be overridden with --optimizer, --alpha, --mu
@@ -35,6 +46,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
+import time
 
 from absl import app, flags
 
@@ -42,6 +55,13 @@ from dlrm.scripts import cli
 from dlrm.scripts import recommender_common as common
 
 FLAGS = flags.FLAGS
+flags.DEFINE_enum("model", "auto", ["auto", "linear", "autoencoder"], "The model to train. auto: the linear "
+                  "item-item model (settings chosen on validation) without --network, the autoencoder with it; "
+                  "linear: EASE/EDLAE in closed form (items^2 x 16 bytes of memory); autoencoder: the network of "
+                  "--network.")
+flags.DEFINE_float("linear_max_memory_gb", None, "The linear model's item x item matrices may take at most this "
+                   "much memory (items^2 x 28 bytes); default: 80% of the device's (the GPU's, or the machine's "
+                   "RAM). Above it, train the autoencoder (--network).", lower_bound=0)
 flags.DEFINE_string("network", None, "DSSTNE JSON network definition, e.g. "
                     "configs/recommender/movielens_autoencoder.json.")
 flags.DEFINE_string("input", None, "CSR dataset of the inputs (user histories), e.g. DIR/input of "
@@ -100,7 +120,7 @@ flags.DEFINE_string("tensorboard_dir", None, "Also write the logged metrics (tra
 flags.DEFINE_integer("print_freq", 100, "Print and log the loss every this many steps; 0: never.",
                      lower_bound=0)
 cli.alias("log_every_steps", "print_freq", "the earlier name")
-flags.mark_flags_as_required(["network", "input", "save_checkpoint_path"])
+flags.mark_flags_as_required(["input", "save_checkpoint_path"])
 
 # Flags a resumed run must share with the checkpoint's run to draw what it would have drawn.
 _MUST_MATCH_ON_RESUME = ("seed", "batch_size", "validation_users", "validation_max_users", "validation_items")
@@ -148,9 +168,21 @@ def main(argv: list[str]) -> int:
     return cli.run_processes(_main, argv)
 
 
+# Flags of the autoencoder's training alone: the linear model refuses them rather than ignore them.
+_AUTOENCODER_FLAGS = ("network", "output", "batch_size", "epochs", "max_epochs", "patience", "validate_every_steps",
+                      "resume", "checkpoint_every_steps", "max_steps", "amp", "amp_dtype", "negatives", "optimizer",
+                      "alpha", "mu", "lambda", "tensorboard_dir", "print_freq")
+
+
 def _main(argv: list[str], env) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    model = FLAGS.model if FLAGS.model != "auto" else ("autoencoder" if FLAGS.network else "linear")
+    if model == "linear":
+        return _fit_linear(env)
+    if not FLAGS.network:
+        raise app.UsageError("--model autoencoder needs --network (a DSSTNE JSON network, e.g. "
+                             "configs/recommender/mult_dae.json); or drop --model for the linear model")
     network = _network()  # before any dataset: a bad file fails at once, naming the key
     for flag in ("input", "output"):
         common.check_dataset_dir(flag, FLAGS[flag].value, _DATASET_HINT)
@@ -263,6 +295,107 @@ def _main(argv: list[str], env) -> int:
                      f"{path}{best}")
     common.end_processes(env)
     return stop.exit_code_of(summary["stop_reason"])
+
+
+def _device_memory(device) -> int:
+    """Bytes of memory of ``device``: the GPU's, or the machine's RAM."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _fit_linear(env) -> int:
+    """--model linear: the item x item model, its settings chosen on validation, refitted on all
+    of --input and saved at --save_checkpoint_path."""
+    given = [name for name in _AUTOENCODER_FLAGS if FLAGS[name].present]
+    if given:
+        raise app.UsageError(f"--{given[0]} applies to the autoencoder (--network), not to the linear model, which "
+                             f"has no epochs, steps or optimizer: drop it, or give --network")
+    if env is not None:
+        raise app.UsageError("the linear model fits on one process: run it without torchrun (under torchrun, "
+                             "--network trains the item-parallel autoencoder)")
+    if not 0 < FLAGS.validation_items < 1:
+        raise app.UsageError(f"--validation_items {FLAGS.validation_items:g}: must be in (0, 1)")
+    if FLAGS.validation_users <= 0:
+        raise app.UsageError("--validation_users 0: the linear model's settings are chosen on validation; give a "
+                             "share of the users in (0, 1]")
+    common.check_dataset_dir("input", FLAGS.input, _DATASET_HINT)
+
+    from dlrm.data.outputs import LOG, claim_output
+    from dlrm.recommender import checkpoint, linear
+    from dlrm.recommender.validation import ValidationConfig, make_split, validate_scores
+    from dlrm.training.checkpoint_store import CheckpointLock, claim_checkpoint_path
+    from dlrm.training.logger import RunLogger
+
+    path = FLAGS.save_checkpoint_path
+    inputs_named = {"input": FLAGS.input}
+    claim_checkpoint_path(path, checkpoint.META_FORMAT, inputs=inputs_named, replace=FLAGS.overwrite)
+    if FLAGS.log_path:
+        claim_output(FLAGS.log_path, LOG, "log_path", inputs={**inputs_named, "save_checkpoint_path": path}, keep=True)
+    inputs = common.dataset("input", FLAGS.input, _DATASET_HINT)
+    n = inputs.n_features
+    device = common.device(FLAGS.base_device, env)
+    need = linear.memory_bytes(n)
+    budget = (FLAGS.linear_max_memory_gb * 2**30 if FLAGS.linear_max_memory_gb is not None
+              else 0.8 * _device_memory(device))
+    if need > budget:
+        raise app.UsageError(f"the linear model of {n:,} items needs {need / 2**30:.1f} GiB (items^2 x 28 bytes), "
+                             f"over the {budget / 2**30:.1f} GiB of --linear_max_memory_gb: raise it if {device} has "
+                             f"the memory, or train the item-parallel autoencoder (--network)")
+    # Small data needs every user's say: the linear model validates on all users up to
+    # --validation_max_users unless --validation_users is given (it costs one ranking pass).
+    users = FLAGS.validation_users if FLAGS["validation_users"].present else 1.0
+    try:
+        v_cfg = ValidationConfig(user_fraction=users, max_users=FLAGS.validation_max_users,
+                                 item_fraction=FLAGS.validation_items, k=FLAGS.validation_k)
+        split = make_split(inputs, v_cfg, FLAGS.seed)
+    except ValueError as e:
+        raise app.UsageError(f"--validation_users: {e}") from None
+    k = FLAGS.validation_k
+    run_config = cli.our_flags()
+    with CheckpointLock(path), RunLogger(FLAGS.log_path) as logger:
+        logger.record("flags", **run_config)
+        logger.print(f"linear item-item model (EASE, EDLAE): {len(inputs):,} users, {n:,} items, "
+                     f"{inputs.nnz:,} interactions; device {device}; settings chosen by validation NDCG@{k} over "
+                     f"{split.n_held:,} items of {len(split.users):,} users held out of the fit")
+        started = time.perf_counter()
+        g = linear.gram(inputs, split.train_mask, device)
+
+        def validate(model: linear.LinearModel):
+            return validate_scores(model.scores, inputs, split, v_cfg)
+
+        def report(trial: linear.Trial) -> None:
+            m = trial.metrics
+            logger.record("validation", regularization=trial.settings.regularization, dropout=trial.settings.dropout,
+                          ndcg=m.ndcg, precision=m.precision, recall=m.recall, seconds=trial.seconds)
+            logger.print(f"  {trial.settings.describe():<32} validation NDCG@{k} {m.ndcg:.4f}  P@{k} "
+                         f"{m.precision:.4f}  R@{k} {m.recall:.4f}  ({trial.seconds:.1f} s)")
+
+        try:
+            choice = linear.choose(g, validate, report=report)
+            del g
+            best = choice.best
+            ease = max((t for t in choice.trials if t.settings.dropout == 0), key=lambda t: t.metrics.ndcg)
+            fitted = linear.LinearModel(linear.solve(linear.gram(inputs, None, device), best.settings), best.settings)
+        except linear.LinearFitError as e:
+            raise app.UsageError(str(e).replace("`regularization`", "the regularisation")) from None
+        validation = {"k": k, "ndcg": best.metrics.ndcg, "precision": best.metrics.precision,
+                      "recall": best.metrics.recall, "users": len(split.users), "held_out": split.n_held,
+                      "ease_ndcg": ease.metrics.ndcg, "ease_regularization": ease.settings.regularization,
+                      "trials": len(choice.trials)}
+        checkpoint.save_linear(path, fitted, validation, run_config)
+        seconds = time.perf_counter() - started
+        summary = {"stop_reason": "completed", "model": "linear", **dataclasses.asdict(best.settings),
+                   "best_validation_ndcg": best.metrics.ndcg, "seconds": seconds}
+        logger.record("summary", **summary)
+        why = ("EASE's best" if best.settings.dropout == 0 else
+               f"EASE's best {ease.metrics.ndcg:.4f} at lambda {ease.settings.regularization:g}")
+        logger.print(f"chose {best.settings.describe()}: validation NDCG@{k} {best.metrics.ndcg:.4f} ({why}, the "
+                     f"best of {len(choice.trials)} settings); refitted on all {len(inputs):,} users; "
+                     f"{seconds:.1f} s; checkpoint {path}")
+    return 0
 
 
 if __name__ == "__main__":

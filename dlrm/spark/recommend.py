@@ -84,8 +84,7 @@ def open_recommender(checkpoint: str, best: bool = True, features_index: str | N
     from dlrm.recommender import checkpoint as ckpt
 
     path = ckpt.model_path(checkpoint, best)
-    network = ckpt.network_of(path)  # a missing or damaged checkpoint: CheckpointError, here on the driver
-    n_input, n_output = network.input.n, network.output.n
+    n_input, n_output = ckpt.sizes_of(path)  # a missing or damaged checkpoint: CheckpointError, here on the driver
     if features_index is None:
         return Recommender(path, n_input, n_output, tuple(str(i) for i in range(n_output)), None, None)
     if not os.path.isfile(features_index):
@@ -350,13 +349,11 @@ def _scorer(path: str) -> Any:
     CPU, as one process), kept for this worker's next tasks while the checkpoint is unchanged."""
     from dlrm.recommender import checkpoint
     from dlrm.recommender.item_parallel import ItemParallel
-    from dlrm.recommender.predict import model_scorer
-
     stat = os.stat(os.path.join(path, "meta.json"))
     key = f"{path}\0{stat.st_mtime_ns}\0{stat.st_size}"
     if key not in _LOADED:
         _LOADED.clear()
-        _LOADED[key] = model_scorer(checkpoint.load_model(path, ItemParallel(), "cpu"))
+        _LOADED[key] = checkpoint.load_scorer(path, ItemParallel(), "cpu")[0]
     return _LOADED[key]
 
 

@@ -1,0 +1,185 @@
+"""The linear item-item model (dlrm.recommender.linear): its closed form against scipy's EASE
+(baselines.EASE, float64 LAPACK) and a plain numpy float64 EDLAE, its scores against a dense
+product, the choice of its settings on validation, and the command line from training to
+predict and evaluate (the same ranking path as the autoencoder and the baselines)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from dlrm.recommender import checkpoint, linear
+from dlrm.recommender.baselines import EASE
+from dlrm.recommender.csr_dataset import CsrDataset, CsrRows, write_csr
+from dlrm.recommender.item_parallel import ItemParallel
+from dlrm.recommender.metrics import RankingMetrics
+from dlrm.recommender.validation import ValidationConfig, make_split, validate_scores
+
+
+def _rows(seed: int = 0, users: int = 120, items: int = 40) -> CsrRows:
+    """Random histories with a popularity skew and repeated items (which count once)."""
+    rng = np.random.default_rng(seed)
+    p = 1.0 / np.arange(1, items + 1) ** 0.8
+    lengths = rng.integers(3, 15, users)
+    indices = np.concatenate([rng.choice(items, n, p=p / p.sum()) for n in lengths]).astype(np.int32)
+    return CsrRows(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), indices, None, items)
+
+
+@pytest.fixture
+def dataset(tmp_path) -> CsrDataset:
+    write_csr(str(tmp_path / "d"), _rows())
+    return CsrDataset(str(tmp_path / "d"))
+
+
+def _dense(dataset: CsrDataset, keep: np.ndarray | None = None) -> np.ndarray:
+    offsets, indices = np.asarray(dataset.offsets), np.asarray(dataset.indices)
+    rows = np.repeat(np.arange(len(dataset)), np.diff(offsets))
+    keep = np.ones(len(indices), bool) if keep is None else keep
+    x = np.zeros((len(dataset), dataset.n_features))
+    x[rows[keep], indices[keep]] = 1.0
+    return x
+
+
+def test_gram_is_the_binary_matrix_product_without_the_left_out_entries(dataset):
+    keep = np.random.default_rng(1).random(dataset.nnz) < 0.7
+    for mask in (None, keep):
+        x = _dense(dataset, mask)
+        np.testing.assert_array_equal(linear.gram(dataset, mask).numpy(), x.T @ x)
+
+
+def test_without_dropout_the_weights_are_eases(dataset):
+    ours = linear.solve(linear.gram(dataset), linear.LinearSettings(25.0))
+    reference = EASE().fit(dataset.rows(), regularization=25.0).weights
+    torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("regularization, dropout", [(5.0, 0.25), (40.0, 0.6)])
+def test_dropout_weights_are_edlaes_closed_form(dataset, regularization, dropout):
+    x = _dense(dataset)
+    g = x.T @ x
+    penalty = regularization + dropout / (1 - dropout) * np.diag(g)
+    p = np.linalg.inv(g + np.diag(penalty))
+    expected = np.eye(len(g)) - p / np.diag(p)  # B = I - P diag(1 / diag(P)): diag(B) = 0
+    ours = linear.solve(linear.gram(dataset), linear.LinearSettings(regularization, dropout))
+    np.testing.assert_allclose(ours.numpy(), expected, rtol=1e-4, atol=1e-6)
+    assert not ours.diagonal().any()
+
+
+def test_scores_are_the_binary_history_times_the_weights_on_any_column_slice(dataset):
+    settings = linear.LinearSettings(10.0, 0.25)
+    model = linear.LinearModel(linear.solve(linear.gram(dataset), settings), settings)
+    history = dataset.batch(0, len(dataset))
+    expected = _dense(dataset) @ model.weights.double().numpy()
+    np.testing.assert_allclose(model.scores(history).numpy(), expected, rtol=1e-5, atol=1e-5)
+    part = model.column_slice(13, 29)
+    assert part.item_start == 13
+    np.testing.assert_allclose(part.scores(history).numpy(), expected[:, 13:29], rtol=1e-5, atol=1e-5)
+
+
+def test_a_matrix_that_is_not_positive_definite_is_one_line_not_a_crash():
+    with pytest.raises(linear.LinearFitError, match="not positive definite.*raise `regularization`"):
+        linear.solve(-torch.eye(4, dtype=torch.float64) * 100, linear.LinearSettings(1.0))
+
+
+def test_choose_searches_lambda_then_dropout_and_keeps_the_best_validation(dataset):
+    cfg = ValidationConfig(user_fraction=1.0, item_fraction=0.2, k=5)
+    split = make_split(dataset, cfg, seed=0)
+    g = linear.gram(dataset, split.train_mask)
+    seen: list[tuple[float, float]] = []
+
+    def validate(model: linear.LinearModel) -> RankingMetrics:
+        seen.append((model.settings.regularization, model.settings.dropout))
+        return validate_scores(model.scores, dataset, split, cfg)
+
+    choice = linear.choose(g, validate, regularizations=(1.0, 10.0, 100.0), dropouts=(0.0, 0.3))
+    assert seen[:3] == [(1.0, 0.0), (10.0, 0.0), (100.0, 0.0)]
+    lam = max(choice.trials[:3], key=lambda t: t.metrics.ndcg).settings.regularization
+    assert seen[3] == (lam, 0.3)
+    assert choice.best.metrics.ndcg == max(t.metrics.ndcg for t in choice.trials)
+    # Each trial's figure is the validation of that model, recomputed independently here.
+    for trial in choice.trials:
+        model = linear.LinearModel(linear.solve(g, trial.settings), trial.settings)
+        assert validate_scores(model.scores, dataset, split, cfg).ndcg == pytest.approx(trial.metrics.ndcg)
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory) -> str:
+    from conftest import run_cli
+
+    out = str(tmp_path_factory.mktemp("linear") / "data")
+    run_cli("dlrm.scripts.recommender_generate", "--synthetic", "--users", "300", "--items", "60",
+            "--interactions", "9000", "--output", out, "--heldout_fraction", "0.2")
+    return out
+
+
+def test_cli_default_fits_the_linear_model_and_predict_and_evaluate_use_it(cli, generated, tmp_path):
+    ckpt, log = str(tmp_path / "ck"), str(tmp_path / "log.json")
+    proc = cli("dlrm.scripts.recommender_train", "--input", f"{generated}/input", "--save_checkpoint_path", ckpt,
+               "--log_path", log)
+    assert "linear item-item model" in proc.stdout and "chose lambda" in proc.stdout, proc.stdout
+    records = [json.loads(line) for line in open(log)]
+    summary = next(r for r in records if r["type"] == "summary")
+    trials = [r for r in records if r["type"] == "validation"]
+    assert summary["best_validation_ndcg"] == max(r["ndcg"] for r in trials)
+    meta = checkpoint.read_meta(ckpt)
+    assert meta["model"] == "linear" and meta["settings"]["regularization"] == summary["regularization"]
+
+    # The saved weights are the closed form refitted on all of --input with the chosen settings.
+    inputs = CsrDataset(f"{generated}/input")
+    settings = linear.LinearSettings(summary["regularization"], summary["dropout"])
+    expected = linear.solve(linear.gram(inputs), settings)
+    loaded = checkpoint.load_linear(ckpt, ItemParallel())
+    torch.testing.assert_close(loaded.weights, expected)
+
+    # evaluate ranks with it as with the baselines: with EASE's settings the figures are EASE's.
+    metrics = str(tmp_path / "m.json")
+    cli("dlrm.scripts.recommender_evaluate", "--load_checkpoint_path", ckpt, "--input", f"{generated}/input",
+        "--heldout", f"{generated}/heldout", "--k", "5", "--baselines", "ease,popularity", "--ease_lambda",
+        str(summary["regularization"]), "--output", metrics)
+    results = json.load(open(metrics))["results"]
+    assert results["model"]["users"] == results["popularity"]["users"] == 300
+    if summary["dropout"] == 0:
+        assert results["model"]["ndcg@5"] == pytest.approx(results["ease"]["ndcg@5"], abs=1e-6)
+
+    recs = str(tmp_path / "recs.txt")
+    out = cli("dlrm.scripts.recommender_predict", "--load_checkpoint_path", ckpt, "--input", f"{generated}/input",
+              "--k", "3", "--output", recs, "--features_index", f"{generated}/features_index.txt",
+              "--samples_index", f"{generated}/samples_index.txt").stdout
+    assert "linear item-item model" in out
+    names = dict(line.split("\t") for line in open(f"{generated}/features_index.txt").read().splitlines())
+    first = open(recs).readline().rstrip("\n").split("\t")[1].split(":")
+    history = set(inputs.rows(0, 1).indices.tolist())
+    top = expected.numpy()[sorted(history)].sum(0)
+    top[sorted(history)] = -np.inf
+    want = [int(i) for i in np.argsort(-top, kind="stable")[:3]]
+    assert [names[entry.split(",")[0]] for entry in first] == [str(i) for i in want]
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--epochs", "3"], "--epochs applies to the autoencoder"),
+    (["--model", "autoencoder"], "--model autoencoder needs --network"),
+    (["--validation_users", "0"], "--validation_users 0"),
+    (["--linear_max_memory_gb", "0.000001"], "raise it if cpu has the memory, or train the item-parallel"),
+])
+def test_cli_refuses_what_the_linear_model_cannot_do_in_one_line(cli, generated, tmp_path, extra, says):
+    proc = cli("dlrm.scripts.recommender_train", "--input", f"{generated}/input", "--save_checkpoint_path",
+               str(tmp_path / "ck"), *extra, check=False)
+    assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not os.path.exists(tmp_path / "ck")
+
+
+def test_a_damaged_linear_checkpoint_is_refused_in_one_line(cli, generated, tmp_path):
+    ckpt = str(tmp_path / "ck")
+    cli("dlrm.scripts.recommender_train", "--input", f"{generated}/input", "--save_checkpoint_path", ckpt)
+    weights = os.path.join(ckpt, checkpoint.LINEAR_FILE)
+    data = bytearray(open(weights, "rb").read())
+    data[len(data) // 2] ^= 0xFF
+    open(weights, "wb").write(bytes(data))
+    proc = cli("dlrm.scripts.recommender_evaluate", "--load_checkpoint_path", ckpt, "--input", f"{generated}/input",
+               "--heldout", f"{generated}/heldout", "--baselines=", check=False)
+    assert proc.returncode == 2 and "linear.pt" in proc.stderr and "damaged" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
