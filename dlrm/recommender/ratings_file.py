@@ -71,6 +71,10 @@ BLOCK_BYTES = 1 << 22
 # ---------------------------------------------------------------------------- results
 
 
+def _count(n: int, what: str) -> str:
+    return f"{n:,} {what}{'' if n == 1 else 's'}"
+
+
 @dataclass
 class FileSummary:
     """What was read from one file, for the summary a command prints."""
@@ -89,13 +93,13 @@ class FileSummary:
         what = ", ".join(f"{role} {self.columns[role]}" for role in ROLES if role in self.columns)
         delimiter = {"\t": "tab", ",": "comma", " ": "space"}.get(self.delimiter, repr(self.delimiter))
         text = (f"{self.path}: {self.layout} ({delimiter}-separated, {'a header' if self.header else 'no header'}; "
-                f"{what}): {self.lines:,} lines")
+                f"{what}): {_count(self.lines, 'line')}")
         if self.duplicates:
-            text += (f"; {self.duplicates:,} repeated (user, item) pairs dropped (each keeps its last rating"
-                     f"{' in time order' if 'time' in self.columns else ''})")
+            text += (f"; {_count(self.duplicates, 'repeated (user, item) pair')} dropped (the last rating of a pair "
+                     f"kept{', in time order' if 'time' in self.columns else ''})")
         if self.below_min_rating:
-            text += f"; {self.below_min_rating:,} ratings below `min_rating` dropped"
-        return text + f"; {self.ratings:,} ratings kept"
+            text += f"; {_count(self.below_min_rating, 'rating')} below `min_rating` dropped"
+        return text + f"; {_count(self.ratings, 'rating')} kept"
 
 
 @dataclass
@@ -234,8 +238,8 @@ def _layout(path: str, first: str, specs: dict[str, str | int | None], delimiter
             found = [i for i, name in enumerate(fields) if name == spec] or \
                     [i for i, name in enumerate(fields) if _bare(name) == spec]
             if len(found) != 1:
-                what = "no" if not found else f"{len(found)}"
-                raise DatasetError(f"{path}:1: {what} columns named {spec!r} (`{role}_column`) in the header "
+                what = "no column" if not found else f"{len(found)} columns"
+                raise DatasetError(f"{path}:1: {what} named {spec!r} (`{role}_column`) in the header "
                                    f"({', '.join(fields)[:200]}); give a name of the header or a 0-based number")
             columns[role] = found[0]
     taken: dict[int, str] = {}
@@ -498,13 +502,16 @@ def _numbers(block: _Block, number: int, role: str) -> np.ndarray:
 
 
 def _read(path: str | os.PathLike, specs: dict[str, str | int | None], delimiter: str | None,
-          header: bool | None, block_bytes: int) -> _Raw:
+          header: bool | None, min_rating: float | None, block_bytes: int) -> _Raw:
     path = os.fspath(path)
     if delimiter is not None:
         delimiter = parse_delimiter(delimiter)
     with open(path, "rb") as f:
         first, _ = _read_first_line(path, f)
         layout = _layout(path, first, specs, delimiter, header)
+        if min_rating is not None and "rating" not in layout.columns:
+            raise DatasetError(f"{path}: `min_rating` needs a rating column, and none is chosen; give "
+                               f"`rating_column`, or drop `min_rating`")
         raw = _Raw(layout, {role: [] for role in layout.columns})
         line = 2
         if not layout.header:
@@ -688,7 +695,7 @@ def _read_files(paths: list[str | os.PathLike], specs: dict[str, str | int | Non
                 header: bool | None, min_rating: float | None, block_bytes: int) -> list[Ratings]:
     """Files read with shared user and item names; every user of any file gets a row in each
     (empty where it has none), and users with no rating left in any file are dropped."""
-    raws = [_read(path, specs, delimiter, header, block_bytes) for path in paths]
+    raws = [_read(path, specs, delimiter, header, min_rating, block_bytes) for path in paths]
     users, user_codes = _encode([raw.pieces["user"] for raw in raws])
     items, item_codes = _encode([raw.pieces["item"] for raw in raws])
     grouped = []
@@ -733,6 +740,13 @@ def pad_rows(rows: CsrRows, n_samples: int, n_features: int) -> CsrRows:
         raise ValueError(f"cannot pad {rows.n_samples} x {rows.n_features} rows to {n_samples} x {n_features}")
     offsets = np.concatenate([rows.offsets, np.full(extra, rows.offsets[-1], np.int64)]) if extra else rows.offsets
     return CsrRows(offsets, rows.indices, rows.values, n_features)
+
+
+def with_values(rows: CsrRows) -> CsrRows:
+    """``rows``, with values 1.0 (an indicator's) if it has none."""
+    if rows.values is not None:
+        return rows
+    return CsrRows(rows.offsets, rows.indices, np.ones(rows.nnz, np.float32), rows.n_features)
 
 
 def _merge(a: CsrRows, b: CsrRows, a_times: np.ndarray | None,
