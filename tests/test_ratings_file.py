@@ -466,3 +466,16 @@ def test_a_checksum_mismatch_is_one_line_and_not_kept(tmp_path):
     assert proc.returncode == 2 and len(lines) == 1 and "remove or replace it" in lines[0], proc.stderr
     assert (cache / "recbole-1.2.1-py3-none-any.whl").read_bytes() == before
     assert not (cache / "movielens-100k").exists()
+
+
+def test_a_changed_cached_file_is_refused_and_kept(tmp_path):
+    cache = tmp_path / "cache"
+    (cache / "movielens-100k").mkdir(parents=True)
+    mine = cache / "movielens-100k" / "ml-100k.inter"
+    mine.write_text("user_id:token\titem_id:token\n1\t2\n")
+    proc = run_cli(GENERATE, "--dataset", "movielens-100k", "--data_cache", str(cache), "--output",
+                   str(tmp_path / "out"), env=no_index_env(), check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert f"{mine}: sha256" in lines[0] and "remove it to fetch it again" in lines[0] and "--ratings" in lines[0]
+    assert mine.read_text() == "user_id:token\titem_id:token\n1\t2\n" and not (tmp_path / "out").exists()

