@@ -6,6 +6,18 @@ r"""Build the CSR datasets of the sparse autoencoder recommender (DSSTNE's gener
     # MovieLens ratings.csv (userId,movieId,rating,timestamp), items in time order
     python -m dlrm.scripts.recommender_generate --movielens_ratings ml-20m/ratings.csv \
         --min_rating 4 --output /data/ml20m --heldout_last 5
+    # any ratings file, CSV or TSV, users in any order: RecBole .inter and MovieLens ratings.csv
+    # are recognised by their headers; other layouts name their columns (by name or 0-based number)
+    python -m dlrm.scripts.recommender_generate --ratings ml-100k.inter --output /data/ml100k \
+        --heldout_last 5
+    python -m dlrm.scripts.recommender_generate --ratings ratings.dat --delimiter :: --user_column 0 \
+        --item_column 1 --rating_column 2 --time_column 3 --min_rating 4 --output /data/ml1m
+    # a held-out split made elsewhere, in one call (DSSTNE text: --text A --heldout_text B)
+    python -m dlrm.scripts.recommender_generate --ratings train.inter --heldout_ratings test.inter \
+        --output /data/split
+    # real MovieLens-100k, fetched once with pip (RecBole's wheel, sha256-checked) into --data_cache
+    python -m dlrm.scripts.recommender_generate --dataset movielens-100k --output /data/ml100k \
+        --heldout_fraction 0.2
     # synthetic histories (defaults: MovieLens-20M's size)
     python -m dlrm.scripts.recommender_generate --synthetic --users 300 --items 60 \
         --interactions 9000 --output /tmp/tiny --heldout_fraction 0.2
@@ -17,7 +29,20 @@ Writes into --output DIR:
     DIR/samples_index.txt   user name <TAB> row
     DIR/input/, DIR/heldout/  with --heldout_fraction or --heldout_last: each user's history
                             split in two (same rows, same columns), for recommender_train
-                            (--input DIR/input) and recommender_evaluate (--heldout DIR/heldout)
+                            (--input DIR/input) and recommender_evaluate (--heldout DIR/heldout);
+                            with --heldout_ratings (--heldout_text): the two files' rows, DIR/all
+                            both together (a pair in both once), every user of either file in all
+                            three, in the same order (an empty row where a file lacks the user)
+
+--ratings (dlrm/recommender/ratings_file.py): each user's items in time order (file order without
+a time column), the ratings as values (none without a rating column); a (user, item) given twice
+keeps its last rating, and the summary counts the others; --min_rating then keeps ratings >= it.
+Users are in increasing order of name (as integers when all are), items keep their names. A bad
+line is one error naming the file, the line and the column. --dataset movielens-100k reads
+RecBole's ml-100k.inter (943 users, 1,682 items, 100,000 ratings, every one kept) from the
+recbole==1.2.1 wheel, which `python -m pip download` fetches once into --data_cache
+(dlrm/recommender/public_datasets.py); without a package index, put the wheel there by hand, or
+give --ratings with the file.
 
 The features index is DSSTNE's "create or merge": an existing one (--features_index, default
 DIR/features_index.txt) is loaded, its items keep their columns and new items are appended,
