@@ -80,7 +80,7 @@ class FileSummary:
     """What was read from one file, for the summary a command prints."""
 
     path: str
-    layout: str  # "RecBole atomic file", "MovieLens ratings.csv", "CSV with a header", ...
+    layout: str  # "RecBole atomic file", "MovieLens ratings.csv" or "ratings file"
     delimiter: str
     header: bool
     columns: dict[str, str]  # role -> the column as the file names it (or "column N")
@@ -219,7 +219,8 @@ def _layout(path: str, first: str, specs: dict[str, str | int | None], delimiter
                 if role in ("user", "item"):
                     raise DatasetError(f"{path}: no header: give `{role}_column` as a 0-based number")
                 continue
-            found = [i for i, name in enumerate(fields) if name in DEFAULT_NAMES[role] or _bare(name) in DEFAULT_NAMES[role]]
+            found = [i for i, name in enumerate(fields)
+                     if name in DEFAULT_NAMES[role] or _bare(name) in DEFAULT_NAMES[role]]
             if not found:
                 if role in ("user", "item"):
                     raise DatasetError(
@@ -345,7 +346,9 @@ class _Block:
         expected = f"{layout.n_fields}" + (" (as the header has)" if layout.header else " (as the first line has)")
         if count < layout.n_fields:
             missing = [role for role, n in layout.columns.items() if n >= count]
-            what = f"no field for the {missing[0]} column {layout.labels[layout.columns[missing[0]]]}; " if missing else ""
+            what = ""
+            if missing:
+                what = f"no field for the {missing[0]} column {layout.labels[layout.columns[missing[0]]]}; "
             return DatasetError(f"{self.path}:{line}: {what}{count} fields, expected {expected}")
         return DatasetError(f"{self.path}:{line}: {count} fields, expected {expected}; is `delimiter` right?")
 

