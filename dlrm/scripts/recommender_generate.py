@@ -6,6 +6,18 @@ r"""Build the CSR datasets of the sparse autoencoder recommender (DSSTNE's gener
     # MovieLens ratings.csv (userId,movieId,rating,timestamp), items in time order
     python -m dlrm.scripts.recommender_generate --movielens_ratings ml-20m/ratings.csv \
         --min_rating 4 --output /data/ml20m --heldout_last 5
+    # any ratings file, CSV or TSV, users in any order: RecBole .inter and MovieLens ratings.csv
+    # are recognised by their headers; other layouts name their columns (by name or 0-based number)
+    python -m dlrm.scripts.recommender_generate --ratings ml-100k.inter --output /data/ml100k \
+        --heldout_last 5
+    python -m dlrm.scripts.recommender_generate --ratings ratings.dat --delimiter :: --user_column 0 \
+        --item_column 1 --rating_column 2 --time_column 3 --min_rating 4 --output /data/ml1m
+    # a held-out split made elsewhere, in one call (DSSTNE text: --text A --heldout_text B)
+    python -m dlrm.scripts.recommender_generate --ratings train.inter --heldout_ratings test.inter \
+        --output /data/split
+    # real MovieLens-100k, fetched once with pip (RecBole's wheel, sha256-checked) into --data_cache
+    python -m dlrm.scripts.recommender_generate --dataset movielens-100k --output /data/ml100k \
+        --heldout_fraction 0.2
     # synthetic histories (defaults: MovieLens-20M's size)
     python -m dlrm.scripts.recommender_generate --synthetic --users 300 --items 60 \
         --interactions 9000 --output /tmp/tiny --heldout_fraction 0.2
@@ -17,7 +29,20 @@ Writes into --output DIR:
     DIR/samples_index.txt   user name <TAB> row
     DIR/input/, DIR/heldout/  with --heldout_fraction or --heldout_last: each user's history
                             split in two (same rows, same columns), for recommender_train
-                            (--input DIR/input) and recommender_evaluate (--heldout DIR/heldout)
+                            (--input DIR/input) and recommender_evaluate (--heldout DIR/heldout);
+                            with --heldout_ratings (--heldout_text): the two files' rows, DIR/all
+                            both together (a pair in both once), every user of either file in all
+                            three, in the same order (an empty row where a file lacks the user)
+
+--ratings (dlrm/recommender/ratings_file.py): each user's items in time order (file order without
+a time column), the ratings as values (none without a rating column); a (user, item) given twice
+keeps its last rating, and the summary counts the others; --min_rating then keeps ratings >= it.
+Users are in increasing order of name (as integers when all are), items keep their names. A bad
+line is one error naming the file, the line and the column. --dataset movielens-100k reads
+RecBole's ml-100k.inter (943 users, 1,682 items, 100,000 ratings, every one kept) from the
+recbole==1.2.1 wheel, which `python -m pip download` fetches once into --data_cache
+(dlrm/recommender/public_datasets.py); without a package index, put the wheel there by hand, or
+give --ratings with the file.
 
 The features index is DSSTNE's "create or merge": an existing one (--features_index, default
 DIR/features_index.txt) is loaded, its items keep their columns and new items are appended,
@@ -40,10 +65,41 @@ from dlrm.scripts import cli
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("text", None, "DSSTNE text file(s) to convert, comma-separated (one source of --text, "
-                  "--movielens_ratings, --synthetic).")
+                  "--movielens_ratings, --ratings, --dataset, --synthetic).")
 flags.DEFINE_string("movielens_ratings", None, "MovieLens ratings.csv (userId,movieId,rating,timestamp) to convert; "
                     "each user's items in time order.")
-flags.DEFINE_float("min_rating", None, "With --movielens_ratings: keep ratings >= this only (e.g. 4: 'liked').")
+flags.DEFINE_string("ratings", None, "A ratings file to convert: CSV or TSV, one rating a line, users in any order "
+                    "(RecBole .inter files and MovieLens ratings.csv are recognised by their headers; other layouts "
+                    "name their columns with --user_column, --item_column, --rating_column, --time_column). Each "
+                    "user's items in time order (file order without a time column), the ratings as values; a repeated "
+                    "(user, item) keeps its last rating.")
+flags.DEFINE_enum("dataset", None, ["movielens-100k"], "A public data set to fetch (into --data_cache, once) and "
+                  "convert: movielens-100k, RecBole's ml-100k.inter from the recbole==1.2.1 wheel, downloaded with "
+                  "pip and checked by sha256.")
+flags.DEFINE_string("data_cache", None, "With --dataset: the folder data sets are fetched into and kept in (default: "
+                    "$DLRM_DATA_CACHE, else ~/.cache/dlrm/datasets); a recbole-1.2.1-py3-none-any.whl put there by "
+                    "hand is used instead of downloading.")
+flags.DEFINE_string("heldout_ratings", None, "With --ratings: the held-out ratings of a split made elsewhere "
+                    "(same layout). DIR/input gets --ratings, DIR/heldout this file, DIR/all both, with the same users "
+                    "in the same order and the same item columns (a user absent from one file gets an empty row "
+                    "there).")
+flags.DEFINE_list("heldout_text", None, "With --text: the held-out DSSTNE text file(s) of a split made elsewhere "
+                  "(DIR/input gets --text, DIR/heldout these, DIR/all both).")
+flags.DEFINE_string("user_column", None, "With --ratings: the user column, by header name (a RecBole ':type' suffix "
+                    "may be left out) or 0-based number (default: user_id or userId).")
+flags.DEFINE_string("item_column", None, "With --ratings: the item column, by name or 0-based number (default: "
+                    "item_id, movieId or itemId).")
+flags.DEFINE_string("rating_column", None, "With --ratings: the rating column, by name or 0-based number (default: "
+                    "rating, if the header has it; empty: none, the rows have no values).")
+flags.DEFINE_string("time_column", None, "With --ratings: the time column (a number), by name or 0-based number "
+                    "(default: timestamp, if the header has it; empty: none, items in file order).")
+flags.DEFINE_string("delimiter", None, "With --ratings: the field delimiter: a character or string, or tab, comma, "
+                    "semicolon, pipe, space (default: told from the first line: tab, comma, '::', ';' or '|').")
+flags.DEFINE_boolean("header", None, "With --ratings: whether the first line names the columns (default: yes when "
+                     "a column is given by name or not at all; with columns by number, yes when its rating or time "
+                     "field is not a number).")
+flags.DEFINE_float("min_rating", None, "With --movielens_ratings, --ratings or --dataset: keep ratings >= this only "
+                   "(e.g. 4: 'liked'); a user left with none is dropped.")
 flags.DEFINE_boolean("synthetic", False, "Generate synthetic user histories (--users, --items, --interactions, "
                      "--seed) instead of reading files; the defaults have MovieLens-20M's size, history lengths and "
                      "popularity curve.")
@@ -99,35 +155,71 @@ GENERATED = OutputKind("recommender dataset", directory=True, recognise=_is_gene
 NAME_INDEX = OutputKind("features index", directory=False, recognise=_is_index)
 
 
+SOURCES = ("text", "movielens_ratings", "ratings", "dataset", "synthetic")
+RATINGS_LAYOUT = ("user_column", "item_column", "rating_column", "time_column", "delimiter", "header")
+
+
+def _data_cache() -> str:
+    from dlrm.recommender.public_datasets import default_cache
+
+    return os.path.abspath(os.path.expanduser(FLAGS.data_cache or default_cache()))
+
+
 def _check_flags() -> None:
-    sources = [name for name in ("text", "movielens_ratings") if getattr(FLAGS, name)]
-    if FLAGS.synthetic:
-        sources.append("synthetic")
+    sources = [name for name in SOURCES if getattr(FLAGS, name)]
     if len(sources) != 1:
         given = ", ".join(f"--{s}" for s in sources) if sources else "none"
-        raise app.UsageError(f"give exactly one source: --text, --movielens_ratings or --synthetic (given: {given})")
+        raise app.UsageError(f"give exactly one source: --text, --movielens_ratings, --ratings, --dataset or "
+                             f"--synthetic (given: {given})")
     for name in ("users", "items", "interactions", "seed"):
         if FLAGS[name].present and not FLAGS.synthetic:
             raise app.UsageError(f"--{name} applies to --synthetic only; drop it")
-    if FLAGS.min_rating is not None and not FLAGS.movielens_ratings:
-        raise app.UsageError("--min_rating applies to --movielens_ratings only; drop it")
+    if FLAGS.min_rating is not None and not (FLAGS.movielens_ratings or FLAGS.ratings or FLAGS.dataset):
+        raise app.UsageError("--min_rating applies to --movielens_ratings, --ratings and --dataset only; drop it")
+    for name in RATINGS_LAYOUT:
+        if FLAGS[name].present and not FLAGS.ratings:
+            raise app.UsageError(f"--{name} applies to --ratings only; drop it")
+    if FLAGS.data_cache is not None and not FLAGS.dataset:
+        raise app.UsageError("--data_cache applies to --dataset only; drop it")
+    for name, source in (("heldout_ratings", "ratings"), ("heldout_text", "text")):
+        if getattr(FLAGS, name) and not getattr(FLAGS, source):
+            raise app.UsageError(f"--{name} goes with --{source} (the input half of the split); give --{source}, "
+                                 f"or drop --{name}")
+    made_elsewhere = FLAGS.heldout_ratings or FLAGS.heldout_text
+    if made_elsewhere:
+        for name in ("heldout_fraction", "heldout_last", "heldout_seed", "min_input"):
+            if FLAGS[name].present:
+                held = "--heldout_ratings" if FLAGS.heldout_ratings else "--heldout_text"
+                raise app.UsageError(f"--{name} splits one source, but {held} gives the held-out half already; "
+                                     f"drop one of them")
     if FLAGS.heldout_fraction is not None and FLAGS.heldout_last is not None:
         raise app.UsageError("give one of --heldout_fraction and --heldout_last, not both")
-    if FLAGS.heldout_fraction is None and FLAGS.heldout_last is None:
+    if FLAGS.heldout_fraction is None and FLAGS.heldout_last is None and not made_elsewhere:
         for name in ("heldout_seed", "min_input"):
             if FLAGS[name].present:
                 raise app.UsageError(f"--{name} applies to a held-out split only; add --heldout_fraction or "
                                      f"--heldout_last, or drop it")
-    files = list(FLAGS.text or []) + ([FLAGS.movielens_ratings] if FLAGS.movielens_ratings else [])
-    flag = "--text" if FLAGS.text else "--movielens_ratings"
-    for path in files:
+    files = [("text", path) for path in FLAGS.text or []]
+    files += [("heldout_text", path) for path in FLAGS.heldout_text or []]
+    files += [(name, getattr(FLAGS, name)) for name in ("movielens_ratings", "ratings", "heldout_ratings")
+              if getattr(FLAGS, name)]
+    for flag, path in files:
         if not os.path.exists(path):
-            raise app.UsageError(f"{flag} {path}: no such file")
+            raise app.UsageError(f"--{flag} {path}: no such file")
         if os.path.isdir(path):
-            raise app.UsageError(f"{flag} {path}: is a directory; give a file")
+            raise app.UsageError(f"--{flag} {path}: is a directory; give a file")
+    if FLAGS.delimiter is not None:
+        from dlrm.recommender.ratings_file import parse_delimiter
+
+        parse_delimiter(FLAGS.delimiter)  # a DatasetError naming `delimiter`
+    if FLAGS.dataset and os.path.exists(_data_cache()) and not os.path.isdir(_data_cache()):
+        raise app.UsageError(f"--data_cache {_data_cache()} is a file; give a folder (it is created if missing)")
     # Before any work (dlrm.data.outputs): --output is free, or what this script wrote and --overwrite
     # given; a --features_index of its own is merged into, so it is continued, never a foreign file.
-    inputs = {"text": FLAGS.text, "movielens_ratings": FLAGS.movielens_ratings}
+    inputs = {name: getattr(FLAGS, name) for name in ("text", "heldout_text", "movielens_ratings", "ratings",
+                                                      "heldout_ratings")}
+    if FLAGS.dataset:
+        inputs["data_cache"] = _data_cache()
     claim_output(FLAGS.output, GENERATED, "output", inputs=inputs, replace=FLAGS.overwrite)
     if FLAGS.features_index:
         claim_output(FLAGS.features_index, NAME_INDEX, "features_index", inputs=inputs, keep=True)
@@ -191,18 +283,72 @@ def main(argv: list[str]) -> int:
         return _generate(output, index_path)
 
 
+def _ratings_layout() -> dict:
+    """The --ratings layout flags as ``read_ratings`` keywords."""
+    return {name: getattr(FLAGS, name) for name in RATINGS_LAYOUT}
+
+
+def _read_ratings(path: str, features, layout: dict):
+    """A ratings file -> (rows, samples index, summary lines)."""
+    from dlrm.recommender.dsstne_text import NameIndex
+    from dlrm.recommender.ratings_file import read_ratings, to_csr
+
+    ratings = read_ratings(path, min_rating=FLAGS.min_rating, **layout)
+    return to_csr(ratings, features), NameIndex(ratings.users), [f.describe() for f in ratings.files]
+
+
+def _split_made_elsewhere(features):
+    """--ratings + --heldout_ratings, or --text + --heldout_text -> (all, input, heldout rows,
+    samples index, summary lines, pairs in both)."""
+    from dlrm.recommender.dsstne_text import NameIndex, parse_text
+    from dlrm.recommender.ratings_file import merge_rows, pad_rows, read_ratings_split, to_csr, with_values
+
+    if FLAGS.heldout_ratings:
+        combined, kept, held = read_ratings_split(FLAGS.ratings, FLAGS.heldout_ratings, min_rating=FLAGS.min_rating,
+                                                  **_ratings_layout())
+        rows = to_csr(combined, features)  # first: its items (those of both files) get their columns
+        summary = [f.describe() for f in kept.files + held.files]
+        return (rows, to_csr(kept, features), to_csr(held, features), NameIndex(combined.users), summary,
+                combined.files[0].duplicates)
+    samples = NameIndex()
+    kept = parse_text(list(FLAGS.text), features, samples).rows
+    held = parse_text(list(FLAGS.heldout_text), features, samples).rows
+    kept, held = (pad_rows(r, samples.size, features.size) for r in (kept, held))
+    if (kept.values is None) != (held.values is None):  # one side's items count 1.0, as DSSTNE's valueless fields
+        kept, held = with_values(kept), with_values(held)
+    rows, both = merge_rows(kept, held)
+    return rows, kept, held, samples, [], both
+
+
 def _generate(output: str, index_path: str) -> int:
     from dlrm.recommender.csr_dataset import split_holdout, write_csr
     from dlrm.recommender.dsstne_text import NameIndex
 
     features = NameIndex.load(index_path) if os.path.exists(index_path) else NameIndex()
     known = len(features)
+    notes: list[str] = []
+    made_elsewhere = None  # (input rows, held-out rows, pairs in both)
     if FLAGS.synthetic:
         rows, samples = _synthetic(features)
         source = f"synthetic (seed {FLAGS.seed})"
+    elif FLAGS.heldout_ratings or FLAGS.heldout_text:
+        rows, kept_rows, held_rows, samples, notes, both = _split_made_elsewhere(features)
+        made_elsewhere = (kept_rows, held_rows, both)
+        source = (f"{FLAGS.ratings} (input), {FLAGS.heldout_ratings} (held out)" if FLAGS.heldout_ratings
+                  else f"{', '.join(FLAGS.text)} (input), {', '.join(FLAGS.heldout_text)} (held out)")
     elif FLAGS.text:
         rows, samples = _parse_text(list(FLAGS.text), features)
         source = ", ".join(FLAGS.text)
+    elif FLAGS.ratings:
+        rows, samples, notes = _read_ratings(FLAGS.ratings, features, _ratings_layout())
+        source = FLAGS.ratings
+    elif FLAGS.dataset:
+        from dlrm.recommender.public_datasets import DATASETS, fetch
+
+        path, how = fetch(FLAGS.dataset, _data_cache())
+        print(f"{FLAGS.dataset}: {DATASETS[FLAGS.dataset].about}: {path} ({how}; sha256 checked)")
+        rows, samples, notes = _read_ratings(path, features, {})
+        source = f"{FLAGS.dataset} ({path})"
     else:
         from dlrm.recommender.user_histories import movielens_to_text
 
@@ -217,7 +363,11 @@ def _generate(output: str, index_path: str) -> int:
     # Datasets first, indexes last: an index never names rows or columns a dataset lacks.
     write_csr(os.path.join(output, ALL), rows, overwrite=FLAGS.overwrite)
     split = FLAGS.heldout_fraction is not None or FLAGS.heldout_last is not None
-    if split:
+    if made_elsewhere is not None:
+        kept_rows, held_rows, _ = made_elsewhere
+        write_csr(os.path.join(output, INPUT), kept_rows, overwrite=FLAGS.overwrite)
+        write_csr(os.path.join(output, HELDOUT), held_rows, overwrite=FLAGS.overwrite)
+    elif split:
         kept, held = split_holdout(os.path.join(output, ALL), os.path.join(output, INPUT),
                                    os.path.join(output, HELDOUT), fraction=FLAGS.heldout_fraction,
                                    last_k=FLAGS.heldout_last, seed=FLAGS.heldout_seed, min_input=FLAGS.min_input,
@@ -230,9 +380,20 @@ def _generate(output: str, index_path: str) -> int:
 
     merged = f" ({len(features) - known:,} new, merged into {known:,} of {index_path})" if known else ""
     print(f"source {source}")
+    for note in notes:
+        print(cli.flag_terms(note))
     print(f"wrote {os.path.join(output, ALL)}: {rows.n_samples:,} users, {rows.n_features:,} items{merged}, "
           f"{rows.nnz:,} interactions")
-    if split:
+    if made_elsewhere is not None:
+        kept_rows, held_rows, both = made_elsewhere
+        held_flag = "--heldout_ratings" if FLAGS.heldout_ratings else "--heldout_text"
+        print(f"wrote {os.path.join(output, INPUT)}: {kept_rows.nnz:,} interactions; "
+              f"{os.path.join(output, HELDOUT)}: {held_rows.nnz:,} interactions (the split of {held_flag})")
+        if both:
+            pairs = f"{both:,} (user, item) pair is" if both == 1 else f"{both:,} (user, item) pairs are"
+            print(f"note: {pairs} in both halves of the split; {os.path.join(output, ALL)} holds each once, "
+                  f"and a held-out item the user's input already has cannot be recommended")
+    elif split:
         how = (f"--heldout_fraction {FLAGS.heldout_fraction:g}" if FLAGS.heldout_fraction is not None
                else f"--heldout_last {FLAGS.heldout_last}")
         print(f"wrote {os.path.join(output, INPUT)}: {kept:,} interactions; {os.path.join(output, HELDOUT)}: "
