@@ -374,8 +374,12 @@ def table(results: dict) -> str:
 
 
 def run_project(python: str, args: list[str], env: dict) -> None:
-    proc = subprocess.run([python, *args], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, check=False)
+    try:
+        proc = subprocess.run([python, *args], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, check=False)
+    except OSError as e:
+        raise UserError(f"--project_python {python}: cannot run it ({e.strerror}); name the python that has this "
+                        f"project installed, e.g. \"$(command -v python)\" outside the RecBole environment") from None
     if proc.returncode != 0:
         raise UserError(f"{shlex.join([python, *args[:3]])} ... exited {proc.returncode}: "
                         f"{proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ''}")
@@ -417,15 +421,11 @@ def main(argv: list[str]) -> None:
     for flag in ("input", "heldout"):
         if not (Path(getattr(args, flag)) / "header.json").is_file():
             raise UserError(f"--{flag} {getattr(args, flag)}: not a CSR dataset folder (no header.json)")
-    if args.workdir:
-        workdir = Path(args.workdir).resolve()
-        if workdir.exists() and (not workdir.is_dir() or any(workdir.iterdir())):
-            raise UserError(f"--workdir {workdir} exists and is not an empty folder; name a new one")
-        workdir.mkdir(parents=True, exist_ok=True)
-    else:
-        workdir = Path(tempfile.mkdtemp(prefix="recbole_side_by_side_"))
-    output = Path(args.output).resolve() if args.output else workdir / "results.json"
-    if output.exists():
+    output = Path(args.output).resolve() if args.output else None
+    if output is not None and not (output.parent.is_dir() and os.access(output.parent, os.W_OK)):
+        raise UserError(f"--output {output}: its folder {output.parent} does not exist or is not writable; create it "
+                        f"or name a file in another folder")
+    if output is not None and output.exists():
         try:
             mine = json.loads(output.read_text()).get("benchmark") == "recbole_side_by_side"
         except (OSError, ValueError, AttributeError):
@@ -434,6 +434,14 @@ def main(argv: list[str]) -> None:
             raise UserError(f"--output {output} exists and is not a result of this script; name another file")
         if not args.overwrite:
             raise UserError(f"--output {output} exists; pass --overwrite to replace it, or name another file")
+    if args.workdir:
+        workdir = Path(args.workdir).resolve()
+        if workdir.exists() and (not workdir.is_dir() or any(workdir.iterdir())):
+            raise UserError(f"--workdir {workdir} exists and is not an empty folder; name a new one")
+        workdir.mkdir(parents=True, exist_ok=True)
+    else:
+        workdir = Path(tempfile.mkdtemp(prefix="recbole_side_by_side_"))
+    output = output or workdir / "results.json"
     inp, held = str(Path(args.input).resolve()), str(Path(args.heldout).resolve())
     env = dict(os.environ)
     env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
