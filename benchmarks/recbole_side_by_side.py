@@ -18,7 +18,7 @@ from setuptools 81),
 and calls ``--project_python`` (the interpreter with this project installed) for what only the
 project does: reading the CSR datasets, scoring RecBole's recommendations with the project's
 metric definitions, and the project's own EASE (``python -m dlrm.scripts.recommender_evaluate``).
-That interpreter runs this same file with ``--helper`` (in the repository root).
+That interpreter runs this same file with ``--helper``, with this checkout first on PYTHONPATH.
 ``--quick`` runs one setting per model and at most 3 epochs: a smoke test, not a result.
 
 Threads: ``OMP_NUM_THREADS`` (1 when unset) for torch, numpy and the project's helper runs. On
@@ -445,6 +445,8 @@ def main(argv: list[str]) -> None:
     inp, held = str(Path(args.input).resolve()), str(Path(args.heldout).resolve())
     env = dict(os.environ)
     env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+    # The project's code of this script's checkout, whatever checkout --project_python has installed.
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     me = str(Path(__file__).resolve())
 
     print(f"workdir {workdir}", flush=True)
