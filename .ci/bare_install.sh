@@ -103,6 +103,17 @@ step "recommender_predict" 120 "$py" -m dlrm.scripts.recommender_predict --check
     --input "$rec/data/input" --k 10 --output "$rec/recs.txt"
 step "recommender_evaluate" 300 "$py" -m dlrm.scripts.recommender_evaluate --checkpoint "$rec/ae" \
     --input "$rec/data/input" --heldout "$rec/data/heldout"
+# The README's recommender flow: real MovieLens-100k, the default (linear) model, names in predict.
+step "recommender_generate --dataset movielens-100k" 300 "$py" -m dlrm.scripts.recommender_generate \
+    --dataset movielens-100k --data_cache "$work/cache" --output "$rec/ml100k" --heldout_fraction 0.2
+step "recommender_train (default model)" 600 "$py" -m dlrm.scripts.recommender_train --input "$rec/ml100k/input" \
+    --save_checkpoint_path "$rec/linear"
+step "recommender_predict (default model)" 120 "$py" -m dlrm.scripts.recommender_predict \
+    --load_checkpoint_path "$rec/linear" --input "$rec/ml100k/input" --k 10 \
+    --features_index "$rec/ml100k/features_index.txt" --samples_index "$rec/ml100k/samples_index.txt" \
+    --output "$rec/linear_recs.txt"
+step "recommender_evaluate (default model)" 300 "$py" -m dlrm.scripts.recommender_evaluate \
+    --load_checkpoint_path "$rec/linear" --input "$rec/ml100k/input" --heldout "$rec/ml100k/heldout"
 
 # Commands that need an extra say which one, in one line, with exit 2.
 refused "export without the export extra" "pip install" "$py" -m dlrm.scripts.export --checkpoint "$work/ckpt" \

@@ -175,7 +175,7 @@ def test_predict_writes_dsstne_score_format_on_request(cli, data, trained):
     out = data["out"]
     recs, scores_path = str(data["root"] / "recs_dsstne.txt"), str(data["root"] / "scores_dsstne.npy")
     args = ("dlrm.scripts.recommender_predict", "--checkpoint", trained["ckpt"], "--input", os.path.join(out, "input"),
-            "--k", str(K), "--output", recs, "--device", "cpu")
+            "--k", str(K), "--output", recs, "--device", "cpu", "--features_index=")  # column numbers
     cli(*args, "--score_format", "4.3f", "--scores_path", scores_path)  # as DSSTNE's predict -p 4.3f
     raw = np.load(scores_path)
     for row, line in enumerate(open(recs, encoding="utf-8").read().splitlines()):
@@ -288,6 +288,13 @@ def test_dlrm_flag_names_and_the_earlier_ones_set_the_same(cli, data, trained):
     assert flags_record["save_checkpoint_path"] == ckpt and flags_record["print_freq"] == 1
     assert not {"checkpoint_path", "log_every_steps", "device"} & set(flags_record)
     recs = str(data["root"] / "recs_new_names.txt")
-    cli("dlrm.scripts.recommender_predict", "--load_checkpoint_path", ckpt, "--input", os.path.join(data["out"], "input"),
-        "--k", str(K), "--output", recs, "--base_device", "cpu")
-    assert len(open(recs, encoding="utf-8").read().splitlines()) == USERS
+    proc = cli("dlrm.scripts.recommender_predict", "--load_checkpoint_path", ckpt, "--input",
+               os.path.join(data["out"], "input"), "--k", str(K), "--output", recs, "--base_device", "cpu")
+    lines = open(recs, encoding="utf-8").read().splitlines()
+    assert len(lines) == USERS
+    # Without --features_index and --samples_index: the indexes recommender_generate wrote beside --input.
+    assert "(beside --input)" in proc.stdout, proc.stdout
+    items = read_index(os.path.join(data["out"], "features_index.txt"))
+    users = read_index(os.path.join(data["out"], "samples_index.txt"))
+    assert [line.split("\t")[0] for line in lines] == sorted(users, key=users.get)
+    assert all(entry.split(",")[0] in items for line in lines for entry in line.split("\t")[1].split(":"))

@@ -66,6 +66,19 @@ def test_cli_writes_predicts_file_byte_for_byte(run, tmp_path):
     assert os.listdir(tmp_path) == ["recs.txt"]  # nothing staged left beside it
 
 
+def test_a_linear_model_gives_predicts_file_byte_for_byte(run, tmp_path):
+    """The default model (linear item-item) of the same input: Spark's lists are predict's."""
+    ckpt = str(tmp_path / "linear")
+    run_cli("dlrm.scripts.recommender_train", "--input", run["input"], "--save_checkpoint_path", ckpt)
+    args = ["--input", run["input"], "--features_index", run["items"], "--samples_index", run["users"], "--k", str(K)]
+    run_cli("dlrm.scripts.recommender_predict", "--load_checkpoint_path", ckpt, *args, "--output",
+            str(tmp_path / "predicted.txt"))
+    proc = run_cli("dlrm.scripts.spark_recommend", "--load_checkpoint_path", ckpt, *args, "--users_per_partition",
+                   "150", "--output", str(tmp_path / "recs.txt"), "--spark_master", "local[1]")
+    assert "linear item-item model" in proc.stdout, proc.stdout
+    assert (tmp_path / "recs.txt").read_bytes() == (tmp_path / "predicted.txt").read_bytes()
+
+
 def test_text_histories_give_predicts_lines_and_parquet_its_lists(spark, data, run, tmp_path):  # noqa: F811
     """The input split written as DSSTNE text (two files, read in the order given: 2 tasks); its
     text lines are predict's file, and its Parquet lists are predict's, scores to float32."""
@@ -186,7 +199,7 @@ def test_cli_refuses_bad_paths_and_flags_in_one_line_before_spark(run, tmp_path)
     assert help_.returncode == 0 and "--checkpoint" in help_.stdout and "--output_format" in help_.stdout
     missing = str(tmp_path / "no_ckpt")
     assert_one_line_error(run_cli(*base, "--checkpoint", missing, "--input", run["input"], check=False),
-                          f"No autoencoder checkpoint at {missing}")
+                          f"No recommender checkpoint at {missing}")
     assert_one_line_error(run_cli(*base, "--checkpoint", run["ae"], "--input", str(tmp_path / "nope"), check=False),
                           f"--input {tmp_path / 'nope'} does not exist")
     assert_one_line_error(run_cli(*base, "--checkpoint", run["ae"], "--text", str(tmp_path / "nope.txt"),

@@ -105,3 +105,13 @@ def end_processes(env) -> None:
 
         dist.barrier()
         dist.destroy_process_group()
+
+
+def index_beside(given: str | None, input_path: str, name: str) -> tuple[str | None, bool]:
+    """(the index file to name items or users by, whether it was found rather than given): the
+    file given, else recommender_generate's ``name`` beside the --input dataset (DIR/``name``
+    for DIR/input), else None (numbers)."""
+    if given:
+        return given, False
+    candidate = os.path.join(os.path.dirname(os.path.abspath(input_path)), name)
+    return (candidate, True) if os.path.isfile(candidate) else (None, False)

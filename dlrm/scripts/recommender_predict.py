@@ -45,8 +45,11 @@ common.define_checkpoint_to_load("Checkpoint directory of recommender_train (its
 flags.DEFINE_string("input", None, "CSR dataset of the users' histories to recommend for (e.g. DIR/input).")
 flags.DEFINE_integer("k", 10, "Recommendations per user.", lower_bound=1)
 flags.DEFINE_string("output", None, "Text file of the recommendations (DSSTNE's format), written atomically.")
-flags.DEFINE_string("features_index", None, "Features (items) index for item names; default: column numbers.")
-flags.DEFINE_string("samples_index", None, "Samples (users) index for user names; default: row numbers.")
+flags.DEFINE_string("features_index", None, "Features (items) index for item names; default: the features_index.txt "
+                    "recommender_generate wrote beside --input (DIR/ of DIR/input), else column numbers; "
+                    "--features_index= for column numbers.")
+flags.DEFINE_string("samples_index", None, "Samples (users) index for user names; default: the samples_index.txt "
+                    "beside --input, else row numbers; --samples_index= for row numbers.")
 flags.DEFINE_list("filter", [], "CSR datasets (comma-separated) of further items not to recommend, row r for "
                   "user r of --input.")
 flags.DEFINE_boolean("exclude_inputs", True, "Never recommend the items of a user's own history "
@@ -66,19 +69,31 @@ flags.mark_flags_as_required(["load_checkpoint_path", "input", "output"])
 
 
 def _names(flag: str, count: int, exact: bool) -> list[str]:
-    """``count`` names from the index file of ``flag`` (row/column numbers without one)."""
+    """``count`` names from the index file of ``flag``: the one given, else recommender_generate's
+    beside --input; row/column numbers without one, said in a line."""
     from dlrm.recommender.dsstne_text import NameIndex
 
-    path = FLAGS[flag].value
+    name = f"{flag}.txt"
+    if FLAGS[flag].present and not FLAGS[flag].value:  # --features_index= : numbers, as asked
+        return [str(i) for i in range(count)]
+    path, found = common.index_beside(FLAGS[flag].value, FLAGS.input, name)
+    what = "users of --input" if flag == "samples_index" else "items of the checkpoint's network"
+    numbers = "row numbers for users" if flag == "samples_index" else "column numbers for items"
     if not path:
+        print(f"note: writing {numbers}: no --{flag}, and no {name} beside --input", flush=True)
         return [str(i) for i in range(count)]
     if not os.path.isfile(path):
         raise app.UsageError(f"--{flag} {path}: no such file")
     index = NameIndex.load(path)
-    what = "users of --input" if flag == "samples_index" else "items of the checkpoint's network"
     if index.size < count or (exact and index.size != count):
+        if found:
+            print(f"note: writing {numbers}: {path} beside --input names {index.size:,} entries, not the "
+                  f"{count:,} {what}; give --{flag}", flush=True)
+            return [str(i) for i in range(count)]
         raise app.UsageError(f"--{flag} {path} names {index.size:,} entries for the {count:,} {what}; give the index "
                              f"written with that dataset")
+    if found:
+        print(f"names of the {what.split(' of ')[0]} from {path} (beside --input)", flush=True)
     return index.labels(count)
 
 

@@ -28,6 +28,7 @@ import time
 from absl import app, flags
 
 from dlrm.scripts import cli
+from dlrm.scripts import recommender_common as common
 from dlrm.scripts.recommender_common import define_checkpoint_to_load
 
 FLAGS = flags.FLAGS
@@ -115,6 +116,13 @@ def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     _check_flags()
+    if FLAGS.input:  # as recommender_predict: the indexes recommender_generate wrote beside --input name things
+        for flag in ("features_index", "samples_index"):
+            if not FLAGS[flag].present:
+                path, _ = common.index_beside(None, FLAGS.input, f"{flag}.txt")
+                if path:
+                    FLAGS[flag].value = path
+                    print(f"--{flag} {path} (beside --input)", flush=True)
     from dlrm.data.outputs import claim_output
     from dlrm.recommender.prediction_file import PREDICTIONS
     from dlrm.spark.score import PARQUET_OUTPUT

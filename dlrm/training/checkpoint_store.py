@@ -361,7 +361,7 @@ def read_consistently(path: str, read: Callable[[], Any], timeout: float = 60.0)
         before = _identity(path)
         try:
             result = read()
-        except CheckpointError:
+        except (CheckpointError, OSError):  # OSError: a file of the save we read was removed under us
             after = _identity(path)
             changed = after != before if before is not None else (after is not None or _save_under_way(path))
             if not changed or time.monotonic() > deadline:
