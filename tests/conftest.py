@@ -1,3 +1,4 @@
+import hashlib
 import os
 import pathlib
 import subprocess
@@ -43,6 +44,37 @@ def env_without_this_python(tmp_path: pathlib.Path) -> dict[str, str]:
     path = os.pathsep.join([str(fake), *(d for d in os.environ["PATH"].split(os.pathsep) if d != here)])
     env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
     return {**env, "PATH": path, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def tree(root: "str | os.PathLike") -> dict[str, str]:
+    """Every entry under ``root``: a file's sha256, a link's target, "dir" for a folder: what a
+    refused command must leave exactly as it was."""
+    found = {}
+    for directory, dirs, files in os.walk(root):
+        for name in dirs + files:
+            full = os.path.join(directory, name)
+            rel = os.path.relpath(full, root)
+            if os.path.islink(full):
+                found[rel] = "link:" + os.readlink(full)
+            elif os.path.isfile(full):
+                found[rel] = hashlib.sha256(open(full, "rb").read()).hexdigest()
+            else:
+                found[rel] = "dir"
+    return found
+
+
+def fetch_movielens_100k(out: str, root: pathlib.Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``recommender_generate --dataset movielens-100k --output out --heldout_fraction 0.2`` in
+    ``env``; skips the test, saying why, only where pip cannot reach the package index."""
+    proc = run_cli("dlrm.scripts.recommender_generate", "--dataset", "movielens-100k", "--output", out,
+                   "--heldout_fraction", "0.2", env=env, check=False)
+    if proc.returncode == 2 and "cannot download" in proc.stderr:
+        probe = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "recbole==1.2.1", "-d",
+                                str(root / "probe")], capture_output=True, text=True, timeout=600)
+        if probe.returncode != 0:
+            pytest.skip(f"pip cannot download recbole==1.2.1 here: {(probe.stderr.strip().splitlines() or [''])[-1]}")
+    assert proc.returncode == 0, proc.stderr
+    return proc
 
 
 @pytest.fixture

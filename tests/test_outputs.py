@@ -1,29 +1,16 @@
 """The output rule (dlrm.data.outputs) on its own: what is refused, what is free, what needs a flag.
 Every refusal leaves the tree as it was (compared file by file with checksums)."""
 
-import hashlib
 import os
 
 import pytest
+from conftest import tree
 
 from dlrm.data.outputs import LOG, TENSORBOARD, OutputError, OutputKind, claim_output, holds_only, inside
 
 CKPT = OutputKind("checkpoint", True, lambda p: holds_only(p, ["meta.json", "*.pt"], required=["meta.json"]))
 
 
-def tree(root):
-    found = {}
-    for directory, dirs, files in os.walk(root):
-        for name in dirs + files:
-            full = os.path.join(directory, name)
-            rel = os.path.relpath(full, root)
-            if os.path.islink(full):
-                found[rel] = "link:" + os.readlink(full)
-            elif os.path.isfile(full):
-                found[rel] = hashlib.sha256(open(full, "rb").read()).hexdigest()
-            else:
-                found[rel] = "dir"
-    return found
 
 
 @pytest.fixture

@@ -18,13 +18,11 @@ import io
 import json
 import os
 import random
-import subprocess
-import sys
 import zipfile
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import fetch_movielens_100k, run_cli
 
 from dlrm.data.errors import DatasetError
 from dlrm.recommender.ratings_file import read_ratings, read_ratings_split
@@ -388,14 +386,7 @@ def no_index_env() -> dict[str, str]:
 def test_movielens_100k_is_fetched_once_and_read(tmp_path):
     cache, out = tmp_path / "cache", tmp_path / "ml100k"
     env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, "DLRM_DATA_CACHE": str(cache)}
-    proc = run_cli(GENERATE, "--dataset", "movielens-100k", "--output", str(out), "--heldout_fraction", "0.2",
-                   env=env, check=False)
-    if proc.returncode == 2 and "cannot download" in proc.stderr:
-        probe = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "recbole==1.2.1", "-d",
-                                str(tmp_path / "probe")], capture_output=True, text=True, timeout=600)
-        if probe.returncode != 0:
-            pytest.skip(f"pip cannot download recbole==1.2.1 here: {(probe.stderr.strip().splitlines() or [''])[-1]}")
-    assert proc.returncode == 0, proc.stderr
+    proc = fetch_movielens_100k(str(out), tmp_path, env)
     inter = cache / "movielens-100k" / "ml-100k.inter"
     data = inter.read_bytes()
     assert hashlib.sha256(data).hexdigest() == ML100K_SHA256 and len(data) == 1_979_230

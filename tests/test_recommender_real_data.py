@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from conftest import run_cli
+from conftest import fetch_movielens_100k, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -25,14 +23,7 @@ def movielens(tmp_path_factory) -> str:
     cache = os.environ.get("DLRM_DATA_CACHE") or str(root / "cache")
     env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, "DLRM_DATA_CACHE": cache}
     out = str(root / "data")
-    proc = run_cli("dlrm.scripts.recommender_generate", "--dataset", "movielens-100k", "--output", out,
-                   "--heldout_fraction", "0.2", env=env, check=False)
-    if proc.returncode == 2 and "cannot download" in proc.stderr:
-        probe = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "recbole==1.2.1", "-d",
-                                str(root / "probe")], capture_output=True, text=True, timeout=600)
-        if probe.returncode != 0:
-            pytest.skip(f"pip cannot download recbole==1.2.1 here: {(probe.stderr.strip().splitlines() or [''])[-1]}")
-    assert proc.returncode == 0, proc.stderr
+    fetch_movielens_100k(out, root, env)
     return out
 
 

@@ -25,7 +25,7 @@ from typing import Callable
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, tree
 
 TIMEOUT_S = 300
 PARALLEL = 2  # runs at a time (most import torch, on one core each)
@@ -41,20 +41,6 @@ NETWORK = {
 }
 
 
-def tree(root: Path) -> dict[str, str]:
-    """Every entry under ``root``: a file's sha256, a link's target, "dir" for a folder."""
-    found = {}
-    for directory, dirs, files in os.walk(root):
-        for name in dirs + files:
-            full = os.path.join(directory, name)
-            rel = os.path.relpath(full, root)
-            if os.path.islink(full):
-                found[rel] = "link:" + os.readlink(full)
-            elif os.path.isfile(full):
-                found[rel] = hashlib.sha256(open(full, "rb").read()).hexdigest()
-            else:
-                found[rel] = "dir"
-    return found
 
 
 def _read_only_by_mount() -> str | None:

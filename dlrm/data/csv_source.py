@@ -25,7 +25,7 @@ import numpy as np
 from dlrm.data.atomic import write_atomically
 from dlrm.data.errors import DatasetError, FeatureSpecError
 from dlrm.data.feature_spec import CATEGORICAL, CHANNELS, LABEL, NUMERICAL, SPEC_FILE_NAME, read_spec_yaml
-from dlrm.data.outputs import OutputError, OutputKind, holds_only, inside
+from dlrm.data.outputs import OutputError, OutputKind, head_lines, holds_only, inside
 
 CSV = "csv"
 AUTO = "auto"
@@ -190,18 +190,8 @@ _NUMBERS_LINE = re.compile(rb"[-+0-9.eE]+(?:,[-+0-9.eE]+)*")  # what write_rando
 def is_random_csv(path: str) -> bool:
     """Whether file ``path`` reads as ``write_random_csv`` writes: lines of comma-separated
     numbers and nothing else (its first MiB, whole lines; an empty file too)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(1 << 20)
-            more = f.read(1) != b""
-    except OSError:
-        return False
-    if more:  # a line cut at the MiB is not judged
-        head = head[:head.rfind(b"\n") + 1]
-    lines = head.split(b"\n")
-    if lines[-1] == b"":
-        lines.pop()
-    return all(_NUMBERS_LINE.fullmatch(line) for line in lines)
+    lines = head_lines(path)
+    return lines is not None and all(_NUMBERS_LINE.fullmatch(line) for line in lines)
 
 
 def _is_csv_source_spec(path: str) -> bool:

@@ -238,6 +238,23 @@ def inside(output_dir: PathLike, relative: PathLike, what: str) -> str:
 # ----------------------------------------------------------------------------- common kinds
 
 
+def head_lines(path: str, limit: int = 1 << 20) -> list[bytes] | None:
+    """The whole lines of the first ``limit`` bytes of file ``path`` (a line cut at the limit is
+    left out), for a ``recognise`` that judges a text file by its head; None when unreadable."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(limit)
+            more = f.read(1) != b""
+    except OSError:
+        return None
+    if more:
+        head = head[:head.rfind(b"\n") + 1]
+    lines = head.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    return lines
+
+
 def _is_json_lines_log(path: str) -> bool:
     """A JSON-lines log of this program: empty, or its first line a JSON object with a ``type``."""
     import json

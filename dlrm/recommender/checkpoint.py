@@ -291,8 +291,8 @@ def load_linear(path: str, parallel, device: torch.device | str = "cpu", verify:
             settings = LinearSettings(**meta["settings"])
         except (TypeError, ValueError) as e:
             raise CheckpointError(f"{os.path.join(path, store.META)}: settings are damaged ({e})") from None
-        start, stop = parallel.item_range(n)
-        return LinearModel(saved["weights"][:, start:stop].to(device, torch.float32).contiguous(), settings, start)
+        whole = LinearModel(saved["weights"].to(torch.float32), settings)
+        return whole.column_slice(*parallel.item_range(n)).to(device)
 
     return store.read_consistently(path, read)
 

@@ -137,7 +137,11 @@ class LinearModel:
                                                  starts.to(device), mode="sum")
 
     def column_slice(self, start: int, stop: int) -> "LinearModel":
+        """The items [start, stop) of this model's: what one process of several scores."""
         return LinearModel(self.weights[:, start:stop].contiguous(), self.settings, self.item_start + start)
+
+    def to(self, device: torch.device | str) -> "LinearModel":
+        return LinearModel(self.weights.to(device), self.settings, self.item_start)
 
 
 @dataclass

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from dlrm.data.outputs import OutputKind
+from dlrm.data.outputs import OutputKind, head_lines
 
 # One line of ``write_predictions``: sample<TAB>item,score:item,score:... (the list may be empty).
 _PREDICTION_LINE = re.compile(r"[^\t\n]*\t(?:[^\t\n,:]+,[^\t\n,:]+(?::[^\t\n,:]+,[^\t\n,:]+)*)?")
@@ -16,17 +16,9 @@ _PREDICTION_LINE = re.compile(r"[^\t\n]*\t(?:[^\t\n,:]+,[^\t\n,:]+(?::[^\t\n,:]+
 def is_predictions(path: str) -> bool:
     """Whether file ``path`` reads as this command writes it (``predict.write_predictions``): its
     first MiB, whole lines; an empty file (0 users) too."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(1 << 20)
-            more = f.read(1) != b""
-    except OSError:
+    lines = head_lines(path)
+    if lines is None:
         return False
-    if more:  # a line cut at the MiB is not judged
-        head = head[:head.rfind(b"\n") + 1]
-    lines = head.split(b"\n")
-    if lines[-1] == b"":
-        lines.pop()
     try:
         return all(_PREDICTION_LINE.fullmatch(line.decode("utf-8")) for line in lines)
     except UnicodeDecodeError:
