@@ -80,6 +80,42 @@ def test_scores_are_the_binary_history_times_the_weights_on_any_column_slice(dat
     np.testing.assert_allclose(part.scores(history).numpy(), expected[:, 13:29], rtol=1e-5, atol=1e-5)
 
 
+def test_a_float32_gram_gives_the_weights_of_a_float64_one(dataset):
+    """G's counts are exact in float32, so keeping it there changes no weight."""
+    g = linear.gram(dataset)
+    assert g.dtype == torch.float32
+    settings = linear.LinearSettings(7.0, 0.4)
+    torch.testing.assert_close(linear.solve(g, settings), linear.solve(g.double(), settings), rtol=0, atol=0)
+
+
+_PEAK_SCRIPT = """
+import resource, sys, torch
+from dlrm.recommender import linear
+n = int(sys.argv[1])
+torch.manual_seed(0)
+g = torch.empty(n, n).uniform_().mul_(0.01)  # one triangle is read: no need to symmetrise
+g.diagonal().add_(n)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+weights = linear.solve(g, linear.LinearSettings(10.0))
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before)
+"""
+
+
+def test_a_fit_takes_one_float64_matrix_and_the_weights_beside_g():
+    """The peak ``memory_bytes`` promises: beside G, one float64 matrix factorised and inverted in
+    place and B in float32 (12 bytes per entry); a copy of the matrix would add 8 more. Measured
+    as the process's peak resident memory in a fresh interpreter."""
+    import subprocess
+    import sys
+    n = 2500
+    out = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, str(n)], capture_output=True, text=True,
+                         check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    grown = int(out.stdout.split()[-1])
+    assert grown < 12 * n * n + 16 * 2**20, f"the fit grew the peak by {grown / n / n:.1f} bytes per entry"
+    assert linear.memory_bytes(n, 10) == 16 * n * n
+    assert linear.memory_bytes(n, 1 << 24) == 20 * n * n
+
+
 def test_a_matrix_that_is_not_positive_definite_is_one_line_not_a_crash():
     with pytest.raises(linear.LinearFitError, match="not positive definite.*raise `regularization`"):
         linear.solve(-torch.eye(4, dtype=torch.float64) * 100, linear.LinearSettings(1.0))

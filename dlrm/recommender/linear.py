@@ -12,15 +12,16 @@ With G = X^T X (X: users x items, 0/1) and the penalty Lambda = lambda + p / (1 
 
     P = (G + diag(Lambda))^-1,   B = -P / diag(P) (column j divided by P_jj),   diag(B) = 0
 
-and a user's scores are their history (0/1) @ B. G is built and inverted in float64 (its
-condition number grows as lambda shrinks, and float32 loses the inverse first) by torch's
-Cholesky, on the GPU when there is one; a matrix that is not positive definite is one line
-(``LinearFitError``), never a crash in LAPACK. B is kept in float32.
+and a user's scores are their history (0/1) @ B. G + Lambda is factorised and inverted in
+float64 (its condition number grows as lambda shrinks, and float32 loses the inverse first) by
+torch's Cholesky, in place, on the GPU when there is one; a matrix that is not positive definite
+is one line (``LinearFitError``), never a crash in LAPACK. G itself holds co-occurrence counts,
+exact in float32 below 2^24 users, so it is kept in float32 between fits; B is float32.
 
 ``choose`` picks (lambda, p) by NDCG@K on a validation split of the training data
 (``dlrm.recommender.validation``): lambda over a grid at p = 0, then p at the best lambda, then
 lambda again around the best at that p; the model is then refitted on all the training data.
-Memory: ``memory_bytes(n_items)`` at the peak (three float64 item x item matrices and B).
+Memory: ``memory_bytes(n_items, n_users)`` at the peak: G, one float64 matrix and B.
 """
 
 from __future__ import annotations
@@ -63,14 +64,24 @@ class LinearSettings:
                                                       " (EASE)"))
 
 
-def memory_bytes(n_items: int) -> int:
-    """Peak bytes of a fit, n_items^2 x 28: G, its factor and its inverse in float64, and B in
-    float32."""
-    return 28 * int(n_items) ** 2
+# Counts up to 2^24 are exact in float32: G is float32 for fewer users than that.
+_FLOAT32_EXACT_COUNTS = 1 << 24
+
+
+def gram_dtype(n_users: int) -> torch.dtype:
+    """G's dtype: float32 (half the memory) while every count it can hold is exact there."""
+    return torch.float32 if n_users < _FLOAT32_EXACT_COUNTS else torch.float64
+
+
+def memory_bytes(n_items: int, n_users: int = 0) -> int:
+    """Peak bytes of a fit, n_items^2 x 16 (x 20 from 2^24 users on): G (float32, or float64),
+    the float64 matrix factorised and inverted in place, and B in float32."""
+    g_bytes = gram_dtype(n_users).itemsize
+    return (g_bytes + 8 + 4) * int(n_items) ** 2
 
 
 def gram(dataset: CsrDataset, keep: np.ndarray | None = None, device: torch.device | str = "cpu") -> torch.Tensor:
-    """G = X^T X, float64 [n_items, n_items] on ``device``, of the 0/1 matrix of ``dataset``'s
+    """G = X^T X, [n_items, n_items] on ``device`` (dtype ``gram_dtype``), of the 0/1 matrix of ``dataset``'s
     rows (an item repeated in a row counts once), leaving out the stored entries where ``keep``
     (bool per entry) is False."""
     n = dataset.n_features
@@ -83,28 +94,34 @@ def gram(dataset: CsrDataset, keep: np.ndarray | None = None, device: torch.devi
     users.sum_duplicates()
     users.data[:] = 1.0
     by_item = users.T.tocsr()
-    result = torch.empty((n, n), dtype=torch.float64, device=device)
+    result = torch.empty((n, n), dtype=gram_dtype(len(offsets) - 1), device=device)
     block = max(1, _BLOCK_ELEMENTS // max(n, 1))
     for lo in range(0, n, block):
-        result[lo:lo + block] = torch.from_numpy((by_item[lo:lo + block] @ users).toarray()).to(device)
+        result[lo:lo + block] = torch.from_numpy((by_item[lo:lo + block] @ users).toarray()).to(device, result.dtype)
     return result
 
 
 def solve(g: torch.Tensor, settings: LinearSettings) -> torch.Tensor:
-    """B (float32, on g's device) of the Gram matrix ``g`` (float64, left unchanged)."""
-    factor = g.clone()
-    factor.diagonal().add_(settings.regularization + settings.dropout / (1 - settings.dropout) * g.diagonal())
-    _, info = torch.linalg.cholesky_ex(factor, out=(factor, torch.empty((), dtype=torch.int32, device=g.device)))
+    """B (float32, on g's device) of the Gram matrix ``g`` (left unchanged)."""
+    matrix = g.to(torch.float64, copy=True)
+    diagonal = matrix.diagonal()
+    diagonal.add_(settings.regularization + settings.dropout / (1 - settings.dropout) * diagonal)
+    # The matrix is symmetric, so its transpose is the same matrix in the column-major order
+    # LAPACK works in: torch then factorises and inverts it in place, without a copy of n^2.
+    lapack_view = matrix.mT
+    info = torch.empty((), dtype=torch.int32, device=g.device)
+    torch.linalg.cholesky_ex(lapack_view, out=(lapack_view, info))
     if int(info) != 0:
         raise LinearFitError(f"the item x item matrix G + lambda is not positive definite in float64 (its leading "
                              f"minor {int(info)} is not; {settings.describe()}): raise `regularization`")
-    p = torch.cholesky_inverse(factor)
-    del factor
+    torch.cholesky_inverse(lapack_view, out=lapack_view)
+    p = matrix  # symmetric: P, whichever order it is read in
     p.div_(-p.diagonal().clone())
     weights = p.to(torch.float32)
-    del p
+    del p, matrix, lapack_view
     weights.diagonal().zero_()
-    if not bool(torch.isfinite(weights).all()):
+    block = max(1, _BLOCK_ELEMENTS // max(weights.shape[1], 1))  # isfinite's temporaries take 7 bytes an entry
+    if not all(bool(torch.isfinite(weights[lo:lo + block]).all()) for lo in range(0, weights.shape[0], block)):
         raise LinearFitError(f"the linear model's weights overflow float32 ({settings.describe()}): raise "
                              "`regularization`")
     return weights

@@ -60,7 +60,7 @@ flags.DEFINE_enum("model", "auto", ["auto", "linear", "autoencoder"], "The model
                   "linear: EASE/EDLAE in closed form (items^2 x 16 bytes of memory); autoencoder: the network of "
                   "--network.")
 flags.DEFINE_float("linear_max_memory_gb", None, "The linear model's item x item matrices may take at most this "
-                   "much memory (items^2 x 28 bytes); default: 80% of the device's (the GPU's, or the machine's "
+                   "much memory (items^2 x 16 bytes); default: 80% of the device's (the GPU's, or the machine's "
                    "RAM). Above it, train the autoencoder (--network).", lower_bound=0)
 flags.DEFINE_string("network", None, "DSSTNE JSON network definition, e.g. "
                     "configs/recommender/movielens_autoencoder.json.")
@@ -337,11 +337,12 @@ def _fit_linear(env) -> int:
     inputs = common.dataset("input", FLAGS.input, _DATASET_HINT)
     n = inputs.n_features
     device = common.device(FLAGS.base_device, env)
-    need = linear.memory_bytes(n)
+    need = linear.memory_bytes(n, len(inputs))
     budget = (FLAGS.linear_max_memory_gb * 2**30 if FLAGS.linear_max_memory_gb is not None
               else 0.8 * _device_memory(device))
     if need > budget:
-        raise app.UsageError(f"the linear model of {n:,} items needs {need / 2**30:.1f} GiB (items^2 x 28 bytes), "
+        raise app.UsageError(f"the linear model of {n:,} items needs {need / 2**30:.1f} GiB (items^2 x "
+                             f"{need // max(n * n, 1)} bytes), "
                              f"over the {budget / 2**30:.1f} GiB of --linear_max_memory_gb: raise it if {device} has "
                              f"the memory, or train the item-parallel autoencoder (--network)")
     # Small data needs every user's say: the linear model validates on all users up to
