@@ -282,3 +282,34 @@ def test_an_error_mid_run_saves_the_last_whole_step_and_the_fixed_data_resumes_e
     a = torch.load(tmp_path / "ck" / "replicated.pt", weights_only=True)["params"]
     b = torch.load(tmp_path / "straight" / "replicated.pt", weights_only=True)["params"]
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_best_checkpoint_left_by_a_replaced_run_is_never_taken_for_the_new_one(dataset, tmp_path):
+    """--overwrite replaces a run whose PATH.best stays on disk until the new run validates (or
+    for good, when it does not): predict and evaluate must then use the new run's checkpoint."""
+    ckpt = str(tmp_path / "ck")
+    assert _train(dataset, ckpt, "--epochs", "2").returncode == 0
+    assert os.path.isdir(ckpt + ".best")
+    recs = str(tmp_path / "recs.txt")
+
+    def predicted_from() -> str:
+        out = run_cli("dlrm.scripts.recommender_predict", "--load_checkpoint_path", ckpt, "--input",
+                      os.path.join(dataset, "all"), "--k", "2", "--output", recs, "--overwrite")
+        return out.stdout + out.stderr
+
+    # A new autoencoder run without validation writes no .best: the latest checkpoint is the model.
+    proc = _train(dataset, ckpt, "--epochs", "1", "--validation_users", "0", "--overwrite")
+    assert proc.returncode == 0, proc.stderr
+    said = predicted_from()
+    assert ".best" not in said and ckpt in said, said
+    # Resuming keeps the run's name, so its own best stays the one predict takes.
+    assert _train(dataset, ckpt + "2", "--epochs", "1").returncode == 0
+    assert _train(dataset, ckpt + "2", "--epochs", "2", "--resume").returncode == 0
+    out = run_cli("dlrm.scripts.recommender_predict", "--load_checkpoint_path", ckpt + "2", "--input",
+                  os.path.join(dataset, "all"), "--k", "2", "--output", recs, "--overwrite")
+    assert ckpt + "2.best" in out.stdout + out.stderr
+    # A linear model replacing it keeps no best of its own.
+    proc = run_cli("dlrm.scripts.recommender_train", "--input", os.path.join(dataset, "all"),
+                   "--save_checkpoint_path", ckpt, "--overwrite", check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "linear item-item model" in predicted_from()

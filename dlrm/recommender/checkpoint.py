@@ -144,11 +144,29 @@ def model_path(path: str, best: bool = True) -> str:
     """The checkpoint to predict or evaluate with, given a run's ``path``: its best validation's
     (``best_path``) when ``best`` and the run validated, else its latest (``PATH.old`` when a save
     was cut off between its renames); a path of a ``.best`` directory is taken as it is."""
+    latest = latest_checkpoint(path)
     if best and not path.rstrip(os.sep).endswith(".best"):
         found = latest_checkpoint(best_path(path))
-        if found is not None:
+        if found is not None and (latest is None or _same_run(found, latest)):
             return found
-    return latest_checkpoint(path) or path
+    return latest or path
+
+
+RUN_ID = "run_id"  # in a checkpoint's run_config: the run that wrote it, kept across resumes
+
+
+def _same_run(best: str, latest: str) -> bool:
+    """Whether ``best`` is the best validation of the run whose latest checkpoint is ``latest``,
+    and not a leftover of an earlier run the latest one replaced (``--overwrite``). A linear
+    model's run keeps no best; checkpoints written before runs were named are taken as one run."""
+    try:
+        latest_meta, best_meta = read_meta(latest), read_meta(best)
+    except (CheckpointError, OSError):
+        return True  # the reader that opens them says what is wrong
+    if latest_meta.get("model") == LINEAR:
+        return False
+    ours = latest_meta.get("run_config", {}).get(RUN_ID)
+    return ours is None or best_meta.get("run_config", {}).get(RUN_ID) == ours
 
 
 def describe(path: str) -> str:

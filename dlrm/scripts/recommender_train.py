@@ -48,6 +48,7 @@ import dataclasses
 import functools
 import os
 import time
+import uuid
 
 from absl import app, flags
 
@@ -219,8 +220,10 @@ def _main(argv: list[str], env) -> int:
     if FLAGS.tensorboard_dir:
         claim_output(FLAGS.tensorboard_dir, TENSORBOARD, "tensorboard_dir", inputs=inputs, keep=True)
     found = None if FLAGS.overwrite else latest_checkpoint(path)
+    run_id = uuid.uuid4().hex  # names this run in its checkpoints, so a .best of another run is never taken for it
     if found is not None:
         saved = checkpoint.read_meta(found).get("run_config", {})
+        run_id = saved.get(checkpoint.RUN_ID, run_id)
         for name in _MUST_MATCH_ON_RESUME:
             if name in saved and saved[name] != FLAGS[name].value:
                 raise app.UsageError(f"--resume: the checkpoint at {found} was trained with --{name} {saved[name]}, "
@@ -270,7 +273,7 @@ def _main(argv: list[str], env) -> int:
             raise app.UsageError(f"--validation_users: {e}") from None
         validate = functools.partial(validate_split, model, inputs, split, v_cfg, amp_dtype)
     logger = RunLogger(FLAGS.log_path, enabled=parallel.rank == 0, tensorboard_dir=FLAGS.tensorboard_dir)
-    run_config = cli.our_flags()
+    run_config = {**cli.our_flags(), checkpoint.RUN_ID: run_id}
     with logger:
         logger.record("flags", **run_config)
         hidden = " x ".join(str(layer.n) for layer in network.hidden)
