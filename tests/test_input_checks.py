@@ -335,11 +335,13 @@ def test_check_url_refuses(url, protocol, expected):
 # ---------------------------------------------------------------------------- N13: --score_format
 
 
-def test_predict_refuses_a_score_format_of_unbounded_precision(recommender, tmp_path):
+@pytest.mark.parametrize("module, extra", [("dlrm.scripts.recommender_predict", ["--device", "cpu"]),
+                                           ("dlrm.scripts.spark_recommend", [])])
+def test_predict_refuses_a_score_format_of_unbounded_precision(recommender, tmp_path, module, extra):
     """N13: --score_format %.99999999f was accepted and wrote 100 MB per score (21 GB in all)."""
     out = tmp_path / "recs.txt"
-    proc = run("-m", "dlrm.scripts.recommender_predict", "--load_checkpoint_path", recommender["ckpt"], "--input",
-               recommender["ok"], "--output", str(out), "--k", "1", "--device", "cpu", "--score_format", "%.99999999f")
+    proc = run("-m", module, "--load_checkpoint_path", recommender["ckpt"], "--input",
+               recommender["ok"], "--output", str(out), "--k", "1", *extra, "--score_format", "%.99999999f")
     assert one_line_error(proc) == ("--score_format '%.99999999f': give a printf format of one float, e.g. %.6g (the "
                                     "default) or %4.3f (DSSTNE's), with at most 17 digits of precision and a width of "
                                     "at most 32")

@@ -115,3 +115,16 @@ def index_beside(given: str | None, input_path: str, name: str) -> tuple[str | N
         return given, False
     candidate = os.path.join(os.path.dirname(os.path.abspath(input_path)), name)
     return (candidate, True) if os.path.isfile(candidate) else (None, False)
+
+
+def score_format(value: str) -> str:
+    """--score_format checked (``dlrm.recommender.topk.check_score_format``), or one line that
+    gives its bounds."""
+    from dlrm.recommender.topk import MAX_SCORE_PRECISION, MAX_SCORE_WIDTH, check_score_format
+
+    try:
+        return check_score_format(value)
+    except ValueError:
+        raise app.UsageError(f"--score_format {value!r}: give a printf format of one float, e.g. %.6g (the default) "
+                             f"or %4.3f (DSSTNE's), with at most {MAX_SCORE_PRECISION} digits of precision and a "
+                             f"width of at most {MAX_SCORE_WIDTH}") from None

@@ -155,14 +155,8 @@ def _main(argv: list[str], env) -> int:
     from dlrm.recommender import checkpoint
     from dlrm.recommender.item_parallel import ItemParallel
     from dlrm.recommender.predict import recommend, write_predictions
-    from dlrm.recommender.topk import MAX_SCORE_PRECISION, MAX_SCORE_WIDTH, check_score_format
 
-    try:
-        score_format = check_score_format(FLAGS.score_format)
-    except ValueError:
-        raise app.UsageError(f"--score_format {FLAGS.score_format!r}: give a printf format of one float, e.g. %.6g "
-                             f"(the default) or %4.3f (DSSTNE's), with at most {MAX_SCORE_PRECISION} digits of "
-                             f"precision and a width of at most {MAX_SCORE_WIDTH}") from None
+    score_format = common.score_format(FLAGS.score_format)
 
     device = common.device(FLAGS.base_device, env)
     amp_dtype = common.amp_dtype(FLAGS.amp, FLAGS.amp_dtype, device)

@@ -103,13 +103,7 @@ def _check_flags() -> None:
         path = FLAGS[flag].value
         if path and not os.path.isfile(path):
             raise app.UsageError(f"--{flag} {path}: no such file")
-    from dlrm.recommender.topk import check_score_format  # torch: after the checks of paths, which fail fast
-
-    try:
-        check_score_format(FLAGS.score_format)
-    except ValueError:
-        raise app.UsageError(f"--score_format {FLAGS.score_format!r}: give a printf format of one float, e.g. %.6g "
-                             f"(the default) or %4.3f (DSSTNE's)") from None
+    common.score_format(FLAGS.score_format)  # imports torch: after the checks of paths, which fail fast
 
 
 def main(argv: list[str]) -> int:
