@@ -105,7 +105,11 @@ def parse_line(line: str) -> tuple[int, list[int | None], list[str | None]]:
         if text == "":
             counts.append(None)
         elif _COUNT.fullmatch(text):
-            counts.append(int(text))
+            try:
+                counts.append(int(text))
+            except ValueError:  # over sys.get_int_max_str_digits() digits: no int to value
+                raise _Malformed("numerical", f"{_column_name(k)} has {len(text.lstrip('-'))} digits, more than "
+                                 f"an integer is read with ({sys.get_int_max_str_digits()})") from None
         else:
             raise _Malformed("numerical", f"{_column_name(k)} must be empty or an integer, got {text[:20]!r}")
     hashes: list[str | None] = []

@@ -66,6 +66,8 @@ EDGE_LINES = [
     tsv_line("1") + "\r",
     "1\t\t\t" + "\t".join([""] * 36) + "\t\t",
     "\x00" + tsv_line("1")[1:],
+    tsv_line("1", {4: "9" * 5000}),  # more digits than Python turns into an int
+    tsv_line("0", {0: "-" + "1" * 4300}),  # the most it does
 ]
 
 
@@ -107,7 +109,7 @@ def test_parse_chunk_agrees_with_the_reference_line_by_line(tmp_path):
         assert rows.hash_present[good_index].tolist() == [h is not None for h in hashes]
         good_index += 1
     assert good_index == len(rows)
-    assert len(bad) == sum(len(e) == 2 for e in expected) == 23
+    assert len(bad) == sum(len(e) == 2 for e in expected) == 24
 
 
 def test_chunks_split_only_at_newlines_and_keep_line_numbers(tmp_path):
