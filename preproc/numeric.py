@@ -8,7 +8,7 @@ ways (``ROUNDINGS``):
   ``split_dataset.py`` to float16). The two roundings give the same float16 for all but a few
   counts (605 of the integers from -2 to 10**7): where the float64 log lies just below the
   midpoint of two float16 values and float32 rounds it onto the midpoint, which float16 then
-  rounds to even (10361: ln 10364 = 9.246093747..., 9.2421875 directly, 9.25 through float32).
+  rounds to even (10361: ln 10364 = 9.246093541..., 9.2421875 directly, 9.25 through float32).
 - ``direct``: once, float64 to the nearest float16 (what this project wrote before the option
   existed; at most one float16 step closer to the exact log for those few counts).
 
