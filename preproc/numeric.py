@@ -8,7 +8,7 @@ ways (``ROUNDINGS``):
   ``split_dataset.py`` to float16). The two roundings give the same float16 for all but a few
   counts (605 of the integers from -2 to 10**7): where the float64 log lies just below the
   midpoint of two float16 values and float32 rounds it onto the midpoint, which float16 then
-  rounds to even (10361: ln 10364 = 9.246093747..., 9.2421875 directly, 9.25 through float32).
+  rounds to even (10361: ln 10364 = 9.246093541..., 9.2421875 directly, 9.25 through float32).
 - ``direct``: once, float64 to the nearest float16 (what this project wrote before the option
   existed; at most one float16 step closer to the exact log for those few counts).
 
@@ -27,7 +27,8 @@ engines then only compare integers:
 Counts written with more than ``MAX_TABLE_DIGITS`` characters (beyond int64 once 3 is added)
 are rare; they go through ``log_count`` on Python integers, like the reference.
 
-This module is imported by Spark's Python workers, so it depends on numpy and math only.
+The two roundings are ``dlrm.data.numerical_rounding``'s, shared with the CSV transcoder. This
+module is imported by Spark's Python workers, so it depends on numpy, math and that module only.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-ROUNDINGS = ("nvidia", "direct")
-DEFAULT_ROUNDING = "nvidia"
+from dlrm.data.numerical_rounding import DEFAULT_ROUNDING, ROUNDINGS, check_rounding, to_float16  # noqa: F401
+
 MAX_TABLE_DIGITS = 18  # a count text of at most 18 characters is within +-(10**18 - 1): int64-safe with +3
 _DIRECT = 1 << 16
 _MAX_N = 10**18 + 2  # the largest x + 3 reachable with MAX_TABLE_DIGITS characters
@@ -49,19 +50,6 @@ def log_count(x: int | None) -> float:
     if x is None or x + 3 <= 0:
         return 0.0
     return math.log(x + 3)
-
-
-def check_rounding(rounding: str) -> str:
-    if rounding not in ROUNDINGS:
-        raise ValueError(f"numerical rounding must be one of {list(ROUNDINGS)}, got {rounding!r}")
-    return rounding
-
-
-def to_float16(values, rounding: str = DEFAULT_ROUNDING):
-    """float64 value(s) -> float16 by ``rounding``: through float32 (``nvidia``) or at once (``direct``)."""
-    if check_rounding(rounding) == "nvidia":
-        return np.asarray(values, dtype=np.float64).astype(np.float32).astype(np.float16)
-    return np.asarray(values, dtype=np.float64).astype(np.float16)
 
 
 def _f16(n: int, rounding: str) -> np.float16:

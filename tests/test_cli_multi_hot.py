@@ -110,8 +110,10 @@ def test_multi_hot_synthetic_data_is_learned(cli, tmp_path, pooling):
     assert roc_auc_score(np.concatenate(labels), np.concatenate(scores)) == pytest.approx(auc, abs=1e-4)
 
 
+@pytest.mark.gpu
 def test_cuda_graphs_are_refused_for_multi_hot_data(cli, tmp_path):
+    """On CUDA (a CPU run goes without CUDA graphs, so there is nothing to refuse)."""
     proc = cli("dlrm.scripts.main", "--synthetic_multi_hot_sizes", "2,3", "--synthetic_dataset_table_sizes", "10,20",
                "--embedding_type", "joint_fused", "--cuda_graphs", "--log_path", str(tmp_path / "log.json"), *FAST,
-               check=False)
+               "--base_device", "cuda", check=False)
     assert proc.returncode == 2 and "--cuda_graphs needs one-hot data" in proc.stderr, proc.stderr

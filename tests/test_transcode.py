@@ -1,3 +1,4 @@
+import io
 import os
 import subprocess
 import sys
@@ -5,6 +6,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import FeatureSpec
@@ -141,3 +143,78 @@ def test_script(tmp_path):
     proc = subprocess.run(cmd[:4] + [bad] + cmd[5:] + ["--overwrite"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert f"{bad}, line 1" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _values_at_float16_midpoints() -> np.ndarray:
+    """float64 values on the midpoint of two neighbouring float16 values and one float64 ulp
+    below and above it, over the float16 range (both signs, subnormals included), where the
+    roundings through float32 and at once part."""
+    bits = np.arange(0, 0x77FF, 29, dtype=np.uint16)  # finite float16 up to 32752, spread over every exponent
+    low = bits.view(np.float16).astype(np.float64)
+    high = (bits + 1).view(np.float16).astype(np.float64)
+    mid = (low + high) / 2  # exact in float64
+    values = np.concatenate([mid, np.nextafter(mid, -np.inf), np.nextafter(mid, np.inf)])
+    return np.concatenate([values, -values])
+
+
+def _write_columns(path, values: np.ndarray, columns: int, sep: str, label_first: bool = True) -> np.ndarray:
+    """``values`` as rows of ``columns`` numericals (label 1 first, an id 0 last), written with
+    Python's shortest round-trip repr; returns them as the [rows, columns] float64 the text holds."""
+    table = values[: len(values) // columns * columns].reshape(-1, columns)
+    lines = [sep.join(["1", *(repr(float(v)) for v in row), "0"]) for row in table]
+    path.write_text("\n".join(lines) + "\n")
+    parsed = np.array([[float(x) for x in line.split(sep)[1:-1]] for line in lines])  # independent parse
+    assert (parsed.view(np.int64) == table.view(np.int64)).all()  # the text holds these exact float64s
+    return table
+
+
+# The roundings, spelled with numpy's casts: NVIDIA's float64 -> float32 -> float16 (its
+# transcode.py casts with torch, which rounds float64 -> float16 through float32), and once.
+REFERENCE = {"nvidia": lambda x: x.astype(np.float32).astype(np.float16), "direct": lambda x: x.astype(np.float16)}
+
+
+def test_reference_roundings_are_what_they_claim():
+    values = _values_at_float16_midpoints()
+    torch_cast = torch.from_numpy(values).to(torch.float16).numpy()  # the cast in NVIDIA's transcode.py
+    assert (REFERENCE["nvidia"](values).view(np.uint16) == torch_cast.view(np.uint16)).all()
+    # NVIDIA's transcode.py parses with pandas' default float parser, which is off by up to a few
+    # thousand float64 ulps; float32 absorbs that, so its bytes are those of the exact values.
+    pandas = pytest.importorskip("pandas")
+    parsed = pandas.read_csv(io.StringIO("\n".join(map(repr, values.tolist()))), header=None)[0].to_numpy()
+    nvidia = torch.from_numpy(parsed).to(torch.float16).numpy()
+    assert (REFERENCE["nvidia"](values).view(np.uint16) == nvidia.view(np.uint16)).all()
+    differ = REFERENCE["nvidia"](values).view(np.uint16) != REFERENCE["direct"](values).view(np.uint16)
+    # At a midpoint both round the tie to even; of the two values beside it, float32 rounds both onto
+    # the midpoint, so the one on the side away from the even neighbour goes the other way: 1 in 3.
+    assert differ.sum() == len(values) // 3
+
+
+@pytest.mark.parametrize("rounding", [None, "nvidia", "direct"])
+def test_numericals_round_to_float16_as_nvidia_or_directly(tmp_path, rounding):
+    """Byte identity of numerical.bin with the reference rounding, on values at and one float64
+    ulp beside float16 midpoints; the default is NVIDIA's."""
+    table = _write_columns(tmp_path / "train.tsv", _values_at_float16_midpoints(), 3, "\t")
+    options = {} if rounding is None else {"numerical_rounding": rounding}
+    spec = transcode({"train": str(tmp_path / "train.tsv")}, str(tmp_path / "ds"), 3, 1, chunk_rows=500, **options)
+    got = np.fromfile(spec.paths("train").numerical, dtype=np.float16).reshape(table.shape)
+    expected = REFERENCE[rounding or "nvidia"](table)
+    assert got.view(np.uint16).tobytes() == expected.view(np.uint16).tobytes()
+
+
+def test_nvidia_csv_form_writes_nvidias_numerical_bytes(tmp_path, cli):
+    """``transcode --input`` (NVIDIA's form) by default, and with ``--numerical_rounding direct``."""
+    data = tmp_path / "data"
+    data.mkdir()
+    table = _write_columns(data / "train.csv", _values_at_float16_midpoints()[:1200], 4, ",")
+    spec = {"channel_spec": {"label": ["y"], "numerical": ["a", "b", "c", "d"], "categorical": ["k"]},
+            "feature_spec": {"y": {}, "a": {}, "b": {}, "c": {}, "d": {}, "k": {"cardinality": 3}},
+            "metadata": {},
+            "source_spec": {"train": [{"type": "csv", "features": ["y", "a", "b", "c", "d", "k"],
+                                       "files": ["train.csv"]}]}}
+    (data / "feature_spec.yaml").write_text(yaml.safe_dump(spec))
+    for rounding, extra in (("nvidia", []), ("direct", ["--numerical_rounding", "direct"])):
+        out = tmp_path / rounding
+        cli("dlrm.scripts.transcode", "--input", str(data), "--output", str(out), *extra)
+        got = (out / "train" / "numerical.bin").read_bytes()
+        assert got == REFERENCE[rounding](table).view(np.uint16).tobytes(), rounding
+        assert FeatureSpec.from_yaml(str(out)).metadata["transcoded_from"]["numerical_rounding"] == rounding

@@ -3,11 +3,14 @@
 For data that is already numeric (label, numbers, non-negative ids); raw Criteo logs with hex
 hashes go through preproc/ instead. Each file is parsed in chunks of ``chunk_rows`` lines with
 numpy's C parser, so memory stays bounded and speed is that of numpy, not of a Python loop per
-field. When cardinalities are not given, a first pass finds max id + 1 over all splits. Nothing
-replaces an existing dataset unless every split converts cleanly: the writers commit together
-at the end and the spec is written last. An existing output directory is written into only when
-it holds a dataset of this program and ``overwrite`` is set (``dlrm.data.outputs``: a folder
-holding anything else, a link, the working directory or one of the inputs is refused).
+field. When cardinalities are not given, a first pass finds max id + 1 over all splits.
+Numericals become float16 through float32 by default, as the torch cast in NVIDIA's transcoder
+does, so the bytes are NVIDIA's; ``numerical_rounding="direct"`` rounds once
+(``dlrm.data.numerical_rounding``). Nothing replaces an existing dataset unless every split
+converts cleanly: the writers commit together at the end and the spec is written last. An
+existing output directory is written into only when it holds a dataset of this program and
+``overwrite`` is set (``dlrm.data.outputs``: a folder holding anything else, a link, the
+working directory or one of the inputs is refused).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from dlrm.data.atomic import check_can_create, writing
 from dlrm.data.batch import Batch
 from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import SPEC_FILE_NAME, FeatureSpec, dtype_for_cardinality
+from dlrm.data.numerical_rounding import DEFAULT_ROUNDING, check_rounding, to_float16
 from dlrm.data.outputs import claim_output
 from dlrm.data.split_binary_writer import SPLIT_BINARY_DATASET, SplitBinaryWriter
 
@@ -59,7 +63,8 @@ class _Layout:
     ``names[k]`` is how messages call column k (``numerical feature 0``, ``feature 'num_0'``);
     ``cardinalities`` holds one bound (or None) per categorical column. With
     ``integral_floats``, categorical ids may be written as integral floats (``5.0``), as
-    pandas writes a column of ids that shares a file with floats."""
+    pandas writes a column of ids that shares a file with floats. ``rounding`` turns the
+    numericals into float16 (``dlrm.data.numerical_rounding``)."""
 
     path: str
     delimiter: str
@@ -69,6 +74,7 @@ class _Layout:
     shape: str  # what a line holds, for the field-count message
     raise_fix: str = "raise its value in `cardinalities` or leave cardinalities out to compute them from the data"
     integral_floats: bool = False
+    rounding: str = DEFAULT_ROUNDING  # float64 -> float16 of the numericals (dlrm.data.numerical_rounding)
 
     def __post_init__(self) -> None:
         self.width = len(self.kinds)
@@ -89,13 +95,13 @@ class _Layout:
 
 
 def _text_layout(path: str, delimiter: str, num_numerical: int, num_categorical: int,
-                 cardinalities: np.ndarray | None) -> _Layout:
+                 cardinalities: np.ndarray | None, rounding: str) -> _Layout:
     """The layout of ``transcode``'s text files: label, numerical, categorical fields."""
     kinds = [LABEL] + [NUMERICAL] * num_numerical + [CATEGORICAL] * num_categorical
     names = ["label"] + [f"numerical feature {i}" for i in range(num_numerical)] + [
         f"categorical feature {j}" for j in range(num_categorical)]
     shape = f"label, {num_numerical} numerical, {num_categorical} categorical); check `delimiter` and the feature counts"
-    return _Layout(path, delimiter, kinds, names, cardinalities, f"({shape}")
+    return _Layout(path, delimiter, kinds, names, cardinalities, f"({shape}", rounding=rounding)
 
 
 def _fill_empty(text: str, sep: str) -> str:
@@ -184,7 +190,7 @@ def _check(rec: np.ndarray, numbers: np.ndarray, layout: _Layout) -> _Chunk:
     numerical = np.zeros((n, len(columns)), np.float16)
     for j, k in enumerate(columns):
         with np.errstate(over="ignore", invalid="ignore"):
-            numerical[:, j] = rec[f"c{k}"]
+            numerical[:, j] = to_float16(rec[f"c{k}"], layout.rounding)
         bad = ~np.isfinite(numerical[:, j])
         if bad.any():
             i = int(np.argmax(bad))
@@ -278,12 +284,15 @@ def transcode(
     chunk_rows: int = 1_000_000,
     spec_name: str = SPEC_FILE_NAME,
     overwrite: bool = False,
+    numerical_rounding: str = DEFAULT_ROUNDING,
 ) -> FeatureSpec:
     """Convert delimited text files (one per split) into a split-binary dataset in ``output_dir``.
 
     Each line: label (0/1), ``num_numerical`` numbers, ``num_categorical`` non-negative integer
     ids; empty fields mean 0. Returns the spec that was written to ``output_dir/spec_name``.
     ``overwrite``: write over a dataset this program wrote there before (module docstring).
+    ``numerical_rounding``: float64 -> float16 of the numericals, ``nvidia`` (through float32, as
+    NVIDIA's tools) or ``direct`` (``dlrm.data.numerical_rounding``).
     """
     if not inputs:
         raise ValueError("inputs is empty; give at least one split, e.g. {'train': 'train.tsv'}")
@@ -296,13 +305,14 @@ def transcode(
         raise ValueError(f"delimiter must be one character that cannot occur in a number, got {delimiter!r}")
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    check_rounding(numerical_rounding)
     _check_spec_name(spec_name)
     claim_output(output_dir, SPLIT_BINARY_DATASET, "output_dir", inputs={"inputs": list(inputs.values())},
                  replace=overwrite)
     check_can_create(output_dir, "the dataset", inside=True)  # a read-only file system fails before any reading
 
     def layout(path: str, cards: np.ndarray | None) -> _Layout:
-        return _text_layout(os.fspath(path), delimiter, num_numerical, num_categorical, cards)
+        return _text_layout(os.fspath(path), delimiter, num_numerical, num_categorical, cards, numerical_rounding)
 
     if cardinalities is None:
         max_ids = np.full(num_categorical, -1, dtype=np.int64)
@@ -377,14 +387,15 @@ def _missing_dirs(output_dir: str, splits: tuple[str, ...]) -> list[str]:
 # ---------------------------------------------------------------------------- NVIDIA's CSV layout
 
 
-def _csv_layout(source, chunk, cardinalities: dict[str, int | None]) -> _Layout:
+def _csv_layout(source, chunk, cardinalities: dict[str, int | None], rounding: str) -> _Layout:
     kinds = [source.kind(name) for name in chunk.features]
     names = [f"{'label' if kind == LABEL else 'feature'} '{name}'" for name, kind in zip(chunk.features, kinds)]
     bounds = [cardinalities.get(name) for name, kind in zip(chunk.features, kinds) if kind == CATEGORICAL]
     cards = np.array([-1 if b is None else b for b in bounds], dtype=np.int64)
     shape = f"(the chunk's features {chunk.features}); fields are comma-separated"
     return _Layout(chunk.path, ",", kinds, names, cards, shape,
-                   raise_fix="raise its cardinality in the feature spec or set it to auto", integral_floats=True)
+                   raise_fix="raise its cardinality in the feature spec or set it to auto", integral_floats=True,
+                   rounding=rounding)
 
 
 def _aligned(split: str, chunks, readers) -> Iterator[list[_Chunk]]:
@@ -416,7 +427,8 @@ def _aligned(split: str, chunks, readers) -> Iterator[list[_Chunk]]:
 
 
 def transcode_csv_source(spec_path: str, output_dir: str, spec_out_name: str = SPEC_FILE_NAME,
-                         chunk_rows: int = 1_000_000, overwrite: bool = False) -> FeatureSpec:
+                         chunk_rows: int = 1_000_000, overwrite: bool = False,
+                         numerical_rounding: str = DEFAULT_ROUNDING) -> FeatureSpec:
     """NVIDIA's transcode: the CSV files a CSV source spec (``csv_source``) describes -> a
     split-binary dataset in ``output_dir`` with NVIDIA's default feature names (``num_<i>`` and
     ``cat_<i>.bin`` in channel order, ``label``), one directory per split of the source spec,
@@ -424,11 +436,13 @@ def transcode_csv_source(spec_path: str, output_dir: str, spec_out_name: str = S
     all splits (a first pass over the files that hold them); given ones bound the ids. Ids may
     be written as integral floats (``5.0``). Nothing replaces an existing dataset unless every
     split converts cleanly; the spec is written last. ``overwrite``: write over a dataset this
-    program wrote there before (module docstring); the output never holds the spec or its files."""
+    program wrote there before (module docstring); the output never holds the spec or its files.
+    ``numerical_rounding`` as in ``transcode``: the default, ``nvidia``, writes NVIDIA's bytes."""
     from dlrm.data.csv_source import CsvSource, source_files
 
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    check_rounding(numerical_rounding)
     _check_spec_name(spec_out_name)
     source = CsvSource.from_yaml(spec_path)
     for split in source.splits:
@@ -447,7 +461,7 @@ def transcode_csv_source(spec_path: str, output_dir: str, spec_out_name: str = S
                 mine = [n for n in chunk.features if n in found]
                 if not mine:
                     continue
-                layout = _csv_layout(source, chunk, {})
+                layout = _csv_layout(source, chunk, {}, numerical_rounding)
                 columns = [n for n in chunk.features if source.kind(n) == CATEGORICAL]
                 for block in _read_chunks(layout, chunk_rows):
                     if len(block):
@@ -473,6 +487,7 @@ def transcode_csv_source(spec_path: str, output_dir: str, spec_out_name: str = S
         "feature_spec": source.path,
         "features": dict(zip(spec.numerical_names + spec.categorical_names + [spec.label_name],
                              source.numerical_names + names + [source.label_name])),
+        "numerical_rounding": numerical_rounding,
     }}
     with writing(output_dir, "the dataset", cleanup=remove_created):
         os.makedirs(output_dir, exist_ok=True)
@@ -485,7 +500,7 @@ def transcode_csv_source(spec_path: str, output_dir: str, spec_out_name: str = S
                     for kind in (LABEL, NUMERICAL, CATEGORICAL):
                         of_kind = [n for n in chunk.features if source.kind(n) == kind]
                         where.update({n: (i, k) for k, n in enumerate(of_kind)})
-                readers = [_read_chunks(_csv_layout(source, c, cards), chunk_rows) for c in chunks]
+                readers = [_read_chunks(_csv_layout(source, c, cards, numerical_rounding), chunk_rows) for c in chunks]
                 writer = writers.enter_context(SplitBinaryWriter(spec, split))
                 for blocks in _aligned(split, chunks, readers):
                     n = len(blocks[0])

@@ -92,7 +92,7 @@ flags.DEFINE_integer("dcn_num_layers", 3, "Cross layers of --interaction_op dcn.
 flags.DEFINE_integer("dcn_low_rank_dim", 512, "Rank of each cross layer of --interaction_op dcn (MLPerf DLRMv2: 512).")
 flags.DEFINE_boolean("cuda_graphs", False,
                      "Capture the training step and the test forward as CUDA graphs (CUDA, one process, "
-                     "--embedding_type joint_fused).")
+                     "--embedding_type joint_fused). On a CPU the run proceeds without them (a header note).")
 
 # Data
 flags.DEFINE_string("dataset", None, "Split-binary dataset directory. Without it, trains on synthetic data.")

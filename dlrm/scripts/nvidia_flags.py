@@ -14,6 +14,7 @@ before they are validated.
     --backend                              the backend follows the device (a header line says so)
     --bottom_features_ordered              always so here (a header line says so)
     --synthetic_dataset_use_feature_spec   synthetic data shaped by the feature spec of --dataset
+    --cuda_graphs on a CPU                 the run proceeds without CUDA graphs (a header line says so)
 
 Every other flag of NVIDIA's ``main.py`` has the same name and meaning in ``dlrm.scripts.main``.
 """
@@ -97,6 +98,9 @@ def apply(values: flags.FlagValues = FLAGS) -> list[str]:
         used = "nccl" if run_device_type(values) == "cuda" else "gloo"
         notes.append(f"--backend {values.backend}: the backend follows the device here (nccl for CUDA, gloo for the "
                      f"CPU); a multi-process run of this one uses {used}")
+    if values.cuda_graphs and run_device_type(values) == "cpu":
+        values["cuda_graphs"].value = False  # NVIDIA's README passes it on every command: they run as written
+        notes.append("--cuda_graphs: CUDA graphs are a CUDA feature; this run is on the CPU and proceeds without them")
     if values["bottom_features_ordered"].present:
         notes.append("--bottom_features_ordered: always so here (the features join in the fixed order, so "
                      "checkpoints load on any number of processes)")

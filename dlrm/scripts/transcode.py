@@ -12,6 +12,9 @@ One text file per split, label then numerical then categorical fields:
         --num_numerical 13 --num_categorical 26 [--validation val.tsv] [--delimiter comma] \
         [--cardinalities 10,20,...]
 
+Numericals are rounded to float16 through float32, as NVIDIA's transcode.py does (its bytes);
+--numerical_rounding direct rounds them once.
+
 --output is created, or must be empty; a dataset an earlier run wrote there is replaced with
 --overwrite, and a folder holding anything else is never written into.
 """
@@ -24,6 +27,7 @@ from absl import app, flags
 
 from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import SPEC_FILE_NAME
+from dlrm.data.numerical_rounding import DEFAULT_ROUNDING, ROUNDINGS
 from dlrm.data.outputs import claim_output
 from dlrm.data.split_binary_writer import SPLIT_BINARY_DATASET
 from dlrm.scripts import cli
@@ -46,6 +50,10 @@ flags.DEFINE_enum("delimiter", "tab", ["tab", "comma"], "Field separator.")
 flags.DEFINE_list("cardinalities", None, "Comma-separated cardinality per categorical feature; default: max id + 1 over all splits.")
 flags.DEFINE_integer("chunk_size", 1_000_000, "Lines parsed per chunk (bounds memory; NVIDIA's flag).", lower_bound=1)
 flags.DEFINE_alias("chunk_rows", "chunk_size")
+flags.DEFINE_enum("numerical_rounding", DEFAULT_ROUNDING, list(ROUNDINGS),
+                  "float64 -> float16 of the numericals: nvidia (through float32, as NVIDIA's transcode.py: its "
+                  "bytes) or direct (once, to the nearest float16; at most one float16 step apart, on values next "
+                  "to a midpoint of two float16 values; what this program wrote before the option).")
 flags.mark_flags_as_required(["output"])
 
 _TEXT_FLAGS = ("train", "test", "validation", "num_numerical", "num_categorical", "delimiter", "cardinalities")
@@ -70,7 +78,8 @@ def _from_csv_source() -> int:
 
     try:
         spec = transcode_csv_source(spec_in, FLAGS.output, spec_out_name=FLAGS.feature_spec_out,
-                                    chunk_rows=FLAGS.chunk_size, overwrite=FLAGS.overwrite)
+                                    chunk_rows=FLAGS.chunk_size, overwrite=FLAGS.overwrite,
+                                    numerical_rounding=FLAGS.numerical_rounding)
     except DatasetError:
         raise
     except ValueError as e:
@@ -123,6 +132,7 @@ def main(argv: list[str]) -> int:
             chunk_rows=FLAGS.chunk_size,
             spec_name=FLAGS.feature_spec_out,
             overwrite=FLAGS.overwrite,
+            numerical_rounding=FLAGS.numerical_rounding,
         )
     except DatasetError:
         raise  # bad input file: cli.run prints the message (file, line, fix) and exits 2
