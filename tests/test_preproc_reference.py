@@ -197,7 +197,7 @@ def test_reference_vocabulary_over_all_days(tmp_path, tiny):
 
 
 def test_reference_numerical_rounding(tmp_path):
-    # ln(10361 + 3) = 9.2460937474...: the nearest float16 is 9.2421875 (direct), but float32 rounds
+    # ln(10361 + 3) = 9.2460935417...: the nearest float16 is 9.2421875 (direct), but float32 rounds
     # it to 9.24609375, the midpoint, which float16 rounds to even: 9.25 (NVIDIA's two casts).
     lines = [tsv_line("1", {0: "10361", 1: "5"}, {})]
     train, test = write(tmp_path / "train.tsv", lines), write(tmp_path / "test.tsv", lines)

@@ -174,7 +174,7 @@ def test_the_two_roundings_differ_exactly_where_float32_lands_on_a_float16_midpo
     assert set(np.abs(steps).tolist()) == {1}
     mid = (nvidia[differ].astype(np.float64) + direct[differ].astype(np.float64)) / 2
     assert (logs[differ].astype(np.float32).astype(np.float64) == mid).all()
-    # The example: 10361 -> ln(10364) = 9.24609374...; 9.2421875 directly, 9.25 through float32.
+    # The example: 10361 -> ln(10364) = 9.24609354...; 9.2421875 directly, 9.25 through float32.
     i = 10361 + 2
     assert (float(direct[i]), float(nvidia[i])) == (9.2421875, 9.25)
 
