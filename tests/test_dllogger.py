@@ -5,7 +5,6 @@ JSON object), and compared with what the project's own log records."""
 import datetime
 import json
 import math
-import os
 import re
 import time
 
@@ -68,7 +67,7 @@ def dataset(tmp_path_factory):
     return root
 
 
-def test_dllogger_log_of_train_and_test_runs(cli, dataset, tmp_path):
+def test_dllogger_log_of_train_and_test_runs_appended_in_its_own_form(cli, dataset, tmp_path):
     dll, own = str(tmp_path / "dlrm.dllogger"), str(tmp_path / "own.json")
     started = time.time()
     out = cli("dlrm.scripts.main", "--dataset", dataset, *TRAIN, *COMMON, "--log_format", "dllogger",
@@ -81,19 +80,24 @@ def test_dllogger_log_of_train_and_test_runs(cli, dataset, tmp_path):
     (own_flags,) = records(own, "flags")
     differ = {"log_format", "log_path", "save_checkpoint_path", "type", "time"}
     assert flags["log_format"] == "dllogger" and flags["log_path"] == dll
-    assert {k: v for k, v in flags.items() if k not in differ} == {k: v for k, v in own_flags.items() if k not in differ}
+    assert ({k: v for k, v in flags.items() if k not in differ}
+            == {k: v for k, v in own_flags.items() if k not in differ})
 
     trains, evals = records(own, "train"), records(own, "eval")
-    steps_per_epoch = math.ceil(3000 / 256)
+    steps_per_epoch = math.ceil(3000 / 256)  # the last, partial batch is a step
     assert len(trains) >= 4 and len(evals) >= 4
-    expected = ([([t["epoch"], t["step"]], {"loss": t["loss"], "lr": t["lr"]}) for t in trains]
-                + [([(e["step"] - 1) // steps_per_epoch, e["step"]], {"auc": e["auc"], "validation_loss": e["loss"]})
-                   for e in evals])
-    got = [(r["step"], {k: v for k, v in r["data"].items() if k != "step_time"}) for r in steps]
-    assert sorted(got, key=lambda x: (x[0][1], "auc" in x[1])) == sorted(expected, key=lambda x: (x[0][1], "auc" in x[1]))
+    expected = []  # the project's progress and test records, in their order
+    for r in map(json.loads, open(own)):
+        if r["type"] == "train":
+            expected.append(([r["epoch"], r["step"]], {"loss": r["loss"], "lr": r["lr"]}))
+        elif r["type"] == "eval":  # DLLogger's epoch: the one its last step was in
+            expected.append(([(r["step"] - 1) // steps_per_epoch, r["step"]],
+                             {"auc": r["auc"], "validation_loss": r["loss"]}))
+    assert [(r["step"], {k: v for k, v in r["data"].items() if k != "step_time"}) for r in steps] == expected
     # step_time is this run's own: the one its progress lines print
     printed = [float(t) for t in re.findall(r"step_time: ([0-9.]+)", out)]
-    assert [round(r["data"]["step_time"], 6) for r in steps if "loss" in r["data"]] == pytest.approx(printed, abs=1e-6)
+    logged = [r["data"]["step_time"] for r in steps if "loss" in r["data"]]
+    assert logged == pytest.approx(printed, abs=1e-6)
 
     (summary,) = records(own, "summary")
     best = max(evals, key=lambda e: e["auc"])
@@ -120,6 +124,19 @@ def test_dllogger_log_of_train_and_test_runs(cli, dataset, tmp_path):
     (test_summary,) = records(str(tmp_path / "test.json"), "summary")
     assert final == {"best_auc": test_summary["auc"], "best_validation_loss": test_summary["loss"]}
 
+    # A log is appended to only in its own form; anything else stays as it was
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    refusals = [(own, "dllogger", "pass --log_format=json"), (dll, "json", "pass --log_format=dllogger"),
+                (str(notes), "dllogger", "never replaced")]
+    for path, log_format, fix in refusals:
+        before = open(path, "rb").read()
+        proc = cli("dlrm.scripts.main", *test_args, "--log_path", path, "--log_format", log_format, check=False)
+        assert proc.returncode == 2, proc.stderr
+        (line,) = proc.stderr.strip().splitlines()
+        assert line.startswith(f"error: --log_path {path} ") and fix in line, line
+        assert open(path, "rb").read() == before
+
 
 def test_inference_benchmark_in_dllogger_form(cli, dataset, tmp_path):
     dll = str(tmp_path / "bench.dllogger")
@@ -136,20 +153,3 @@ def test_inference_benchmark_in_dllogger_form(cli, dataset, tmp_path):
         # the table's row of this batch size prints its mean in ms, to 3 places
         (mean_ms,) = re.findall(rf"^\s*eager\s+{size}\s+none \(cpu\)\s+([0-9.]+)\s", out, re.M)
         assert latency * 1000 == pytest.approx(float(mean_ms), abs=0.00051)
-
-
-def test_a_log_is_appended_to_only_in_its_own_form(cli, dataset, tmp_path):
-    own, dll = str(tmp_path / "own.json"), str(tmp_path / "run.dllogger")
-    args = ["--dataset", dataset, "--max_steps", "2", "--test_batch_size", "1000", *COMMON]
-    cli("dlrm.scripts.main", *args, "--log_path", own)
-    cli("dlrm.scripts.main", *args, "--log_path", dll, "--log_format", "dllogger")
-    notes = tmp_path / "notes.txt"
-    notes.write_text("my notes\n")
-    for path, log_format, fix in [(own, "dllogger", "pass --log_format=json"),
-                                  (dll, "json", "pass --log_format=dllogger"), (str(notes), "dllogger", "never replaced")]:
-        before = open(path, "rb").read()
-        proc = cli("dlrm.scripts.main", *args, "--log_path", path, "--log_format", log_format, check=False)
-        assert proc.returncode == 2, proc.stderr
-        (line,) = proc.stderr.strip().splitlines()
-        assert line.startswith(f"error: --log_path {path} ") and fix in line, line
-        assert open(path, "rb").read() == before

@@ -103,10 +103,10 @@ class DLLoggerLines:
     no final record (NVIDIA's would have none). Between them, step ``[epoch, step]`` records
     carry each progress line's ``loss``, ``lr`` and ``step_time`` and each test's ``auc`` and
     ``validation_loss``: ``step`` is this program's (the steps done), ``epoch`` the epoch that step
-    was in, counted from 0. Values are those of
-    this program's records; a figure with nothing behind it (no test ran) is NaN, as in them.
-    Best values and ``best_epoch`` cover the tests of this process (``best_auc`` of a resumed
-    run: the whole run, as its checkpoint keeps it)."""
+    was in, counted from 0. Values are those of this program's records; a figure with nothing
+    behind it (no test ran) is NaN, as in them (NVIDIA's: 0, or 1e6 for the loss). Best values
+    and ``best_epoch`` cover the tests of this process (``best_auc`` of a resumed run: the whole
+    run, as its checkpoint keeps it)."""
 
     def __init__(self) -> None:
         self.start = datetime.datetime.now()
