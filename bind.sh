@@ -477,7 +477,8 @@ file_arg() {
 # --ib=single as NVIDIA's bind.sh means it: the rank's share of this host's InfiniBand devices
 # (device local_rank * devices / local_size) for Open MPI's openib transport and UCX, unless
 # the environment already names one. The devices are BIND_IB_DEVICES (names, in the order that
-# follows the GPUs) or those in /sys/class/infiniband. Sets ib_env to the assignments made.
+# follows the GPUs) or those in /sys/class/infiniband, in version order. Sets ib_env to the
+# assignments made.
 ib_env=()
 bind_ib() {
     local devices=() device chosen var value
@@ -487,9 +488,12 @@ bind_ib() {
             [[ $device =~ ^[A-Za-z0-9_.:-]+$ ]] || die "BIND_IB_DEVICES: '$device' is not a device name (e.g. mlx5_0)"
         done
     elif [[ -d /sys/class/infiniband ]]; then
+        local names=()
         for device in /sys/class/infiniband/*; do
-            [[ -e $device ]] && devices+=("${device##*/}")
+            [[ -e $device ]] && names+=("${device##*/}")
         done
+        # in version order, as NVIDIA's scripts list them ('ibstat -l | sort -V'): mlx5_2 before mlx5_10
+        (( ${#names[@]} == 0 )) || mapfile -t devices < <(printf '%s\n' "${names[@]}" | sort -V)
     fi
     if (( ${#devices[@]} == 0 )); then
         printf '%s: --ib=single: this host has no InfiniBand device (/sys/class/infiniband); running without one\n' \
