@@ -20,7 +20,7 @@ fi
 
 usage() {
     cat <<EOF
-Usage: $PROG [--cpu=MODE] [--mem=MODE] [--dry-run] [--] COMMAND [ARGS...]
+Usage: $PROG [--cpu=MODE] [--mem=MODE] [--ib=MODE] [--dry-run] [--] COMMAND [ARGS...]
 
 Runs COMMAND under numactl with CPU and memory binding chosen for this process's local rank,
 read from LOCAL_RANK (torchrun), SLURM_LOCALID (srun) or OMPI_COMM_WORLD_LOCAL_RANK (mpirun),
@@ -31,13 +31,28 @@ SLURM_TASKS_PER_NODE or OMPI_COMM_WORLD_LOCAL_SIZE.
                                 local rank, keeping SMT siblings together (default)
                exclusive,nosmt  the same, but only the first hardware thread of each core
                node             every CPU of the rank's NUMA node
-               FILE             line i of FILE is the CPU list of local rank i (e.g. 0-7,64-71)
+               FILE             line i of FILE is the CPU list of local rank i (e.g. 0-7,64-71),
+                                or FILE is a mapping file in NVIDIA's form (below)
                off              no CPU binding
   --mem=MODE   node             allocate memory only on the rank's NUMA node (default)
-               FILE             line i of FILE is the node list of local rank i (e.g. 0 or 0,1)
+               FILE             line i of FILE is the node list of local rank i (e.g. 0 or 0,1),
+                                or FILE is a mapping file in NVIDIA's form (below)
                off              no memory binding
+  --ib=MODE    single           point Open MPI and UCX at one InfiniBand device, the rank's
+                                share of this host's devices (a note and no change where none)
+               off              leave them alone (default)
   --dry-run    print the command that would run and exit 0 (also: BIND_DRY_RUN=1)
   -h, --help   show this text
+
+A mapping file in NVIDIA's form (dgxa100_ccx.sh: a file named *.sh, or holding '=' or '#') sets
+bash arrays indexed by local rank, and is read, not run:
+  bind_cpu_cores=([0]="0-3,64-67" [1]="4-7,68-71")  # --cpu: numactl --physcpubind
+  bind_cpu_nodes=([0]="1" [1]="1")   # --cpu without bind_cpu_cores: numactl --cpunodebind
+  bind_mem=([0]="1" [1]="1")         # --mem: numactl --membind
+
+--ib=single sets OMPI_MCA_btl_openib_if_include and UCX_NET_DEVICES (unless already set) to
+device local_rank * devices / local_size of BIND_IB_DEVICES (names in GPU order, e.g.
+"mlx5_0,mlx5_1") or else of /sys/class/infiniband; NCCL chooses its own (NCCL_IB_HCA).
 
 The rank's NUMA node is node number local_rank * nodes / local_size (nodes in ascending order).
 The topology comes from 'lscpu -p=CPU,CORE,SOCKET,NODE'. With --cpu=off --mem=off the command
@@ -65,6 +80,7 @@ usage_error() {
 
 cpu_mode=exclusive
 mem_mode=node
+ib_mode=off
 dry_run=0
 case "${BIND_DRY_RUN:-0}" in
     ''|0|false|no) ;;
@@ -91,6 +107,14 @@ check_mode() {
     printf '%s\n' "$value"
 }
 
+check_ib() {
+    case $1 in
+        single|off) printf '%s\n' "$1" ;;
+        '') usage_error "--ib needs a value" ;;
+        *) usage_error "--ib: '$1' is not a mode (single|off)" ;;
+    esac
+}
+
 parse_args() {
     while (( $# > 0 )); do
         case $1 in
@@ -107,13 +131,16 @@ parse_args() {
             --mem=*)
                 mem_mode=$(check_mode --mem "${1#*=}" node off)
                 ;;
-            --cpu|--mem)
+            --ib=*)
+                ib_mode=$(check_ib "${1#*=}")
+                ;;
+            --cpu|--mem|--ib)
                 (( $# >= 2 )) || usage_error "$1 needs a value"
-                if [[ $1 == --cpu ]]; then
-                    cpu_mode=$(check_mode --cpu "$2" exclusive exclusive,nosmt node off)
-                else
-                    mem_mode=$(check_mode --mem "$2" node off)
-                fi
+                case $1 in
+                    --cpu) cpu_mode=$(check_mode --cpu "$2" exclusive exclusive,nosmt node off) ;;
+                    --mem) mem_mode=$(check_mode --mem "$2" node off) ;;
+                    *) ib_mode=$(check_ib "$2") ;;
+                esac
                 shift
                 ;;
             --)
@@ -321,6 +348,168 @@ file_line() {
     printf '%s\n' "$line"
 }
 
+# Mapping files in NVIDIA's form (its dgxa100_ccx.sh, which NVIDIA's bind.sh sources): bash
+# arrays indexed by local rank, any number of lines each, with comments:
+#   bind_cpu_cores=([0]="0-3,64-67" [1]="4-7,68-71"   # numactl --physcpubind
+#                   [2]="8-11,72-75")
+#   bind_cpu_nodes=(0 0 1 1)                          # --cpunodebind, without bind_cpu_cores
+#   bind_mem=([0]="0" [1]="0")                        # --membind
+# The file is read here, not run, so that a mistake is named with its line. Elements follow
+# bash: [i]=value sets index i, a bare value the index after the previous one; a value is
+# quoted with "" or '' or bare, and must be a numactl list.
+declare -A map_value=()   # "name/index" -> value, for the file last read
+declare -A map_line=()    # name -> line of the file where its array starts
+readonly MAP_NAMES='bind_cpu_cores, bind_cpu_nodes, bind_mem'
+
+# Whether $1 is a mapping file in NVIDIA's form rather than one list per line: named *.sh as
+# NVIDIA's bind.sh requires, or holding what a list file cannot ('=' or a '#' comment).
+is_nvidia_map() {
+    [[ $1 == *.sh ]] && return 0
+    local content
+    content=$(<"$1")
+    [[ $content == *[=#]* ]]
+}
+
+read_nvidia_map() {
+    local option=$1 file=$2
+    local lines=() line rest name='' start=0 index=0 value n=0 key
+    local re_open='^(declare[[:space:]]+-[aA]+[[:space:]]+)?([A-Za-z_][A-Za-z0-9_]*)=\('
+    local re_index='^\[([0-9]+)\]='
+    local re_double='^"([^"]*)"'
+    local re_single="^'([^']*)'"
+    local re_bare='^([[:alnum:],!+-]+)'
+    local re_end='^[[:space:])]'
+    local where
+    map_value=()
+    map_line=()
+    mapfile -t lines <"$file"
+    for line in "${lines[@]}"; do
+        n=$(( n + 1 ))
+        where="$option: $file line $n"
+        rest=${line%$'\r'}
+        while :; do
+            rest=${rest#"${rest%%[![:space:]]*}"}
+            [[ -z $rest || $rest == \#* ]] && break
+            if [[ -z $name ]]; then
+                [[ $rest =~ $re_open ]] \
+                    || die "$where: '$rest' is not an array such as bind_cpu_cores=([0]=\"0-7\" [1]=\"8-15\")" \
+                           "(a file of one list per line is not named *.sh and has no '=' or '#')"
+                name=${BASH_REMATCH[2]}
+                case $name in
+                    bind_cpu_cores|bind_cpu_nodes|bind_mem) ;;
+                    *) die "$where: $name is none of the arrays read here ($MAP_NAMES)" ;;
+                esac
+                for key in "${!map_value[@]}"; do  # bash replaces an array assigned again
+                    [[ $key != "$name/"* ]] || unset "map_value[$key]"
+                done
+                map_line[$name]=$n
+                start=$n
+                index=0
+                rest=${rest:${#BASH_REMATCH[0]}}
+                continue
+            fi
+            if [[ $rest == ')'* ]]; then
+                name=''
+                rest=${rest:1}
+                continue
+            fi
+            if [[ $rest =~ $re_index ]]; then
+                index=$(( 10#${BASH_REMATCH[1]} ))
+                rest=${rest:${#BASH_REMATCH[0]}}
+            fi
+            if [[ $rest =~ $re_double || $rest =~ $re_single || $rest =~ $re_bare ]]; then
+                value=${BASH_REMATCH[1]}
+                rest=${rest:${#BASH_REMATCH[0]}}
+            else
+                die "$where: cannot read '$rest' in $name: write [i]=\"LIST\" or LIST, e.g. [0]=\"0-7\""
+            fi
+            [[ -z $rest || $rest =~ $re_end ]] \
+                || die "$where: '$value' runs into '$rest' in $name: separate the elements with blanks"
+            [[ $value =~ ^[[:alnum:],!+-]+$ ]] \
+                || die "$where: '$value' in $name is not a numactl list (e.g. 0-7,64-71 or 3)"
+            map_value[$name/$index]=$value
+            index=$(( index + 1 ))
+        done
+    done
+    [[ -z $name ]] || die "$option: $file line $start: the array $name=( is not closed with ')'"
+}
+
+# The numactl option for this rank from mapping file $2 in NVIDIA's form: for --cpu
+# bind_cpu_cores, else bind_cpu_nodes; for --mem bind_mem.
+nvidia_map_arg() {
+    local option=$1 file=$2 name numactl_option
+    read_nvidia_map "$option" "$file"
+    if [[ $option == --mem ]]; then
+        name=bind_mem numactl_option=--membind
+    elif [[ -n ${map_line[bind_cpu_cores]:-} ]]; then
+        name=bind_cpu_cores numactl_option=--physcpubind
+    else
+        name=bind_cpu_nodes numactl_option=--cpunodebind
+    fi
+    if [[ -z ${map_line[$name]:-} ]]; then
+        [[ $option == --mem ]] && die "$option: $file sets no bind_mem array (e.g. bind_mem=([0]=\"0\" [1]=\"1\"))"
+        die "$option: $file sets neither bind_cpu_cores nor bind_cpu_nodes (e.g. bind_cpu_cores=([0]=\"0-7\"))"
+    fi
+    [[ -n ${map_value[$name/$local_rank]:-} ]] \
+        || die "$option: $file line ${map_line[$name]}: $name has no entry for local rank $local_rank"
+    printf '%s=%s\n' "$numactl_option" "${map_value[$name/$local_rank]}"
+}
+
+# A --cpu or --mem FILE: its numactl option for this rank, in either form.
+file_arg() {
+    local option=$1 file=$2 list
+    if is_nvidia_map "$file"; then
+        nvidia_map_arg "$option" "$file"
+        return
+    fi
+    list=$(file_line "$option" "$file") || exit  # a subshell of a subshell: errexit is not inherited
+    if [[ $option == --cpu ]]; then
+        printf -- '--physcpubind=%s\n' "$list"
+    else
+        printf -- '--membind=%s\n' "$list"
+    fi
+}
+
+# ---------------------------------------------------------------------------------------------
+# InfiniBand
+# ---------------------------------------------------------------------------------------------
+
+# --ib=single as NVIDIA's bind.sh means it: the rank's share of this host's InfiniBand devices
+# (device local_rank * devices / local_size) for Open MPI's openib transport and UCX, unless
+# the environment already names one. The devices are BIND_IB_DEVICES (names, in the order that
+# follows the GPUs) or those in /sys/class/infiniband, in version order. Sets ib_env to the
+# assignments made.
+ib_env=()
+bind_ib() {
+    local devices=() device chosen var value
+    if [[ -n ${BIND_IB_DEVICES:-} ]]; then
+        read -r -a devices <<<"${BIND_IB_DEVICES//,/ }"
+        for device in "${devices[@]}"; do
+            [[ $device =~ ^[A-Za-z0-9_.:-]+$ ]] || die "BIND_IB_DEVICES: '$device' is not a device name (e.g. mlx5_0)"
+        done
+    elif [[ -d /sys/class/infiniband ]]; then
+        local names=()
+        for device in /sys/class/infiniband/*; do
+            [[ -e $device ]] && names+=("${device##*/}")
+        done
+        # in version order, as NVIDIA's scripts list them ('ibstat -l | sort -V'): mlx5_2 before mlx5_10
+        (( ${#names[@]} == 0 )) || mapfile -t devices < <(printf '%s\n' "${names[@]}" | sort -V)
+    fi
+    if (( ${#devices[@]} == 0 )); then
+        printf '%s: --ib=single: this host has no InfiniBand device (/sys/class/infiniband); running without one\n' \
+            "$PROG" >&2
+        return 0
+    fi
+    chosen=${devices[local_rank * ${#devices[@]} / local_size]}
+    for var in OMPI_MCA_btl_openib_if_include UCX_NET_DEVICES; do
+        [[ -z ${!var+set} ]] || continue  # the user's own choice stays
+        value=$chosen
+        [[ $var == UCX_NET_DEVICES ]] && value=$chosen:1
+        export "$var=$value"
+        ib_env+=("$var=$value")
+    done
+}
+
 # ---------------------------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------------------------
@@ -353,9 +542,14 @@ main() {
     fi
 
     local numa_args=()
-    if (( binding )); then
+    if [[ $ib_mode == single ]]; then
         detect_local_rank
-        case $cpu_mode in exclusive*|node) detect_local_size ;; esac
+        detect_local_size
+        bind_ib
+    fi
+    if (( binding )); then
+        [[ -n $local_rank ]] || detect_local_rank
+        case $cpu_mode in exclusive*|node) [[ -n $local_size ]] || detect_local_size ;; esac
         case $mem_mode in node) [[ -n $local_size ]] || detect_local_size ;; esac
         case $cpu_mode in exclusive*|node) read_topology ;; esac
         case $mem_mode in node) (( ${#cpu_core[@]} > 0 )) || read_topology ;; esac
@@ -366,25 +560,27 @@ main() {
         [[ ${#node_seen[@]} -eq 0 ]] || node=$(rank_node)
         case $cpu_mode in
             off) ;;
-            exclusive) cpus=$(exclusive_cpus 0) ;;
-            exclusive,nosmt) cpus=$(exclusive_cpus 1) ;;
-            node) cpus=$(node_cpus "$node") ;;
-            *) cpus=$(file_line --cpu "$cpu_mode") ;;
+            exclusive) cpus=--physcpubind=$(exclusive_cpus 0) ;;
+            exclusive,nosmt) cpus=--physcpubind=$(exclusive_cpus 1) ;;
+            node) cpus=--physcpubind=$(node_cpus "$node") ;;
+            *) cpus=$(file_arg --cpu "$cpu_mode") ;;
         esac
         case $mem_mode in
             off) ;;
-            node) mems=$node ;;
-            *) mems=$(file_line --mem "$mem_mode") ;;
+            node) mems=--membind=$node ;;
+            *) mems=$(file_arg --mem "$mem_mode") ;;
         esac
-        [[ -z $cpus ]] || numa_args+=("--physcpubind=$cpus")
-        [[ -z $mems ]] || numa_args+=("--membind=$mems")
+        [[ -z $cpus ]] || numa_args+=("$cpus")
+        [[ -z $mems ]] || numa_args+=("$mems")
     fi
 
     if (( dry_run )); then
+        # the variables --ib sets come first, as a shell would take them for this one command
         if (( binding )); then
-            print_command $(( ${#numa_args[@]} + 2 )) numactl "${numa_args[@]}" -- "${cmd[@]}"
+            print_command $(( ${#ib_env[@]} + ${#numa_args[@]} + 2 )) "${ib_env[@]}" numactl "${numa_args[@]}" -- \
+                "${cmd[@]}"
         else
-            print_command 0 "${cmd[@]}"
+            print_command ${#ib_env[@]} "${ib_env[@]}" "${cmd[@]}"
         fi
         exit 0
     fi

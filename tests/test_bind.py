@@ -368,6 +368,154 @@ def test_bad_cpu_file(tmp_path, content, message):
 
 
 # ---------------------------------------------------------------------------------------------
+# Mapping files in NVIDIA's form (its dgxa100_ccx.sh): bash arrays indexed by local rank
+# ---------------------------------------------------------------------------------------------
+
+# A made-up 8-GPU host: each rank's cores and SMT siblings, and the NUMA node of its GPU.
+DGX_CORES = {0: "40-43,168-171", 1: "52-55,180-183", 2: "8-11,136-139", 3: "20-23,148-151",
+             4: "104-107,232-235", 5: "116-119,244-247", 6: "72-75,200-203", 7: "84-87,212-215"}
+DGX_MEM = {0: "2", 1: "2", 2: "0", 3: "0", 4: "6", 5: "6", 6: "4", 7: "4"}
+
+
+def dgx_map_file(path):
+    """The lists above as NVIDIA's mapping files write them: a licence comment, a shebang after
+    it, arrays over several lines, plus comments at the ends of lines and bare or '' values."""
+    cores = [f'[{r}]="{DGX_CORES[r]}"' for r in range(8)]
+    cores[4] = f"[4]='{DGX_CORES[4]}'"
+    cores[5] = f"[5]={DGX_CORES[5]}"
+    mem = [f'[{r}]="{DGX_MEM[r]}"' for r in range(8)]
+    path.write_text("\n".join([
+        "# Copyright (c) someone. All rights reserved.",
+        "#",
+        "#! /bin/bash",
+        "",
+        "",
+        f"bind_cpu_cores=({' '.join(cores[:4])}",
+        f"                {' '.join(cores[4:6])}   # the second socket",
+        f"                {cores[6]}",
+        f"                {cores[7]}",
+        "               )",
+        "",
+        f"bind_mem=({' '.join(mem[:4])}",
+        f"          {' '.join(mem[4:])})",
+    ]) + "\n")
+    return path
+
+
+def test_nvidia_mapping_file_every_rank(tmp_path):
+    """NVIDIA's DGX form: --cpu=FILE --mem=FILE with the same file, as its README runs it."""
+    path = dgx_map_file(tmp_path / "dgxa100_ccx.sh")
+    bin_dir = make_bin(tmp_path)  # lscpu fails if called: the file is the whole story
+    for rank in range(8):
+        proc = run_bind([f"--cpu={path}", f"--mem={path}", "--", "train"], {"LOCAL_RANK": str(rank)}, [bin_dir])
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout == f"numactl --physcpubind={DGX_CORES[rank]} --membind={DGX_MEM[rank]} -- train\n"
+    # srun's variable, and the options' separate-word form
+    proc = run_bind(["--cpu", str(path), "--mem", str(path), "train"], {"SLURM_LOCALID": "6"}, [bin_dir])
+    assert proc.stdout == f"numactl --physcpubind={DGX_CORES[6]} --membind={DGX_MEM[6]} -- train\n"
+
+
+def test_nvidia_mapping_file_nodes_and_bash_indexing(tmp_path, fake_bin):
+    """bind_cpu_nodes gives --cpunodebind; indexes follow bash: a bare element takes the index
+    after the one before, an array assigned again is replaced; the name need not end in .sh."""
+    path = tmp_path / "host.map"
+    body = ("bind_cpu_nodes=(0 0 '1'\n"
+            '  [5]="3" 2)  # ranks 3 and 4 unused\n'
+            "bind_mem=([0]=0)\n"
+            "bind_mem=(0,1 0,1 2 2 3 3 3)\n")
+    nodes = {0: "0", 1: "0", 2: "1", 5: "3", 6: "2"}
+    mems = ["0,1", "0,1", "2", "2", "3", "3", "3"]
+    bin_dir = make_bin(tmp_path)
+    path.write_text(body)
+    for rank in nodes:
+        proc = run_bind([f"--cpu={path}", f"--mem={path}", "--", "train"], {"LOCAL_RANK": str(rank)}, [bin_dir])
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout == f"numactl --cpunodebind={nodes[rank]} --membind={mems[rank]} -- train\n"
+    # bind_cpu_cores wins over bind_cpu_nodes, as in NVIDIA's bind.sh
+    path.write_text(body + "declare -a bind_cpu_cores=([0]=0-3 [1]=4-7)\n")
+    proc = run_bind([f"--cpu={path}", "--mem=off", "--", "train"], {"LOCAL_RANK": "1"}, [bin_dir])
+    assert proc.stdout == "numactl --physcpubind=4-7 -- train\n"
+    # a file for one half, a mode of the host for the other
+    proc = run_bind(["--cpu=node", f"--mem={path}", "--", "train"], torchrun_env(1, 2), [fake_bin("2s4n")])
+    assert proc.stdout == "numactl --physcpubind=8-11,24-27 --membind=0,1 -- train\n"
+
+
+@pytest.mark.parametrize("content, option, line, message", [
+    ("# cores\nbind_cpu_cores=([0]=\"0-3\"\n  [1]=\"4-7\"\n", "--cpu", 2, "is not closed"),
+    ("bind_cpu_cores=([0]=\"0-3\")\nbind_cpu_core=([1]=\"4-7\")\n", "--cpu", 2, "bind_cpu_core is none of"),
+    ("bind_cpu_cores=([0]=\"0-3\"\n [1]=\"4-7 8\")\n", "--cpu", 2, "is not a numactl list"),
+    ("bind_cpu_cores=([0]=\"0-3\" [1]=$CORES)\n", "--cpu", 1, "cannot read '$CORES)'"),
+    ("bind_cpu_cores=([0]=\"0-3\")\nexport FOO=1\n", "--cpu", 2, "is not an array"),
+    ("#!/bin/bash\nbind_cpu_cores=([0]=\"0-3\"\n  [2]=\"8-11\")\n", "--cpu", 2, "no entry for local rank 1"),
+    ("bind_mem=([0]=0 [1]=0)\n", "--cpu", None, "sets neither bind_cpu_cores nor bind_cpu_nodes"),
+    ("bind_cpu_cores=([0]=0-3 [1]=4-7)\n", "--mem", None, "sets no bind_mem array"),
+    ("0-3\n4-7\n", "--cpu", 1, "is not an array"),  # a list file named *.sh is read in NVIDIA's form
+])
+def test_bad_nvidia_mapping_file(tmp_path, content, option, line, message):
+    path = tmp_path / "map.sh"
+    path.write_text(content)
+    before = path.read_bytes()
+    other = "--mem=off" if option == "--cpu" else "--cpu=off"
+    proc = run_bind([f"{option}={path}", other, "--", "train"], {"LOCAL_RANK": "1"}, [make_bin(tmp_path)])
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    (text,) = proc.stderr.splitlines()  # one line
+    where = f"{option}: {path}" + (f" line {line}:" if line else " ")
+    assert text.startswith(f"bind.sh: {where}") and message in text, text
+    assert path.read_bytes() == before
+
+
+def test_nvidia_mapping_file_is_read_not_run(tmp_path):
+    """NVIDIA's bind.sh sources the file; here a command in it is an error, and never runs."""
+    marker = tmp_path / "ran"
+    path = tmp_path / "map.sh"
+    path.write_text(f"touch {marker}\nbind_cpu_cores=([0]=0-3)\n")
+    proc = run_bind([f"--cpu={path}", "--mem=off", "--", "train"], {"LOCAL_RANK": "0"}, [make_bin(tmp_path)])
+    assert proc.returncode == 2 and f"{path} line 1: 'touch" in proc.stderr
+    assert not marker.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# --ib
+# ---------------------------------------------------------------------------------------------
+
+def test_ib_single_without_infiniband_is_a_note(fake_bin):
+    if os.path.isdir("/sys/class/infiniband") and os.listdir("/sys/class/infiniband"):
+        pytest.skip("this host has InfiniBand devices")
+    bin_dir = fake_bin("2s4n")
+    proc = run_bind(["--ib=single", "--cpu=node", "--mem=node", "--", "train"], torchrun_env(1, 2), [bin_dir])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == expected_command(two_socket_four_node(), "node", "node", 1, 2, ["train"]) + "\n"
+    (note,) = proc.stderr.splitlines()
+    assert note.startswith("bind.sh: --ib=single: ") and "no InfiniBand device" in note
+    proc = run_bind(["--ib=off", "--cpu=node", "--mem=node", "--", "train"], torchrun_env(1, 2), [bin_dir])
+    assert proc.returncode == 0 and proc.stderr == ""
+
+
+def test_ib_single_gives_each_rank_its_share_of_the_devices(tmp_path):
+    """NVIDIA's meaning: device local_rank * devices / local_size for Open MPI and UCX; a value
+    the user set stays."""
+    devices = ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"]
+    for rank in range(8):
+        dev = devices[rank * 4 // 8]
+        proc = run_bind(["--ib=single", "--cpu=off", "--mem=off", "--", "train"],
+                        {**torchrun_env(rank, 8), "BIND_IB_DEVICES": ",".join(devices)})
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+        assert proc.stdout == f"OMPI_MCA_btl_openib_if_include={dev} UCX_NET_DEVICES={dev}:1 train\n"
+    path = dgx_map_file(tmp_path / "dgx.sh")
+    proc = run_bind(["--ib", "single", f"--cpu={path}", f"--mem={path}", "--", "train"],
+                    {**torchrun_env(5, 8), "BIND_IB_DEVICES": "mlx5_0 mlx5_1", "UCX_NET_DEVICES": "mine:1"})
+    assert proc.stdout == (f"OMPI_MCA_btl_openib_if_include=mlx5_1 numactl --physcpubind={DGX_CORES[5]} "
+                           f"--membind={DGX_MEM[5]} -- train\n")
+    # and the command itself sees them
+    show = "import os; print(os.environ['OMPI_MCA_btl_openib_if_include'], os.environ['UCX_NET_DEVICES'])"
+    proc = run_bind(["--ib=single", "--cpu=off", "--mem=off", "--", sys.executable, "-c", show],
+                    {**torchrun_env(3, 4), "BIND_IB_DEVICES": "a_0,b_1"}, dry_run=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "b_1 b_1:1\n"
+
+
+# ---------------------------------------------------------------------------------------------
 # Usage errors
 # ---------------------------------------------------------------------------------------------
 
@@ -379,6 +527,8 @@ def test_bad_cpu_file(tmp_path, content, message):
     (["--cpu"], "needs a value"),
     (["--cpu=exclusive"], "no command"),
     (["--cpu=exclusive", "--"], "no command"),
+    (["--ib=multi", "--", "train"], "'multi' is not a mode (single|off)"),
+    (["--ib"], "needs a value"),
 ])
 def test_usage_errors(args, message):
     proc = run_bind(args, torchrun_env(0, 1))
@@ -393,7 +543,8 @@ def test_help(flag):
     proc = run_bind([flag], dry_run=False)
     assert proc.returncode == 0
     assert proc.stdout.startswith("Usage: bind.sh")
-    for word in ("exclusive,nosmt", "--mem", "--dry-run", "LOCAL_RANK", "SLURM_LOCALID"):
+    for word in ("exclusive,nosmt", "--mem", "--ib=MODE", "bind_cpu_cores", "bind_mem", "--dry-run", "LOCAL_RANK",
+                 "SLURM_LOCALID"):
         assert word in proc.stdout
 
 

@@ -151,6 +151,9 @@ flags.DEFINE_boolean("validate_dataset", True,
 
 # Output
 flags.DEFINE_string("log_path", "./log.json", "JSON-lines log: the flags, periodic metrics and a final summary.")
+flags.DEFINE_enum("log_format", "json", ["json", "dllogger"],
+                  "Form of --log_path: json (this program's records) or dllogger (the DLLL lines NVIDIA's DLRM "
+                  "example writes: PARAMETER, METADATA and the final best_auc, ... record; docs/nvidia_migration.md).")
 flags.DEFINE_string("tensorboard_dir", None, "Also write the logged metrics (train/loss, eval/auc, ...) as TensorBoard "
                     "scalars to this directory, to watch with `tensorboard --logdir DIR` (pip extra: tensorboard).")
 flags.DEFINE_integer("test_freq", None, "Steps between tests; by default test at the end of each epoch.")

@@ -200,9 +200,11 @@ def _main(argv: list[str], env: DistEnv | None) -> int:
     if env is not None and cfg.mode == "inference_benchmark":
         raise app.UsageError("--mode inference_benchmark runs on one process: start it without torchrun")
     with _usage_errors():
-        claim_outputs(cfg, FLAGS.log_path, FLAGS.tensorboard_dir)  # before any work: nothing of the user's is replaced
+        # before any work: nothing of the user's is replaced
+        claim_outputs(cfg, FLAGS.log_path, FLAGS.tensorboard_dir, FLAGS.log_format)
     collectives = start_processes(cfg, env, device)
-    logger = RunLogger(FLAGS.log_path, enabled=collectives.rank == 0, tensorboard_dir=FLAGS.tensorboard_dir)
+    logger = RunLogger(FLAGS.log_path, enabled=collectives.rank == 0, tensorboard_dir=FLAGS.tensorboard_dir,
+                       log_format=FLAGS.log_format)
     with logger:
         for note in notes:
             logger.print(note)

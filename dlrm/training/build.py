@@ -30,11 +30,11 @@ from dlrm.model.dlrm import DLRM, EMBEDDING_DTYPES, DLRMConfig
 from dlrm.model.precision import Precision
 from dlrm.nn.cached_embedding import CachedEmbedding
 from dlrm.nn.embeddings import TableShard
-from dlrm.data.outputs import LOG, TENSORBOARD, check_not_input, claim_output
+from dlrm.data.outputs import TENSORBOARD, check_not_input, claim_output
 from dlrm.training.checkpoint import FORMAT, TrainState, latest_checkpoint, load_checkpoint
 from dlrm.training.checkpoint_store import claim_checkpoint_path
 from dlrm.training.cuda_graphs import check_cuda_graphs_supported
-from dlrm.training.logger import RunLogger
+from dlrm.training.logger import RunLogger, check_log_form, log_kind
 from dlrm.training.optimizers import make_optimizer
 from dlrm.training.run_config import RunConfig
 
@@ -200,7 +200,8 @@ def build_run(cfg: RunConfig, device: torch.device, env: DistEnv | None = None,
     return Run(cfg, device, precision, collectives, spec, model_cfg, model, source, logger)
 
 
-def claim_outputs(cfg: RunConfig, log_path: str | None, tensorboard_dir: str | None) -> None:
+def claim_outputs(cfg: RunConfig, log_path: str | None, tensorboard_dir: str | None,
+                  log_format: str = "json") -> None:
     """Before anything runs, every path the run writes obeys the output rule
     (``dlrm.data.outputs``): the checkpoint at ``save_checkpoint_path`` (refused when another
     checkpoint is there, unless `resume` continues it or `overwrite` replaces it), the log it
@@ -215,7 +216,8 @@ def claim_outputs(cfg: RunConfig, log_path: str | None, tensorboard_dir: str | N
                               keep=cfg.checkpoint.resume)
         inputs["save_checkpoint_path"] = save_path  # what the others must not be inside of either
     if log_path:
-        claim_output(log_path, LOG, "log_path", inputs=inputs, keep=True)
+        check_log_form(log_path, log_format)
+        claim_output(log_path, log_kind(log_format), "log_path", inputs=inputs, keep=True)
     if tensorboard_dir:
         claim_output(tensorboard_dir, TENSORBOARD, "tensorboard_dir", inputs=inputs, keep=True)
     if log_path and tensorboard_dir:

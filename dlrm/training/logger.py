@@ -1,6 +1,10 @@
 """Run output: human lines on stdout, machine-readable JSON lines in a log file and, when asked,
 the same metrics as TensorBoard scalars (``torch.utils.tensorboard``) to watch a run live.
 
+The log file takes one of two forms (``log_format``): this program's own JSON lines (``json``,
+one object per record, with ``type`` and ``time``), or the lines NVIDIA's DLRM example writes
+through DLLogger (``dllogger``, ``DLLoggerLines``), for tools that parse those.
+
 A write the file system refuses mid-run (the disk of the log or of the TensorBoard folder
 filled up, it went read-only) raises a ``StorageError`` naming that output, its flag and the fix
 (the entry points print it as one line, exit code 2), once: the output that failed is written no
@@ -23,6 +27,7 @@ import time
 from typing import Any, TextIO
 
 from dlrm.data.atomic import StorageError, describe
+from dlrm.data.outputs import LOG, OutputError, OutputKind
 
 # Record fields that place a value on the curve rather than being one.
 _NOT_SCALARS = frozenset({"step", "epoch", "time"})
@@ -69,6 +74,141 @@ class _QuietTensorBoardThreads:
             threading.excepthook = self.previous
 
 
+LOG_FORMATS = ("json", "dllogger")
+
+# The METADATA records NVIDIA's DLRM example writes when it opens its log, in its order.
+_DLLOGGER_METADATA = (
+    ("best_auc", {"unit": None}),
+    *((f"mean_inference_latency_batch_{size}", {"unit": "s"}) for size in (1, 64, 4096)),
+    ("average_train_throughput", {"unit": "samples/s"}),
+    *((f"mean_inference_throughput_batch_{size}", {"unit": "samples/s"}) for size in (1, 64, 4096)),
+)
+_DLLOGGER_PREFIX = "DLLL "
+
+
+class DLLoggerLines:
+    """This program's records as the lines of DLLogger's JSON stream backend, as NVIDIA's DLRM
+    example writes them: ``DLLL `` and a JSON object of ``timestamp`` (seconds since the epoch),
+    ``datetime`` (local time), ``elapsedtime`` (seconds since the log was opened; all three as
+    strings), ``type`` and, for a ``LOG`` record, ``step`` and ``data``; for a ``METADATA``
+    record, ``metric`` and ``metadata``.
+
+    The run's first record brings NVIDIA's METADATA records (units) and the flags its
+    ``PARAMETER`` record. The final record, step ``[]``, has NVIDIA's names: after training
+    ``best_auc``, ``best_validation_loss``, ``training_loss`` (the loss of the last progress line),
+    ``best_epoch`` (the epochs done at the best AUC) and ``average_train_throughput``; after
+    ``--mode test`` ``best_auc`` and ``best_validation_loss`` (that test's AUC and loss); after
+    the inference benchmark ``mean_inference_latency_batch_<size>`` (seconds) and
+    ``mean_inference_throughput_batch_<size>`` (samples/s). A run that ended in an error writes
+    no final record (NVIDIA's would have none). Between them, step ``[epoch, step]`` records
+    carry each progress line's ``loss``, ``lr`` and ``step_time`` and each test's ``auc`` and
+    ``validation_loss``: ``step`` is this program's (the steps done), ``epoch`` the epoch that step
+    was in, counted from 0. Values are those of this program's records; a figure with nothing
+    behind it (no test ran) is NaN, as in them (NVIDIA's: 0, or 1e6 for the loss). Best values
+    and ``best_epoch`` cover the tests of this process (``best_auc`` of a resumed run: the whole
+    run, as its checkpoint keeps it)."""
+
+    def __init__(self) -> None:
+        self.start = datetime.datetime.now()
+        self.started = False
+        self.last_loss = math.nan
+        self.best_loss = math.nan
+        self.best_auc = math.nan
+        self.best_epoch = math.nan
+
+    def _line(self, **fields: Any) -> str:
+        now = datetime.datetime.now()
+        stamp = {"timestamp": str(now.timestamp()), "datetime": str(now),
+                 "elapsedtime": str((now - self.start).total_seconds())}
+        return _DLLOGGER_PREFIX + json.dumps({**stamp, **fields}, default=str) + "\n"
+
+    def _log(self, step: Any, data: dict[str, Any]) -> str:
+        return self._line(type="LOG", step=step, data=data)
+
+    def lines(self, kind: str, values: dict[str, Any]) -> list[str]:
+        """The DLLogger lines of one record (none for a kind NVIDIA's example does not log)."""
+        out = []
+        if not self.started:
+            self.started = True
+            out += [self._line(type="METADATA", metric=name, metadata=meta) for name, meta in _DLLOGGER_METADATA]
+        if kind == "flags":
+            out.append(self._log("PARAMETER", values))
+        elif kind == "train":
+            self.last_loss = values["loss"]
+            out.append(self._log([values["epoch"], values["step"]],
+                                 {"loss": values["loss"], "lr": values["lr"], "step_time": values["step_time"]}))
+        elif kind == "eval":
+            auc, loss = values["auc"], values["loss"]
+            if math.isnan(self.best_auc) or auc > self.best_auc:  # as the training loop keeps its best_auc
+                self.best_auc, self.best_epoch = auc, values["epoch"]
+            if math.isnan(self.best_loss) or loss < self.best_loss:
+                self.best_loss = loss
+            # the epoch its last step was in (the record's epoch counts the epochs done: 1.0 at the end of the first)
+            epoch = max(math.ceil(values["epoch"]) - 1, 0)
+            out.append(self._log([epoch, values["step"]], {"auc": auc, "validation_loss": loss}))
+        elif kind == "summary" and "error" not in values:
+            out += self._final(values)
+        return out
+
+    def _final(self, summary: dict[str, Any]) -> list[str]:
+        if "stop_reason" in summary:  # training
+            best_auc = summary["best_auc"]
+            return [self._log([], {
+                "best_auc": best_auc, "best_validation_loss": self.best_loss, "training_loss": self.last_loss,
+                "best_epoch": self.best_epoch if best_auc == self.best_auc else math.nan,
+                "average_train_throughput": summary["average_train_throughput"]})]
+        if "inference" in summary:
+            data = {}
+            for row in summary["inference"]:
+                size = row["batch_size"]
+                data[f"mean_inference_latency_batch_{size}"] = row["mean_ms"] / 1000
+                data[f"mean_inference_throughput_batch_{size}"] = row["throughput"]
+            return [self._log([], data)]
+        if "auc" in summary:  # --mode test
+            return [self._log([], {"best_auc": summary["auc"], "best_validation_loss": summary["loss"]})]
+        return []
+
+
+def _is_dllogger_log(path: str) -> bool:
+    """A log of this program in DLLogger's form: empty, or its first line ``DLLL `` and a JSON
+    object with a ``type``."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(1 << 20)
+    except OSError:
+        return False
+    if not first.strip():
+        return os.path.getsize(path) == 0
+    if not first.startswith(_DLLOGGER_PREFIX.encode()):
+        return False
+    try:
+        record = json.loads(first[len(_DLLOGGER_PREFIX):])
+    except ValueError:
+        return False
+    return isinstance(record, dict) and "type" in record
+
+
+DLLOGGER_LOG = OutputKind("run log in DLLogger's form", directory=False, recognise=_is_dllogger_log)
+
+
+def log_kind(log_format: str) -> OutputKind:
+    """The output kind (``dlrm.data.outputs``) of a log file of ``log_format``: a log is appended
+    to only by a run that writes the same form (``check_log_form``)."""
+    return DLLOGGER_LOG if log_format == "dllogger" else LOG
+
+
+def check_log_form(path: str, log_format: str) -> None:
+    """Raises ``OutputError`` when ``path`` holds this program's log in the other form: one file
+    never mixes the two; the message says which `log_format` adds to it."""
+    if not os.path.isfile(path) or os.path.islink(path) or os.path.getsize(path) == 0:
+        return
+    for other in LOG_FORMATS:
+        if other != log_format and log_kind(other).recognise(path):
+            raise OutputError(f"`log_path` {path} holds this program's log in the form `log_format`={other}, not "
+                              f"{log_format}: one log never mixes the two forms; pass `log_format`={other} to add to "
+                              "it, or choose another path; nothing was changed")
+
+
 def format_eta(seconds: float) -> str:
     return str(datetime.timedelta(seconds=max(0, int(seconds))))
 
@@ -76,6 +216,7 @@ def format_eta(seconds: float) -> str:
 class RunLogger:
     """Writes one JSON object per line to ``log_path`` (appending, so a resumed run keeps the
     history of the run it continues) and plain lines to ``stream`` (default: ``sys.stdout``).
+    ``log_format="dllogger"``: the log's lines are DLLogger's instead (``DLLoggerLines``).
 
     Every record has ``type`` and ``time`` (seconds since the epoch). ``enabled=False`` silences
     every output, for ranks other than the first in multi-process runs. Used as a context manager,
@@ -90,7 +231,10 @@ class RunLogger:
     """
 
     def __init__(self, log_path: str | None = None, stream: TextIO | None = None, enabled: bool = True,
-                 tensorboard_dir: str | None = None):
+                 tensorboard_dir: str | None = None, log_format: str = "json"):
+        if log_format not in LOG_FORMATS:
+            raise ValueError(f"`log_format` {log_format!r} is none of {', '.join(LOG_FORMATS)}")
+        self._dllogger = DLLoggerLines() if log_format == "dllogger" else None
         self.stream = stream if stream is not None else sys.stdout  # None: stdout as it is now
         self.enabled = enabled
         self._fd: int | None = None  # the log file, appended to with whole lines
@@ -129,9 +273,13 @@ class RunLogger:
         Raises ``StorageError`` when the file system refuses the write (that output then ends)."""
         self._kinds.add(kind)
         if self._fd is not None:
-            line = json.dumps({"type": kind, "time": time.time(), **values}, default=str) + "\n"
+            if self._dllogger is not None:
+                line = "".join(self._dllogger.lines(kind, values))
+            else:
+                line = json.dumps({"type": kind, "time": time.time(), **values}, default=str) + "\n"
             try:
-                self._append(line.encode())
+                if line:
+                    self._append(line.encode())
             except OSError as e:
                 self._end_log()
                 raise _write_error("log_path", e, self._log_path) from e
