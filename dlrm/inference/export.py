@@ -13,7 +13,6 @@ write the file system refuses (read-only, full) is a ``StorageError`` naming the
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -22,7 +21,7 @@ from torch import nn
 
 from dlrm.data.atomic import check_free_space, write_atomically
 from dlrm.model.dlrm import DLRM, DLRMConfig
-from dlrm.training.checkpoint import load_checkpoint, read_meta, state_bytes
+from dlrm.training.checkpoint import load_checkpoint, model_config_of, state_bytes
 
 INPUT_NAMES = ("numerical", "categorical")
 OUTPUT_NAME = "click_probability"
@@ -31,12 +30,12 @@ EXPORTED = "the exported model"  # what a StorageError says could not be written
 
 
 def build_inference_model(checkpoint: str, device: torch.device | str = "cpu") -> DLRM:
-    """The DLRM described by ``checkpoint``'s ``meta.json``, with its weights, in eval mode.
+    """The DLRM described by ``checkpoint``'s ``meta.json`` (or by the files of a checkpoint in
+    NVIDIA's layout), with its weights, in eval mode.
 
     The config comes from the checkpoint itself, so exporting needs no training flags.
     """
-    meta = read_meta(os.path.abspath(checkpoint))  # raises CheckpointError when missing or damaged
-    config = DLRMConfig(**meta["model_config"])
+    config = DLRMConfig(**model_config_of(checkpoint))  # raises CheckpointError when missing or damaged
     model = DLRM(config, device=device)
     load_checkpoint(checkpoint, model)
     return model.eval()

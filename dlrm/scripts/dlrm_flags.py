@@ -133,6 +133,12 @@ flags.DEFINE_string("save_checkpoint_path", None,
                     "whose loss or weights turn nan or inf stops (exit code 3) with the last finite checkpoint "
                     "kept here.")
 flags.DEFINE_integer("checkpoint_freq", None, "Also save every this many steps.")
+flags.DEFINE_enum("checkpoint_format", "dlrm", ["dlrm", "nvidia"],
+                  "How --save_checkpoint_path is laid out. dlrm: this program's (weights, optimizer state, step and "
+                  "data position: --resume continues it). nvidia: NVIDIA's DLRM example's (metadata.pt, "
+                  "bottom_model.mlp.pt, top_model.*.pt, one bottom_model.embeddings.<i>.bin per table), which "
+                  "NVIDIA's main.py loads with --load_checkpoint_path (on several GPUs with "
+                  "--bottom_features_ordered); weights only. --load_checkpoint_path reads either layout.")
 flags.DEFINE_boolean("resume", False,
                      "Continue a run exactly (weights, optimizer and scaler state, step, data position, RNG): from "
                      "--save_checkpoint_path when it holds a checkpoint, else from --load_checkpoint_path when "
@@ -285,6 +291,7 @@ def _run_config(v: flags.FlagValues) -> RunConfig:
         print_freq=v.print_freq, benchmark_warmup_steps=v.benchmark_warmup_steps, auc_threshold=v.auc_threshold,
         shuffle_batch_order=v.shuffle_batch_order, seed=v.seed, save_checkpoint_path=v.save_checkpoint_path,
         checkpoint_freq=v.checkpoint_freq, cuda_graphs=v.cuda_graphs, auc_device=nvidia_flags.auc_device(v),
+        checkpoint_format=v.checkpoint_format,
     )
     parallel = ParallelConfig(
         device_memory_gb=v.device_memory_gb, host_tables=_host_tables(v), table_placement=v.table_placement,

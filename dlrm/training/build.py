@@ -31,6 +31,7 @@ from dlrm.model.precision import Precision
 from dlrm.nn.cached_embedding import CachedEmbedding
 from dlrm.nn.embeddings import TableShard
 from dlrm.data.outputs import TENSORBOARD, check_not_input, claim_output
+from dlrm.training import nvidia_checkpoint
 from dlrm.training.checkpoint import FORMAT, TrainState, latest_checkpoint, load_checkpoint
 from dlrm.training.checkpoint_store import claim_checkpoint_path
 from dlrm.training.cuda_graphs import check_cuda_graphs_supported
@@ -102,6 +103,8 @@ def model_config(cfg: RunConfig, device: torch.device) -> tuple[FeatureSpec, DLR
         embedding_dtype=shape.embedding_dtype,
     )
     model_cfg.validate()
+    if cfg.mode == "train" and cfg.train.save_checkpoint_path and cfg.train.checkpoint_format == "nvidia":
+        nvidia_checkpoint.check_can_write(model_cfg)  # now, not at the first save
     return spec, model_cfg
 
 
@@ -212,8 +215,11 @@ def claim_outputs(cfg: RunConfig, log_path: str | None, tensorboard_dir: str | N
     if save_path:
         if cfg.checkpoint.resume and load_path and os.path.abspath(load_path) == os.path.abspath(save_path):
             inputs["load_checkpoint_path"] = None  # resuming the run's own checkpoint
-        claim_checkpoint_path(save_path, FORMAT, inputs=inputs, replace=cfg.checkpoint.overwrite,
-                              keep=cfg.checkpoint.resume)
+        if cfg.train.checkpoint_format == "nvidia":
+            nvidia_checkpoint.claim(save_path, inputs=inputs, replace=cfg.checkpoint.overwrite)
+        else:
+            claim_checkpoint_path(save_path, FORMAT, inputs=inputs, replace=cfg.checkpoint.overwrite,
+                                  keep=cfg.checkpoint.resume)
         inputs["save_checkpoint_path"] = save_path  # what the others must not be inside of either
     if log_path:
         check_log_form(log_path, log_format)

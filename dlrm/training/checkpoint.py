@@ -1,6 +1,7 @@
 """DLRM's checkpoint format: what a DLRM run saves, and the checks that a checkpoint fits the
 model it is loaded into. Files, checksums, staging, the lock and row blocks are the checkpoint
-store's (``dlrm.training.checkpoint_store``).
+store's (``dlrm.training.checkpoint_store``). NVIDIA's layout is read and written by
+``dlrm.training.nvidia_checkpoint``; ``load_checkpoint`` and ``model_config_of`` take either.
 
 Layout (independent of the embedding storage and of how tables are placed on devices):
 
@@ -33,6 +34,7 @@ import torch
 
 from dlrm.distributed.collectives import Collectives
 from dlrm.training import checkpoint_store as store
+from dlrm.training import nvidia_checkpoint
 from dlrm.training.checkpoint_store import (  # noqa: F401 (imported from here by the DLRM code)
     CheckpointError, CheckpointLock, file_crc32, host_copy, latest_checkpoint, state_bytes,
 )
@@ -184,6 +186,15 @@ def _write_rest(
     }
 
 
+def model_config_of(path: str) -> dict[str, Any]:
+    """The model config a checkpoint at ``path`` describes (this program's or NVIDIA's layout),
+    as ``DLRMConfig``'s fields."""
+    path = os.path.abspath(path)
+    if nvidia_checkpoint.is_nvidia_checkpoint(path):
+        return dataclasses.asdict(nvidia_checkpoint.read(path).model_config())
+    return read_meta(path)["model_config"]
+
+
 def _check_shapes(path: str, meta: dict[str, Any], model: torch.nn.Module) -> None:
     saved_hashing = bool(meta["model_config"].get("hash_indices", False))
     if saved_hashing != model.config.hash_indices:
@@ -308,8 +319,13 @@ def load_checkpoint(
     Files are read with ``weights_only=True``: loading never runs code. A save to ``path`` by
     another run meanwhile makes the load start again (``store.read_consistently``): what is
     loaded always comes from one save.
+
+    A directory in NVIDIA's layout (``dlrm.training.nvidia_checkpoint``) loads too, weights only.
     """
     path = os.path.abspath(path)
+    if nvidia_checkpoint.is_nvidia_checkpoint(path):
+        nvidia_checkpoint.load(path, model, optimizer, restore_rng)
+        return TrainState()
     return store.read_consistently(
         path, lambda: _load_checkpoint(path, model, optimizer, scaler, restore_rng, verify))
 

@@ -139,6 +139,9 @@ class RunConfig:
         if self.checkpoint.resume and self.checkpoint.overwrite:
             raise ValueError("`resume` continues the checkpoint at `save_checkpoint_path` and `overwrite` starts over "
                              "in its place: pass one of them")
+        if self.checkpoint.resume and self.train.checkpoint_format == "nvidia":
+            raise ValueError("`resume` continues this program's checkpoints, and `checkpoint_format=nvidia` saves "
+                             "NVIDIA's layout, which holds weights only: drop one of them")
         check_positive(batch_size=self.batch_size, test_batch_size=self.test_batch_size)
         _check_train(self.train)
         _check_data(self.data)
@@ -171,6 +174,8 @@ def _check_train(cfg: TrainConfig) -> None:
     schedule = cfg.schedule
     check_non_negative(lr=schedule.lr, decay_end_lr=schedule.decay_end_lr, test_after=cfg.test_after,
                        benchmark_warmup_steps=cfg.benchmark_warmup_steps)
+    if cfg.checkpoint_format not in ("dlrm", "nvidia"):
+        raise ValueError(f"`checkpoint_format` must be dlrm or nvidia, got {cfg.checkpoint_format!r}")
     if cfg.auc_threshold is not None and not 0 < cfg.auc_threshold <= 1:
         raise ValueError(f"`auc_threshold` must be in (0, 1], got {cfg.auc_threshold}")
 

@@ -20,6 +20,7 @@ from dlrm.data.loader import PrefetchLoader, remaining_batches
 from dlrm.data.metrics import roc_auc
 from dlrm.distributed.collectives import Collectives
 from dlrm.model.precision import Precision
+from dlrm.training import nvidia_checkpoint
 from dlrm.training.checkpoint import CheckpointError, TrainState, check_can_save, save_checkpoint
 from dlrm.training.cuda_graphs import GraphedInference, GraphedTrainStep, check_cuda_graphs_supported
 from dlrm.training.grad_scaler import DeviceScalerState
@@ -46,6 +47,8 @@ class TrainConfig:
     prefetch: int = 2
     cuda_graphs: bool = False  # capture the training step and the test forward (CUDA, joint_fused)
     auc_device: str | None = None  # where tests compute the AUC (None: the device holding the scores)
+    # "dlrm": this program's checkpoint; "nvidia": NVIDIA's layout (dlrm.training.nvidia_checkpoint), weights only
+    checkpoint_format: str = "dlrm"
 
     @property
     def loop(self) -> LoopSettings:
@@ -385,6 +388,10 @@ class _DlrmRun:
         return None
 
     def save(self) -> None:
+        if self.cfg.checkpoint_format == "nvidia":
+            nvidia_checkpoint.save(self.cfg.save_checkpoint_path, self.model, self.state.epoch, self.state.step,
+                                   self.run_config, self.collectives)
+            return
         save_checkpoint(self.cfg.save_checkpoint_path, self.model, self.optimizer, self.scaler, self.state,
                         self.run_config, self.collectives)
 
@@ -423,6 +430,8 @@ def train(
                    run_config, collectives)
     if run.steps_per_epoch:  # an empty split: run_loop refuses it
         _check_resumable(state, run.batch_size, cfg)
+        if cfg.save_checkpoint_path and cfg.checkpoint_format == "nvidia":
+            nvidia_checkpoint.check_can_write(model.config)
         if cfg.save_checkpoint_path and collectives.rank == 0:
             check_can_save(cfg.save_checkpoint_path, model)  # now, not at the first save after hours of training
         run.step_fn = make_train_step(model, optimizer, scaler, precision, collectives, cfg.cuda_graphs)
