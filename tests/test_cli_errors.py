@@ -36,6 +36,7 @@ TIMEOUT_S = 120
 
 CLIS = {
     "export": ["-m", "dlrm.scripts.export"],
+    "convert_checkpoint": ["-m", "dlrm.scripts.convert_checkpoint"],
     "deploy": ["-m", "dlrm.scripts.deploy"],
     "deployer": ["triton/deployer.py"],
     "transcode": ["-m", "dlrm.scripts.transcode"],
@@ -70,6 +71,7 @@ class Case:
 # --help of each CLI: exit 0, and one of its own flags is listed.
 HELP = [
     Case("export", "--help", "--check_batch_sizes", 0),
+    Case("convert_checkpoint", "--help", "--to", 0),
     Case("deploy", "--helpshort", "--model_repository", 0),
     Case("deployer", "--help", "--model_repository", 0),  # the flags live in dlrm.scripts.deploy
     Case("transcode", "-?", "--num_categorical", 0),
@@ -95,6 +97,10 @@ HELP = [
 # the second with a malformed line 2).
 CASES = [
     Case("export", "--output={out}", "--checkpoint is required"),
+    Case("convert_checkpoint", "--checkpoint={missing} --output={out}", "--to is required"),
+    Case("convert_checkpoint", "--checkpoint={missing} --output={out} --to=onnx", "--to=onnx"),
+    Case("convert_checkpoint", "--checkpoint={missing} --output={out} --to=nvidia", "No checkpoint at {missing}"),
+    Case("convert_checkpoint", "--checkpoint={dir} --output={out} --to=dlrm", "has no meta.json"),
     Case("export", "--checkpoint={missing} --output={out}", "No checkpoint at {missing}"),
     Case("export", "--checkpoint={dir} --output={out}", "has no meta.json"),
     Case("export", "--checkpoint={file} --output={out}", "No checkpoint at {file}"),

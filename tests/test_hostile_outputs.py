@@ -110,6 +110,12 @@ WRITERS = [
              lambda i: os.path.dirname(i["csr"]), ["dlrm.scripts.cli"],
              control=lambda result: result["returncode"] == 2 and "no_ckpt" in result["stderr"])
       for fmt in ("parquet", "text")),
+    # Its control run reads a folder that is not a checkpoint, which is checked after --output.
+    *(Writer("dlrm.scripts.convert_checkpoint", "output", True,
+             lambda i, dest, scratch, to=to: ["--checkpoint", i["dataset"], "--output", dest, "--to", to],
+             lambda i: i["dataset"], ["dlrm.scripts.cli"],
+             control=lambda result: result["returncode"] == 2 and "meta.json" in result["stderr"])
+      for to in ("nvidia", "dlrm")),
 ]
 
 # Path flags that only read, or that name something other than a path to write.
@@ -224,6 +230,8 @@ _UNDER_READ_ONLY_MOUNT = 'mount -t tmpfs -o size=64k,ro tmpfs "$RO_MOUNT" || exi
 
 def _name(writer: Writer) -> str:
     kind = "" if "spark_recommend" not in writer.module else ("-parquet" if writer.directory else "-text")
+    if "convert_checkpoint" in writer.module:
+        kind = "-" + writer.command({"dataset": ""}, "", "")[-1]
     return f"{os.path.basename(writer.module).removesuffix('.py').rsplit('.', 1)[-1]}--{writer.flag}{kind}"
 
 

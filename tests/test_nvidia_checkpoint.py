@@ -293,6 +293,57 @@ def test_train_starts_from_its_weights_and_writes_nvidia_layout(dataset, weights
                                                                                                   rel=1e-6)
 
 
+def test_convert_checkpoint_goes_both_ways_with_the_same_model(dataset, weights, two_gpu_checkpoint, tmp_path):
+    """NVIDIA's (device order) -> this program's -> NVIDIA's: every copy computes NVIDIA's model
+    (float64 reference) and the last one holds NVIDIA's tables, in feature order; the source is
+    left as it was, and --output is never a folder of the user's."""
+    from dlrm.inference.export import build_inference_model
+
+    ours, back = str(tmp_path / "ours"), str(tmp_path / "back")
+    before = {name: open(os.path.join(two_gpu_checkpoint, name), "rb").read()
+              for name in os.listdir(two_gpu_checkpoint)}
+    out = run_cli("dlrm.scripts.convert_checkpoint", "--checkpoint", two_gpu_checkpoint, "--output", ours,
+                  "--to", "dlrm").stdout
+    assert f"wrote {ours}" in out
+    run_cli("dlrm.scripts.convert_checkpoint", "--checkpoint", ours, "--output", back, "--to", "nvidia")
+    numerical, categorical, _ = read_split(dataset)
+    want = reference_logits(weights, TWO_GPUS["embedding"][0] + TWO_GPUS["embedding"][1], numerical, categorical)
+    for path in (ours, back):
+        with torch.no_grad():
+            got = build_inference_model(path)(numerical, categorical).double()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    written, meta = read_nvidia(back)
+    for got, table in zip(written["tables"], weights["tables"]):
+        assert torch.equal(got, table)
+    assert meta["config"]["bottom_features_ordered"] is True and meta["data"]["step"] == 17
+    assert {name: open(os.path.join(two_gpu_checkpoint, name), "rb").read()
+            for name in os.listdir(two_gpu_checkpoint)} == before
+
+    # A second conversion into the same place needs --overwrite; a user's folder is never written into.
+    again = run_cli("dlrm.scripts.convert_checkpoint", "--checkpoint", ours, "--output", back, "--to", "nvidia",
+                    check=False)
+    assert again.returncode == 2 and "--overwrite" in again.stderr and len(again.stderr.strip().splitlines()) == 1
+    run_cli("dlrm.scripts.convert_checkpoint", "--checkpoint", ours, "--output", back, "--to", "nvidia",
+            "--overwrite")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    for to in ("nvidia", "dlrm"):
+        proc = run_cli("dlrm.scripts.convert_checkpoint", "--checkpoint", ours, "--output", str(mine), "--to", to,
+                       "--overwrite", check=False)
+        assert proc.returncode == 2 and "--output" in proc.stderr, proc.stderr
+        assert sorted(os.listdir(mine)) == ["notes.txt"] and (mine / "notes.txt").read_text() == "keep"
+
+
+def test_inference_benchmark_runs_on_nvidias_checkpoint(dataset, two_gpu_checkpoint, tmp_path):
+    log = str(tmp_path / "bench.json")
+    run_cli("dlrm.scripts.main", "--mode", "inference_benchmark", "--dataset", dataset, "--load_checkpoint_path",
+            two_gpu_checkpoint, *MODEL, "--inference_benchmark_batch_sizes", "1,64", "--inference_benchmark_steps",
+            "3", "--log_path", log)
+    rows = [r for r in map(json.loads, open(log)) if r["type"] == "inference_benchmark"]
+    assert sorted(r["batch_size"] for r in rows) == [1, 64]
+
+
 # ----------------------------------------------------------------------------- what does not fit
 
 

@@ -382,10 +382,11 @@ def check_can_write(cfg: DLRMConfig) -> None:
                          f"({cfg.embedding_dim}), `bottom_mlp_sizes` ends at {cfg.bottom_mlp_sizes[-1]}")
 
 
-def claim(path: str, inputs: dict[str, Any] | None = None, replace: bool = False) -> str:
+def claim(path: str, inputs: dict[str, Any] | None = None, replace: bool = False,
+          setting: str = "save_checkpoint_path") -> str:
     """``path`` may receive an NVIDIA-layout checkpoint (``dlrm.data.outputs``): absent, empty,
     or (with ``replace``) one such checkpoint; what goes beside it holds nothing of the user's."""
-    return claim_output(path, KIND, "save_checkpoint_path", inputs=inputs, replace=replace,
+    return claim_output(path, KIND, setting, inputs=inputs, replace=replace,
                         siblings={".tmp": STAGING, ".old": KIND, ".lock": LOCK})
 
 
