@@ -4,8 +4,8 @@ here and are written on request.
 The directories these tests load are laid out here, from the layout's definition (NVIDIA's
 DlrmCheckpointWriter / DistributedCheckpointWriter), with known random weights; the reference
 they are checked against is NVIDIA's model written out in float64 torch: bottom MLP with ReLU
-after every layer, the tables in the order its interaction took them (device order for a run of
-several GPUs without --bottom_features_ordered), the dot interaction
+after every layer, the tables in the order its interaction took them (its device mapping's order,
+tables by decreasing size on one GPU, unless several GPUs ran with --bottom_features_ordered), the dot interaction
 [bottom, strictly-lower triangle row by row, zeros to a multiple of 8], the top MLP with ReLU
 after every layer, then the output layer. ``read_nvidia`` below is an independent reader of the
 same layout, for what the project writes.
@@ -35,6 +35,10 @@ MODEL = ["--embedding_dim", str(DIM), "--bottom_mlp_sizes", ",".join(map(str, BO
          "--top_mlp_sizes", ",".join(map(str, TOP)), "--base_device", "cpu", "--interaction_op", "dot"]
 TWO_GPUS = {"bottom_mlp": 0, "embedding": [[3, 0], [1, 4, 2]], "vectors_per_gpu": [3, 3]}
 ONE_GPU = {"bottom_mlp": 0, "embedding": [list(range(len(TABLES)))], "vectors_per_gpu": [len(TABLES) + 1]}
+# What NVIDIA's get_device_mapping gives for TABLES, worked out by hand from its definition (the
+# tables by decreasing size; each to the bucket of fewest rows with room, ceil(5 / GPUs) a bucket).
+NVIDIA_ONE_GPU = {"bottom_mlp": 0, "embedding": [[1, 3, 0, 4, 2]], "vectors_per_gpu": [6]}
+NVIDIA_TWO_GPUS = {"bottom_mlp": 0, "embedding": [[3, 0, 4], [1, 2]], "vectors_per_gpu": [4, 2]}
 
 
 # ----------------------------------------------------------------------------- NVIDIA's layout, by definition
@@ -106,9 +110,17 @@ def read_nvidia(path):
 
 
 def interaction_order(mapping, bottom_features_ordered):
-    if len(mapping["embedding"]) > 1 and not bottom_features_ordered:
-        return [i for bucket in mapping["embedding"] for i in bucket]
-    return list(range(len(TABLES)))
+    """NVIDIA's model puts its tables in feature order only on several GPUs with --bottom_features_ordered."""
+    if len(mapping["embedding"]) > 1 and bottom_features_ordered:
+        return list(range(len(TABLES)))
+    return [i for bucket in mapping["embedding"] for i in bucket]
+
+
+def written_logits(path, numerical, categorical):
+    """NVIDIA's forward (float64) over what a checkpoint directory holds, in the order its metadata implies."""
+    weights, meta = read_nvidia(path)
+    order = interaction_order(meta["data"]["device_mapping"], meta["config"].get("bottom_features_ordered", False))
+    return reference_logits(weights, order, numerical, categorical)
 
 
 def reference_logits(weights, order, numerical, categorical):
@@ -208,8 +220,10 @@ def two_gpu_checkpoint(tmp_path_factory, weights):
 # ----------------------------------------------------------------------------- loading
 
 
-@pytest.mark.parametrize("mapping,ordered", [(ONE_GPU, False), (TWO_GPUS, False), (TWO_GPUS, True)],
-                         ids=["one_gpu", "two_gpus_device_order", "two_gpus_bottom_features_ordered"])
+@pytest.mark.parametrize("mapping,ordered", [(NVIDIA_ONE_GPU, False), (ONE_GPU, True), (TWO_GPUS, False),
+                                             (TWO_GPUS, True)],
+                         ids=["one_gpu", "one_gpu_tables_in_order", "two_gpus_device_order",
+                              "two_gpus_bottom_features_ordered"])
 def test_mode_test_gives_nvidia_models_auc_and_loss(dataset, weights, tmp_path, mapping, ordered):
     path, log = str(tmp_path / "nv"), str(tmp_path / "log.json")
     write_nvidia(path, weights, mapping, bottom_features_ordered=ordered)
@@ -224,7 +238,7 @@ def test_mode_test_gives_nvidia_models_auc_and_loss(dataset, weights, tmp_path, 
     assert got["auc"] == pytest.approx(want_auc, abs=1e-6)
     assert got["loss"] == pytest.approx(want_loss, rel=1e-5)
     # had the device order been ignored, the model would be another one
-    if mapping is TWO_GPUS and not ordered:
+    if interaction_order(mapping, ordered) != list(range(len(TABLES))):
         wrong, _ = auc_and_loss(reference_logits(weights, list(range(len(TABLES))), numerical, categorical), labels)
         assert abs(wrong - want_auc) > 1e-5  # well outside the tolerance above
     assert {name: open(os.path.join(path, name), "rb").read() for name in os.listdir(path)} == before
@@ -274,11 +288,18 @@ def test_train_starts_from_its_weights_and_writes_nvidia_layout(dataset, weights
                "top": [(dense[f"top_mlp.layers.{i}.weight"], dense[f"top_mlp.layers.{i}.bias"])
                        for i in range(len(TOP))]}
     written, meta = read_nvidia(theirs)
-    assert_same_weights(written, project)
+    # Written for NVIDIA's one-GPU load: its device mapping, the top MLP's first layer in that order.
+    assert meta["data"]["device_mapping"] == NVIDIA_ONE_GPU and meta["config"]["bottom_features_ordered"] is False
+    assert_same_weights(natural(written, NVIDIA_ONE_GPU["embedding"][0]), project)
+    numerical, categorical, _ = read_split(dataset)
+    from dlrm.inference.export import build_inference_model
+
+    with torch.no_grad():
+        ours_logits = build_inference_model(ours)(numerical, categorical).double()
+    torch.testing.assert_close(written_logits(theirs, numerical, categorical), ours_logits, rtol=1e-5, atol=1e-5)
     assert not torch.equal(written["tables"][1], weights["tables"][1])  # it did train
-    assert meta["data"]["step"] == 3 and meta["config"]["bottom_features_ordered"] is True
+    assert meta["data"]["step"] == 3
     assert meta["config"]["top_mlp_sizes"] == TOP and meta["config"]["embedding_dim"] == DIM
-    assert meta["data"]["device_mapping"]["embedding"] == [list(range(len(TABLES)))]
     assert sorted(os.listdir(theirs)) == sorted(
         ["metadata.pt", "bottom_model.mlp.pt", "top_model.mlp.pt", "top_model.out.pt"]
         + [f"bottom_model.embeddings.{i}.bin" for i in range(len(TABLES))]
@@ -315,7 +336,15 @@ def test_convert_checkpoint_goes_both_ways_with_the_same_model(dataset, weights,
     written, meta = read_nvidia(back)
     for got, table in zip(written["tables"], weights["tables"]):
         assert torch.equal(got, table)
-    assert meta["config"]["bottom_features_ordered"] is True and meta["data"]["step"] == 17
+    assert meta["data"]["device_mapping"] == NVIDIA_ONE_GPU and meta["config"]["bottom_features_ordered"] is False
+    assert meta["data"]["step"] == 17
+    torch.testing.assert_close(written_logits(back, numerical, categorical), want, rtol=1e-5, atol=1e-5)
+    # For NVIDIA's run on two GPUs: its two-GPU device mapping, and the same model in that order.
+    two = str(tmp_path / "two")
+    run_cli("dlrm.scripts.convert_checkpoint", "--checkpoint", ours, "--output", two, "--to", "nvidia",
+            "--nvidia_gpus", "2")
+    assert read_nvidia(two)[1]["data"]["device_mapping"] == NVIDIA_TWO_GPUS
+    torch.testing.assert_close(written_logits(two, numerical, categorical), want, rtol=1e-5, atol=1e-5)
     assert {name: open(os.path.join(two_gpu_checkpoint, name), "rb").read()
             for name in os.listdir(two_gpu_checkpoint)} == before
 
@@ -489,5 +518,5 @@ def test_two_gloo_processes_read_their_tables_and_write_theirs(dataset, weights,
     want_auc, _ = auc_and_loss(reference_logits(weights, order, numerical, categorical), labels)
     assert summary(log)["best_auc"] == pytest.approx(want_auc, abs=1e-6)
     written, meta = read_nvidia(out)
-    assert_same_weights(written, natural(weights, order))
-    assert meta["data"]["device_mapping"]["embedding"] == [[0, 1, 2], [3, 4]]
+    assert meta["data"]["device_mapping"] == NVIDIA_ONE_GPU  # for NVIDIA's load, whatever wrote it
+    assert_same_weights(natural(written, NVIDIA_ONE_GPU["embedding"][0]), natural(weights, order))

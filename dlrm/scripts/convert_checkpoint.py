@@ -4,8 +4,8 @@ r"""Convert a DLRM checkpoint between this program's format and NVIDIA's DLRM ex
     python -m dlrm.scripts.convert_checkpoint --checkpoint /ngc/dlrm --output /ckpt/ours --to dlrm
 
 Either layout is read (the model is built from the checkpoint alone, as for export); the weights
-are written in the layout of --to: NVIDIA's (what its main.py --load_checkpoint_path reads, on one
-GPU or on several with --bottom_features_ordered) or this program's (checksummed, loadable at any
+are written in the layout of --to: NVIDIA's (what its main.py --load_checkpoint_path reads on
+--nvidia_gpus GPUs, one by default, without --bottom_features_ordered) or this program's (checksummed, loadable at any
 process count). Weights only: the copy holds no optimizer state, so a run from it starts at step 0
 (--load_checkpoint_path), never --resume. --output is new or empty, or (with --overwrite) a
 checkpoint of the same layout; a folder holding anything else is never written into.
@@ -23,6 +23,9 @@ flags.DEFINE_string("output", None, "Directory of the converted checkpoint (new 
                     "checkpoint of the --to layout).")
 flags.DEFINE_enum("to", None, ["nvidia", "dlrm"], "Layout to write: nvidia (NVIDIA's DLRM example) or dlrm (this "
                   "program's).")
+flags.DEFINE_integer("nvidia_gpus", 1, "--to nvidia: the number of GPUs NVIDIA's main.py will load it on (without "
+                     "--bottom_features_ordered, its default): its interaction's table order depends on it.",
+                     lower_bound=1)
 flags.DEFINE_boolean("overwrite", False, "Replace a checkpoint of the --to layout already at --output (never a "
                      "folder holding anything else).")
 flags.mark_flags_as_required(["checkpoint", "output", "to"])
@@ -31,6 +34,8 @@ flags.mark_flags_as_required(["checkpoint", "output", "to"])
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if FLAGS["nvidia_gpus"].present and FLAGS.to != "nvidia":
+        raise app.UsageError("--nvidia_gpus applies to --to nvidia; drop it")
     from dlrm.training import nvidia_checkpoint
     from dlrm.training.checkpoint import FORMAT, TrainState, read_meta, save_checkpoint
     from dlrm.training.checkpoint_store import claim_checkpoint_path
@@ -57,7 +62,7 @@ def main(argv: list[str]) -> int:
         except ValueError as e:
             raise app.UsageError(f"--checkpoint {FLAGS.checkpoint}: {e}".replace("`checkpoint_format=nvidia`",
                                                                                  "--to nvidia")) from None
-        nvidia_checkpoint.save(FLAGS.output, model, epoch=epoch, step=step)
+        nvidia_checkpoint.save(FLAGS.output, model, epoch=epoch, step=step, nvidia_gpus=FLAGS.nvidia_gpus)
     else:
         # Weights only: the step is kept as a record, the data position and optimizer are not.
         save_checkpoint(FLAGS.output, model, None, None, TrainState(step=int(step or 0)),

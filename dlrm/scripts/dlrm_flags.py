@@ -137,8 +137,8 @@ flags.DEFINE_enum("checkpoint_format", "dlrm", ["dlrm", "nvidia"],
                   "How --save_checkpoint_path is laid out. dlrm: this program's (weights, optimizer state, step and "
                   "data position: --resume continues it). nvidia: NVIDIA's DLRM example's (metadata.pt, "
                   "bottom_model.mlp.pt, top_model.*.pt, one bottom_model.embeddings.<i>.bin per table), which "
-                  "NVIDIA's main.py loads with --load_checkpoint_path (on several GPUs with "
-                  "--bottom_features_ordered); weights only. --load_checkpoint_path reads either layout.")
+                  "NVIDIA's main.py loads with --load_checkpoint_path on one GPU (for N GPUs: dlrm.scripts.convert_checkpoint "
+                  "--nvidia_gpus N); weights only. --load_checkpoint_path reads either layout.")
 flags.DEFINE_boolean("resume", False,
                      "Continue a run exactly (weights, optimizer and scaler state, step, data position, RNG): from "
                      "--save_checkpoint_path when it holds a checkpoint, else from --load_checkpoint_path when "

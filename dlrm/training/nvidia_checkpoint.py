@@ -20,18 +20,19 @@ this way, one file each. NVIDIA's MLPs apply ReLU after every layer of ``weights
 interaction is this program's (dot: ``[bottom, strictly-lower triangle of the Gram matrix of
 [bottom, tables..] row by row, zero padding to a multiple of 8]``; cat: ``[bottom, tables..]``).
 
-One thing depends on the run that wrote it: a run of several processes without
-``--bottom_features_ordered`` fed its interaction the tables in the order of ``M``
-(process 0's, then process 1's, ..), not in table order. Reading such a checkpoint permutes the
-top MLP's first layer's inputs accordingly, so the model computes what NVIDIA's did.
+One thing depends on the run that wrote it: NVIDIA's model feeds its interaction the tables in
+the order of ``M`` (process 0's, then process 1's, ..), not in table order, unless it ran on
+several GPUs with ``--bottom_features_ordered``. On one GPU that order is NVIDIA's device
+mapping's, the tables by decreasing size (``nvidia_device_mapping``). Reading permutes the top
+MLP's first layer's inputs accordingly, so the model computes what NVIDIA's did.
 
 Reading takes the tables each process holds (by this program's planner, whole tables or blocks
 of rows, whatever NVIDIA's ``M`` was) from their files, and the MLPs; ``torch.load`` runs with
 ``weights_only=True``. It gives weights only: the layout holds no optimizer state. Writing lays
 out the same files, staged in ``<path>.tmp`` and put at ``<path>`` by renames, as this program's
-checkpoints are; the metadata says ``bottom_features_ordered`` (this model's interaction always
-takes the tables in table order), so NVIDIA's code loads it on any number of GPUs when run with
-``--bottom_features_ordered`` (on one GPU, always).
+checkpoints are, for NVIDIA's code to load on a given number of GPUs (``nvidia_gpus``, one by
+default) without ``--bottom_features_ordered`` (its default): ``M`` is the device mapping NVIDIA's
+code computes for that count, and the top MLP's first layer takes its inputs in that order.
 """
 
 from __future__ import annotations
@@ -259,8 +260,9 @@ def read(path: str) -> NvidiaCheckpoint:
         raise CheckpointError(f"{path}: its MLPs do not chain (bottom {len(bottom)} layers, top {len(top)}): "
                               "the checkpoint is damaged")
     buckets = mapping["embedding"]
-    device_order = len(buckets) > 1 and not config.get("bottom_features_ordered", False)
-    order = [i for bucket in buckets for i in bucket] if device_order else list(range(len(tables)))
+    # NVIDIA's model reorders its tables into feature order only on several GPUs, when asked.
+    feature_order = len(buckets) > 1 and bool(config.get("bottom_features_ordered", False))
+    order = list(range(len(tables))) if feature_order else [i for bucket in buckets for i in bucket]
     return NvidiaCheckpoint(path, config, mapping, data.get("epoch"), data.get("step"), tables, bottom, top, order)
 
 
@@ -292,6 +294,31 @@ def _interaction_columns(op: str, order: list[int], dim: int, width: int) -> tor
             columns.append(dim + p * (p - 1) // 2 + q)
     columns += range(len(columns), width)  # the zero padding
     return torch.tensor(columns)
+
+
+def nvidia_device_mapping(table_sizes: list[int], gpus: int = 1) -> dict[str, Any]:
+    """The device mapping NVIDIA's DLRM example computes for ``gpus`` GPUs (and so the order its
+    interaction takes the tables in): tables by decreasing size (ties by index), each to the
+    bucket of the least rows so far among those with room (ceil(tables / buckets) each, a bucket
+    that fills is closed); from 5 GPUs on, GPU 0 holds only the bottom MLP."""
+    if gpus < 1:
+        raise ValueError(f"`nvidia_gpus` must be at least 1, got {gpus}")
+    count = gpus - 1 if gpus > 4 else gpus
+    room = -(-len(table_sizes) // count)
+    open_buckets: list[list[int]] = [[] for _ in range(count)]
+    closed: list[list[int]] = []
+    for table in sorted(range(len(table_sizes)), key=lambda t: -table_sizes[t]):
+        bucket = open_buckets[0]
+        bucket.append(table)
+        if len(bucket) == room:
+            closed.append(open_buckets.pop(0))
+        open_buckets.sort(key=lambda b: sum(table_sizes[t] for t in b))
+    buckets = closed + open_buckets
+    if gpus > 4:
+        buckets.insert(0, [])
+    vectors = [len(b) for b in buckets]
+    vectors[0] += 1  # the bottom MLP's output
+    return {"bottom_mlp": 0, "embedding": buckets, "vectors_per_gpu": vectors}
 
 
 def check_fits(ckpt: NvidiaCheckpoint, model: torch.nn.Module) -> None:
@@ -406,7 +433,7 @@ def _config(cfg: DLRMConfig, run_config: dict[str, Any] | None) -> dict[str, Any
     config.update(embedding_dim=cfg.embedding_dim, bottom_mlp_sizes=list(cfg.bottom_mlp_sizes),
                   top_mlp_sizes=list(cfg.top_mlp_sizes), hash_indices=cfg.hash_indices,
                   interaction_op="cat" if cfg.interaction_op == "cat" else "dot",
-                  bottom_features_ordered=True)
+                  bottom_features_ordered=False)
     return config
 
 
@@ -433,7 +460,7 @@ def _mlp_state(layers: Any) -> dict[str, list[torch.Tensor]]:
 
 
 def save(path: str, model: torch.nn.Module, epoch: int, step: int, run_config: dict[str, Any] | None = None,
-         collectives: Collectives = Collectives()) -> None:
+         collectives: Collectives = Collectives(), nvidia_gpus: int = 1) -> None:
     """Every process of ``collectives`` calls this: each writes the tables (or blocks of rows) it
     holds into the table's file, the first process the MLPs and ``metadata.pt``; the directory
     is staged in ``<path>.tmp`` and put at ``<path>`` whole (the previous one is ``<path>.old``
@@ -467,16 +494,22 @@ def save(path: str, model: torch.nn.Module, epoch: int, step: int, run_config: d
                 held.append(index)
                 save_tensor_file({"shape": torch.Size([cfg.table_sizes[index], cfg.embedding_dim])},
                                  os.path.join(tmp, table_meta_file(index)))
-        buckets = [sorted(bucket) for bucket in collectives.gather_objects(held)]
+        collectives.gather_objects(held)  # every process has written its rows before the first one goes on
         if first:
             save_tensor_file(_mlp_state(model.bottom_mlp.layers), os.path.join(tmp, BOTTOM_MLP))
-            save_tensor_file(_mlp_state(model.top_mlp.layers[:-1]), os.path.join(tmp, TOP_MLP))
+            top = _mlp_state(model.top_mlp.layers[:-1])
+            mapping = nvidia_device_mapping(list(cfg.table_sizes), nvidia_gpus)
+            ours = top["weights"][0]
+            columns = _interaction_columns("cat" if cfg.interaction_op == "cat" else "dot",
+                                           [t for bucket in mapping["embedding"] for t in bucket], cfg.embedding_dim,
+                                           ours.shape[1])
+            top["weights"][0] = torch.empty_like(ours)
+            top["weights"][0][:, columns] = ours  # NVIDIA's inputs in its device order (``load`` reads them back)
+            save_tensor_file(top, os.path.join(tmp, TOP_MLP))
             out = model.top_mlp.layers[-1]
             save_tensor_file({"weight": out.weight.detach().to("cpu", torch.float32).clone(),
                               "bias": out.bias.detach().to("cpu", torch.float32).clone()},
                              os.path.join(tmp, TOP_OUT))
-            mapping = {"bottom_mlp": 0, "embedding": buckets,
-                       "vectors_per_gpu": [len(b) + (r == 0) for r, b in enumerate(buckets)]}
             save_tensor_file({"data": {"device_mapping": mapping, "epoch": epoch, "step": step},
                               "config": _config(cfg, run_config)}, os.path.join(tmp, METADATA))
             fsync_dir(tmp)
