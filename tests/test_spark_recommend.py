@@ -5,6 +5,7 @@ the best/last checkpoint as predict chooses it; bad input fails in one line."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -33,6 +34,12 @@ def run(data, trained):  # noqa: F811
     ae = str(root / "ae")
     shutil.copytree(trained["ckpt"], ae)
     shutil.copytree(trained["half"], ae + ".best")
+    # Two runs stand in for one here: the .best is taken only from the latest checkpoint's run.
+    meta_of = {p: os.path.join(p, "meta.json") for p in (ae, ae + ".best")}
+    best_meta = json.load(open(meta_of[ae + ".best"]))
+    best_meta["run_config"]["run_id"] = json.load(open(meta_of[ae]))["run_config"]["run_id"]
+    with open(meta_of[ae + ".best"], "w") as f:
+        json.dump(best_meta, f)
     paths = {"ae": ae, "input": os.path.join(out, "input"), "items": os.path.join(out, "features_index.txt"),
              "users": os.path.join(out, "samples_index.txt"), "predicted": str(root / "predicted.txt")}
     proc = run_cli("dlrm.scripts.recommender_predict", "--checkpoint", ae, "--input", paths["input"], "--k", str(K),
