@@ -255,8 +255,9 @@ def head_lines(path: str, limit: int = 1 << 20) -> list[bytes] | None:
     return lines
 
 
-def _is_json_lines_log(path: str) -> bool:
-    """A JSON-lines log of this program: empty, or its first line a JSON object with a ``type``."""
+def is_json_lines_log(path: str, prefix: str = "") -> bool:
+    """A JSON-lines log of this program: empty, or its first line ``prefix`` and a JSON object
+    with a ``type`` (DLLogger's form puts ``DLLL `` before each)."""
     import json
 
     try:
@@ -266,13 +267,15 @@ def _is_json_lines_log(path: str) -> bool:
         return False
     if not first.strip():
         return os.path.getsize(path) == 0
+    if not first.startswith(prefix.encode()):
+        return False
     try:
-        record = json.loads(first)
+        record = json.loads(first[len(prefix.encode()):])
     except ValueError:
         return False
     return isinstance(record, dict) and "type" in record
 
 
-LOG = OutputKind("run log", directory=False, recognise=_is_json_lines_log)
+LOG = OutputKind("run log", directory=False, recognise=is_json_lines_log)
 TENSORBOARD = OutputKind("TensorBoard folder", directory=True,
                          recognise=lambda p: holds_only(p, ["events.out.tfevents.*", "*/events.out.tfevents.*"]))

@@ -36,7 +36,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Callable
 
 import torch
 
@@ -258,14 +258,17 @@ def staged_directory(path: str, collectives: Collectives = Collectives(), needed
     collectives.barrier()
 
 
-def commit_directory(tmp: str, path: str) -> None:
+def commit_directory(tmp: str, path: str, recognise: Callable[[str], bool] | None = None,
+                     what: str = "a checkpoint of this program") -> None:
     """Puts the finished directory ``tmp`` at ``path`` by two renames (the previous one goes to
-    ``path.old`` in between), so a crash leaves a complete checkpoint at one of the two."""
+    ``path.old`` in between), so a crash leaves a complete checkpoint at one of the two. Only
+    directories ``recognise`` (default: this store's checkpoints) or empty ones are replaced."""
+    recognise = recognise or is_checkpoint_dir
     old = f"{path}.old"
     for existing in (path, old):  # the store moves aside or removes only checkpoints of its own
         if os.path.lexists(existing) and (os.path.islink(existing) or not (
-                is_checkpoint_dir(existing) or (os.path.isdir(existing) and not os.listdir(existing)))):
-            raise OutputError(f"{existing} is not a checkpoint of this program: it is never replaced; move it away "
+                recognise(existing) or (os.path.isdir(existing) and not os.listdir(existing)))):
+            raise OutputError(f"{existing} is not {what}: it is never replaced; move it away "
                               "or save elsewhere; nothing was changed")
     if os.path.exists(path):
         if os.path.exists(old):

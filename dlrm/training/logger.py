@@ -27,7 +27,7 @@ import time
 from typing import Any, TextIO
 
 from dlrm.data.atomic import StorageError, describe
-from dlrm.data.outputs import LOG, OutputError, OutputKind
+from dlrm.data.outputs import LOG, OutputError, OutputKind, is_json_lines_log
 
 # Record fields that place a value on the curve rather than being one.
 _NOT_SCALARS = frozenset({"step", "epoch", "time"})
@@ -169,26 +169,8 @@ class DLLoggerLines:
         return []
 
 
-def _is_dllogger_log(path: str) -> bool:
-    """A log of this program in DLLogger's form: empty, or its first line ``DLLL `` and a JSON
-    object with a ``type``."""
-    try:
-        with open(path, "rb") as f:
-            first = f.readline(1 << 20)
-    except OSError:
-        return False
-    if not first.strip():
-        return os.path.getsize(path) == 0
-    if not first.startswith(_DLLOGGER_PREFIX.encode()):
-        return False
-    try:
-        record = json.loads(first[len(_DLLOGGER_PREFIX):])
-    except ValueError:
-        return False
-    return isinstance(record, dict) and "type" in record
-
-
-DLLOGGER_LOG = OutputKind("run log in DLLogger's form", directory=False, recognise=_is_dllogger_log)
+DLLOGGER_LOG = OutputKind("run log in DLLogger's form", directory=False,
+                          recognise=lambda path: is_json_lines_log(path, _DLLOGGER_PREFIX))
 
 
 def log_kind(log_format: str) -> OutputKind:

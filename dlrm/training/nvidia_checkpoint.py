@@ -52,7 +52,8 @@ from dlrm.data.outputs import OutputError, OutputKind, claim_output, first_forei
 from dlrm.distributed.collectives import Collectives
 from dlrm.kernels.dot_interaction import padded_width
 from dlrm.model.dlrm import DLRMConfig
-from dlrm.training.checkpoint_store import LOCK, CheckpointError, check_checkpoint_path, save_tensor_file
+from dlrm.training.checkpoint_store import (LOCK, CheckpointError, check_checkpoint_path, commit_directory,
+                                            save_tensor_file)
 
 METADATA = "metadata.pt"
 BOTTOM_MLP = "bottom_model.mlp.pt"
@@ -468,7 +469,7 @@ def save(path: str, model: torch.nn.Module, epoch: int, step: int, run_config: d
     cfg: DLRMConfig = model.config
     check_can_write(cfg)
     path = os.path.abspath(path)
-    tmp, old = f"{path}.tmp", f"{path}.old"
+    tmp = f"{path}.tmp"
     first = collectives.rank == 0
     if first:
         check_checkpoint_path(path)
@@ -513,17 +514,6 @@ def save(path: str, model: torch.nn.Module, epoch: int, step: int, run_config: d
             save_tensor_file({"data": {"device_mapping": mapping, "epoch": epoch, "step": step},
                               "config": _config(cfg, run_config)}, os.path.join(tmp, METADATA))
             fsync_dir(tmp)
-            for existing in (path, old):  # only checkpoints of this layout are moved aside or removed
-                if os.path.lexists(existing) and (os.path.islink(existing) or not (
-                        recognise(existing) or (os.path.isdir(existing) and not os.listdir(existing)))):
-                    raise OutputError(f"{existing} is not a {NAME} written by this program: it is never replaced; "
-                                      "move it away or save elsewhere; nothing was changed")
-            if os.path.exists(path):
-                if os.path.exists(old):
-                    shutil.rmtree(old)
-                os.rename(path, old)
-            os.rename(tmp, path)
-            fsync_dir(os.path.dirname(path))
-            shutil.rmtree(old, ignore_errors=True)
+            commit_directory(tmp, path, recognise, f"a {NAME} written by this program")
     collectives.barrier()
 
