@@ -13,6 +13,7 @@ write the file system refuses (read-only, full) is a ``StorageError`` naming the
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -29,12 +30,19 @@ ONNX_MAX_BYTES = 2**31 - 1  # protobuf's limit for one file; beyond it ONNX need
 EXPORTED = "the exported model"  # what a StorageError says could not be written
 
 
-def build_inference_model(checkpoint: str, device: torch.device | str = "cpu") -> DLRM:
+def build_inference_model(checkpoint: str, device: torch.device | str = "cpu",
+                          quantize_tables: str | Sequence[str] = "fp32", quantize_min_rows: int = 0) -> DLRM:
     """The DLRM described by ``checkpoint``'s ``meta.json`` (or by the files of a checkpoint in
     NVIDIA's layout), with its weights, in eval mode.
 
     The config comes from the checkpoint itself, so exporting needs no training flags.
+    ``quantize_tables`` (one precision, or one per table) and ``quantize_min_rows`` store the
+    tables row-wise quantized (``dlrm.inference.quantize``); the default keeps them as trained.
     """
+    if quantize_tables != "fp32":
+        from dlrm.inference.quantize import build_quantized_model
+
+        return build_quantized_model(checkpoint, quantize_tables, quantize_min_rows, device)
     config = DLRMConfig(**model_config_of(checkpoint))  # raises CheckpointError when missing or damaged
     model = DLRM(config, device=device)
     load_checkpoint(checkpoint, model)
@@ -56,6 +64,18 @@ class ExportableDLRM(nn.Module):
         if model.embeddings.num_tables != model.config.num_categorical_features:
             raise ValueError("only a model holding all of its tables can be exported (got a hybrid-parallel shard)")
         self.model = model
+
+    def for_onnx(self) -> "ExportableDLRM":
+        """The same graph in the form ONNX can express: quantized tables split into codes and
+        scale/bias tensors (``QuantizedEmbedding.for_onnx``); a float model is returned as is."""
+        from dlrm.nn.quantized_embedding import QuantizedEmbedding
+
+        if not isinstance(self.model.embeddings, QuantizedEmbedding):
+            return self
+        model = copy.copy(self.model)
+        model._modules = dict(self.model._modules)
+        model._modules["embeddings"] = self.model.embeddings.for_onnx()
+        return ExportableDLRM(model)
 
     def forward(self, numerical: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(self.model(numerical, categorical)).unsqueeze(1)
@@ -120,8 +140,8 @@ def export_onnx(model: DLRM, path: str, opset: int = 17, numerical_dtype: torch.
     first thing in the graph): datasets store numerical features as float16, so a client sends
     half the bytes and loses nothing.
     """
-    wrapper = _exportable(model)
-    size = sum(p.numel() * p.element_size() for p in wrapper.parameters())
+    wrapper = _exportable(model).for_onnx()
+    size = sum(t.numel() * t.element_size() for t in (*wrapper.parameters(), *wrapper.buffers()))
     if size >= ONNX_MAX_BYTES:
         raise ValueError(
             f"the model's weights take {size / 2**30:.1f} GiB; a single ONNX file holds at most 2 GiB: "

@@ -243,13 +243,26 @@ def _deploy(model: DLRM, model_dir: str, version_dir: str, cfg: TritonModelConfi
     return DeployedModel(model_dir=model_dir, files=files, max_abs_errors=errors)
 
 
+def check_quantized_target(cfg: TritonModelConfig, quantize_tables: str | Sequence[str]) -> None:
+    """Quantized tables in a TorchScript file run torch's CPU quantized operators, which have no
+    GPU kernels: such a file is served by CPU instances (the ONNX form runs anywhere)."""
+    quantized = any(p in ("int8", "int4", "int2") for p in ([quantize_tables] if isinstance(quantize_tables, str)
+                                                            else quantize_tables))
+    if quantized and cfg.format == "torchscript" and cfg.instance_kind == "gpu":
+        raise ValueError("a TorchScript model with quantized tables runs torch's CPU quantized embedding-bag "
+                         "operators: deploy it with `instance_kind` cpu, or with `format` onnx for GPU instances")
+
+
 def deploy_checkpoint(
     checkpoint: str, repository: str, cfg: TritonModelConfig, check_batch_sizes: Sequence[int] = (1, 64, 4096),
-    overwrite: bool = False,
+    overwrite: bool = False, quantize_tables: str | Sequence[str] = "fp32", quantize_min_rows: int = 0,
 ) -> DeployedModel:
-    """``deploy_model`` for the model a checkpoint directory holds (config from its meta.json)."""
+    """``deploy_model`` for the model a checkpoint directory holds (config from its meta.json),
+    its tables stored at ``quantize_tables`` (``dlrm.inference.quantize``)."""
     cfg.validate()
+    check_quantized_target(cfg, quantize_tables)
     claim_repository(repository, cfg.model_name, overwrite, inputs={"checkpoint": checkpoint})  # before the work
     from dlrm.inference.export import build_inference_model
 
-    return deploy_model(build_inference_model(checkpoint), repository, cfg, check_batch_sizes, overwrite)
+    model = build_inference_model(checkpoint, quantize_tables=quantize_tables, quantize_min_rows=quantize_min_rows)
+    return deploy_model(model, repository, cfg, check_batch_sizes, overwrite)

@@ -1,7 +1,8 @@
 r"""Write a Triton Inference Server model repository from a checkpoint.
 
     python -m dlrm.scripts.deploy --checkpoint ckpt/ --model_repository models/ \
-        [--format onnx|torchscript] [--python_backend] [--numerical_type fp32|fp16] [--instance_kind gpu|cpu]
+        [--format onnx|torchscript] [--python_backend] [--numerical_type fp32|fp16] [--instance_kind gpu|cpu] \
+        [--quantize_tables int8|int4|int2|fp16 [--quantize_min_rows N]]
 
 (also ``python triton/deployer.py ...``). Exports the model into
 <model_repository>/<model_name>/<version>/, checks the file against the eager model at each
@@ -18,9 +19,10 @@ from absl import app, flags
 from absl import logging as absl_logging
 
 from dlrm.inference.triton_repository import (
-    FORMATS, INSTANCE_KINDS, NUMERICAL_TYPES, TritonModelConfig, claim_repository, deploy_checkpoint,
+    FORMATS, INSTANCE_KINDS, NUMERICAL_TYPES, TritonModelConfig, check_quantized_target, claim_repository,
+    deploy_checkpoint,
 )
-from dlrm.scripts import cli
+from dlrm.scripts import cli, serving_flags
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("checkpoint", None, "Checkpoint directory (as written by training).")
@@ -45,6 +47,7 @@ flags.DEFINE_integer("intra_op_threads", 0, "Python backend: CPU threads per ins
 flags.DEFINE_list("check_batch_sizes", ["1", "64", "4096"], "Batch sizes the file is checked at against eager.")
 flags.DEFINE_boolean("overwrite", False, "Write over the --model_name folder an earlier deploy wrote in the "
                      "repository (never a folder holding anything else).")
+flags.adopt_module_key_flags(serving_flags)  # --quantize_tables, --quantize_min_rows
 flags.mark_flags_as_required(["checkpoint", "model_repository"])
 
 
@@ -72,16 +75,22 @@ def main(argv: list[str]) -> int:
         instance_count=FLAGS.instance_count, gpus=_ints(FLAGS.gpus, "gpus"), version=FLAGS.version,
         intra_op_threads=FLAGS.intra_op_threads,
     )
+    quantize_tables = serving_flags.quantize_tables()
     try:
         cfg.validate()
+        check_quantized_target(cfg, quantize_tables)
     except ValueError as e:
-        raise app.UsageError(str(e)) from None
+        raise app.UsageError(cli.flag_terms(str(e), FLAGS)) from None
     check_batch_sizes = _ints(FLAGS.check_batch_sizes, "check_batch_sizes", positive=True)
     # Before any work (dlrm.data.outputs): never a foreign folder, a link, the working directory or the checkpoint.
     claim_repository(FLAGS.model_repository, cfg.model_name, FLAGS.overwrite, inputs={"checkpoint": FLAGS.checkpoint},
                      settings=("model_repository", "model_name"))
     # a bad checkpoint raises CheckpointError: cli.run prints it as one line and exits 2
-    deployed = deploy_checkpoint(FLAGS.checkpoint, FLAGS.model_repository, cfg, check_batch_sizes, FLAGS.overwrite)
+    try:
+        deployed = deploy_checkpoint(FLAGS.checkpoint, FLAGS.model_repository, cfg, check_batch_sizes, FLAGS.overwrite,
+                                     quantize_tables, FLAGS.quantize_min_rows)
+    except ValueError as e:  # --quantize_tables that does not fit the checkpoint's model
+        raise app.UsageError(cli.flag_terms(str(e), FLAGS)) from None
     flavour = "python backend" if cfg.python_backend else f"platform {FORMATS[cfg.format][1]}"
     print(f"deployed {cfg.model_name!r} ({flavour}, {cfg.format}, numerical {cfg.numerical_type}) "
           f"to {deployed.model_dir}")

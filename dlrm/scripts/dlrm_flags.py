@@ -17,7 +17,7 @@ from absl import app, flags
 from dlrm.data.sources import SPLIT_BINARY_TYPES, SYNTHETIC_TYPES, DataConfig
 from dlrm.data.synthetic import MLPERF_DLRMV2_CARDINALITIES, MLPERF_MULTI_HOT_SIZES, ZIPF_EXPONENT
 from dlrm.distributed.collectives import GRADIENT_SYNC
-from dlrm.scripts import cli, nvidia_flags
+from dlrm.scripts import cli, nvidia_flags, serving_flags
 from dlrm.training.lr_schedule import LRSchedule
 from dlrm.training.optimizers import DENSE_OPTIMIZERS, EMBEDDING_OPTIMIZERS, OptimizerConfig
 from dlrm.training.run_config import CheckpointConfig, ModelSettings, ParallelConfig, RunConfig
@@ -213,6 +213,9 @@ flags.DEFINE_integer("inference_benchmark_threads", 0,
                      "0: the libraries' defaults (one per core).", lower_bound=0)
 
 
+flags.adopt_module_key_flags(serving_flags)  # --quantize_tables, --quantize_min_rows
+
+
 def _ints(values: list[str], flag: str) -> list[int]:
     try:
         return [int(v) for v in values]
@@ -312,6 +315,7 @@ def run_config(values: flags.FlagValues = FLAGS) -> RunConfig:
     if values.inference_benchmark_steps is not None and not values.inference_benchmark_steps > 0:
         raise app.UsageError(f"--inference_benchmark_steps must be positive, got {values.inference_benchmark_steps}")
     _ints(values.inference_benchmark_batch_sizes, "inference_benchmark_batch_sizes")
+    serving_flags.quantize_tables(values, mode=values.mode)
     try:
         return _run_config(values)
     except ValueError as e:
@@ -324,7 +328,7 @@ def check_args(args: list[str]) -> flags.FlagValues:
     starts workers. Raises ``app.UsageError`` with the message the script would print; returns
     the flags as a run would use them (NVIDIA's mapped onto this script's)."""
     values = flags.FlagValues()  # a copy of the script's flags: the caller's FLAGS stay as they are
-    for module in (__name__, nvidia_flags.__name__):
+    for module in (__name__, nvidia_flags.__name__, serving_flags.__name__):
         for flag in FLAGS.get_flags_for_module(module):
             values[flag.name] = copy.deepcopy(flag)
     try:

@@ -1,7 +1,7 @@
 r"""Export a checkpoint for serving and check the files against the eager model.
 
     python -m dlrm.scripts.export --checkpoint /ckpt/last --output /models/dlrm \
-        [--format onnx,torchscript] [--opset 17]
+        [--format onnx,torchscript] [--opset 17] [--quantize_tables int8|int4|int2|fp16 [--quantize_min_rows N]]
 
 Writes <output>/model.onnx and/or <output>/model.pt, then prints the maximum absolute error of
 each file against the eager model per batch size. --output is new or empty, or (with
@@ -17,7 +17,7 @@ from absl import logging as absl_logging
 
 from dlrm.data.atomic import check_can_create
 from dlrm.data.outputs import OutputKind, claim_output, holds_only
-from dlrm.scripts import cli
+from dlrm.scripts import cli, serving_flags
 
 FORMATS = {"onnx": "model.onnx", "torchscript": "model.pt"}
 # What --output holds: the exported files and nothing else (dlrm.data.outputs).
@@ -32,6 +32,7 @@ flags.DEFINE_boolean("overwrite", False, "Replace the files an earlier export wr
 flags.DEFINE_list("format", ["onnx", "torchscript"], f"Comma-separated formats out of {sorted(FORMATS)}.")
 flags.DEFINE_integer("opset", 17, "ONNX opset version.", lower_bound=7)
 flags.DEFINE_list("check_batch_sizes", ["1", "64", "4096"], "Batch sizes the exported files are checked at.")
+flags.adopt_module_key_flags(serving_flags)  # --quantize_tables, --quantize_min_rows
 flags.mark_flags_as_required(["checkpoint", "output"])
 
 
@@ -48,6 +49,7 @@ def main(argv: list[str]) -> int:
         raise app.UsageError(f"--check_batch_sizes must be integers, got {FLAGS.check_batch_sizes}") from None
     if any(b < 1 for b in batch_sizes):
         raise app.UsageError(f"--check_batch_sizes must be positive, got {FLAGS.check_batch_sizes}")
+    quantize_tables = serving_flags.quantize_tables()
     if "onnx" in FLAGS.format:
         import onnx  # the exporter needs it anyway; only here for the highest opset it can write
 
@@ -60,7 +62,15 @@ def main(argv: list[str]) -> int:
 
     for fmt in FLAGS.format:  # a read-only or missing file system fails before the export's work
         check_can_create(os.path.join(FLAGS.output, FORMATS[fmt]), EXPORTED)
-    model = build_inference_model(FLAGS.checkpoint)  # CheckpointError: one line and exit 2 (cli.run)
+    try:  # CheckpointError: one line and exit 2 (cli.run)
+        model = build_inference_model(FLAGS.checkpoint, quantize_tables=quantize_tables,
+                                      quantize_min_rows=FLAGS.quantize_min_rows)
+    except ValueError as e:  # --quantize_tables that does not fit the checkpoint's model
+        raise app.UsageError(cli.flag_terms(str(e), FLAGS)) from None
+    if quantize_tables != "fp32" or FLAGS.quantize_min_rows:
+        from dlrm.inference.quantize import describe
+
+        print(describe(model))
     for fmt in FLAGS.format:
         path = os.path.join(FLAGS.output, FORMATS[fmt])
         if fmt == "onnx":

@@ -24,7 +24,7 @@ from dlrm.distributed.planner import format_plan
 from dlrm.distributed.process_group import DistEnv, device_memory_bytes
 from dlrm.distributed.sizing import format_sizing, size_processes
 from dlrm.inference.benchmark import benchmark_inference, exported_forward, format_table
-from dlrm.scripts import cli, dlrm_flags, nvidia_flags
+from dlrm.scripts import cli, dlrm_flags, nvidia_flags, serving_flags
 from dlrm.scripts.dlrm_flags import check_args  # noqa: F401  (spark_train and the tests check flags through main)
 from dlrm.training.build import Run, build_run, model_config, resolve_device, start_processes, start_training
 from dlrm.training.build import claim_outputs, host_cache_hit_rate, table_bytes, validate_sources
@@ -83,9 +83,24 @@ def _run_train(run: Run) -> int:
     return stop.exit_code_of(summary["stop_reason"])
 
 
+def _quantize(run: Run) -> None:
+    """--quantize_tables: the loaded model's tables stored at the serving precision (one process)."""
+    chosen = serving_flags.quantize_tables()
+    if chosen == "fp32" and not FLAGS.quantize_min_rows:
+        return
+    if run.collectives.world_size > 1:
+        raise app.UsageError("--quantize_tables serves the whole model from one process: start it without torchrun")
+    from dlrm.inference.quantize import describe, quantize_model
+
+    with _usage_errors():
+        run.model = quantize_model(run.model, chosen, FLAGS.quantize_min_rows)
+    run.logger.print(f"Serving precision: {describe(run.model)}")
+
+
 def _run_test(run: Run) -> int:
-    """AUC and loss of --load_checkpoint_path on the test split."""
+    """AUC and loss of --load_checkpoint_path on the test split (at --quantize_tables' precision)."""
     run.load()
+    _quantize(run)
     test_source = run.source("test", run.cfg.test_batch_size)
     if test_source is None:
         raise app.UsageError(f"the dataset at {run.cfg.data.dataset} has no test split")
@@ -104,6 +119,7 @@ def _run_inference_benchmark(run: Run) -> int:
     """Latency and throughput per batch size, of the eager model, its CUDA graphs or an export."""
     if run.cfg.checkpoint.load_checkpoint_path:
         run.load()
+    _quantize(run)
     batch_sizes = [int(size) for size in FLAGS.inference_benchmark_batch_sizes]  # parsed by run_config
     data = run.cfg.data
     split = "test" if data.synthetic or "test" in run.spec.splits else "train"
@@ -168,6 +184,12 @@ def _run_plan(cfg: RunConfig, device: torch.device) -> int:
           f"{model_cfg.embedding_dim}, batch {cfg.batch_size}, {optimizer.embedding} tables, "
           f"{'AMP' if cfg.amp else 'fp32'} compute")
     print(format_sizing(shown, device_bytes))
+    from dlrm.inference.quantize import host_memory_bytes, serving_report, table_precisions
+
+    with _usage_errors():
+        chosen = table_precisions(model_cfg.table_sizes, serving_flags.quantize_tables(), FLAGS.quantize_min_rows,
+                                  model_cfg.embedding_dim)
+    print("\n" + serving_report(model_cfg, device_bytes, host_memory_bytes(), chosen))
     if not fits:
         print(f"No number of processes up to {FLAGS.plan_max_processes} fits: raise --plan_max_processes, lower "
               "--batch_size, or use --embedding_dtype bf16")
