@@ -28,6 +28,7 @@ from dlrm.data.split_binary import SplitBinaryReader  # noqa: E402
 from dlrm.data.synthetic import write_synthetic_dataset  # noqa: E402
 from dlrm.inference.triton_client import DLRMTritonClient, TritonClientError, score_split, soak  # noqa: E402
 from dlrm.inference.triton_repository import TritonModelConfig, deploy_checkpoint  # noqa: E402
+from dlrm.inference.quantize import quantize_model  # noqa: E402
 from dlrm.inference.triton_server import LocalTritonServer, ServerEnv, TritonServerError, free_port  # noqa: E402
 from dlrm.model.dlrm import DLRM, DLRMConfig  # noqa: E402
 from dlrm.training.checkpoint import TrainState, save_checkpoint  # noqa: E402
@@ -38,6 +39,7 @@ TABLES = [30, 300, 4, 1000, 70, 12]
 CONFIG = DLRMConfig(num_numerical_features=13, table_sizes=TABLES, embedding_dim=8, bottom_mlp_sizes=[16, 8],
                     top_mlp_sizes=[32, 16, 1])
 TEST_SAMPLES = 3000
+QUANTIZED_MODELS = {"dlrm_int8_onnx": "int8", "dlrm_int4_torchscript": "int4"}  # model name -> its tables
 SOAK_SECONDS = 3.0
 
 
@@ -94,8 +96,14 @@ def trained(tmp_path_factory):
     with torch.no_grad():
         probability = torch.sigmoid(model(batch.numerical.float(), batch.categorical.long())).numpy()
     labels = batch.label.numpy().astype(np.float64)
+    quantized = {}  # the offline reference of each quantized deployment: the quantized eager model
+    for precision in QUANTIZED_MODELS.values():
+        with torch.no_grad():
+            quantized[precision] = torch.sigmoid(quantize_model(model, precision)(
+                batch.numerical.float(), batch.categorical.long())).numpy()
     return {"root": root, "dataset": dataset, "spec": spec, "ckpt": str(root / "ckpt"),
-            "probability": probability, "labels": labels, "auc": roc_auc_score(labels, probability)}
+            "probability": probability, "labels": labels, "auc": roc_auc_score(labels, probability),
+            "quantized": quantized}
 
 
 @pytest.fixture(scope="module")
@@ -104,13 +112,16 @@ def server(server_env, trained):
     TorchScript when the server environment has torch), served on free local ports. The
     deployer script itself is tested in test_triton_repository.py."""
     repository = str(trained["root"] / "models")
-    models = [TritonModelConfig(model_name="dlrm_onnx", format="onnx", numerical_type="fp16")]
+    models = [TritonModelConfig(model_name="dlrm_onnx", format="onnx", numerical_type="fp16"),
+              TritonModelConfig(model_name="dlrm_int8_onnx", format="onnx")]
     if server_env.has_torch:
         models.append(TritonModelConfig(model_name="dlrm_torchscript", format="torchscript"))
+        models.append(TritonModelConfig(model_name="dlrm_int4_torchscript", format="torchscript"))
     for cfg in models:
         cfg.python_backend, cfg.instance_kind, cfg.intra_op_threads = True, "cpu", 1
         cfg.preferred_batch_sizes, cfg.max_queue_delay_us = [64, 1024], 500
-        deploy_checkpoint(trained["ckpt"], repository, cfg, check_batch_sizes=(1, 64))
+        deploy_checkpoint(trained["ckpt"], repository, cfg, check_batch_sizes=(1, 64),
+                          quantize_tables=QUANTIZED_MODELS.get(cfg.model_name, "fp32"))
     local = LocalTritonServer(server_env, repository, str(trained["root"] / "server"))
     with local:
         yield local
@@ -132,6 +143,23 @@ def test_client_auc_equals_offline_auc(server, trained, protocol):
     assert trained["auc"] > 0.6  # a model that learned something, so equal AUCs mean something
     assert report.auc == pytest.approx(trained["auc"], abs=1e-6)
     assert 0 < report.p50_ms <= report.p90_ms <= report.p99_ms and report.throughput > 0
+
+
+@pytest.mark.parametrize("model_name", list(QUANTIZED_MODELS))
+def test_quantized_model_client_auc_equals_offline_quantized_auc(server, server_env, trained, model_name):
+    """A model deployed with quantized tables (int8 in ONNX's split form, int4 in TorchScript's
+    packed one, run by torch's quantized operators inside the server): the server's scores are
+    the offline quantized model's, so the AUCs agree."""
+    if model_name.endswith("torchscript") and not server_env.has_torch:
+        pytest.skip("the server environment has no torch")
+    offline = trained["quantized"][QUANTIZED_MODELS[model_name]]
+    with DLRMTritonClient(server.grpc_url, model_name, "grpc") as client, \
+            SplitBinaryReader(trained["spec"], "test", 1000) as reader:
+        report = score_split(client, reader)
+    np.testing.assert_allclose(report.scores, offline, rtol=1e-5, atol=1e-6)
+    assert report.auc == pytest.approx(roc_auc_score(trained["labels"], offline), abs=1e-6)
+    assert not np.allclose(offline, trained["probability"], rtol=0, atol=1e-7)  # quantization changed the scores
+    assert abs(report.auc - trained["auc"]) < 0.01
 
 
 def test_torchscript_model_and_client_script_over_grpc(server, server_env, trained, tmp_path):
