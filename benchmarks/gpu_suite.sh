@@ -45,6 +45,9 @@ inference_runs() {
         --inference_benchmark_steps 200 --log_path /dev/null)
     "$python" -m dlrm.scripts.main "${common[@]}" --amp --embedding_type joint_fused --interaction_op cuda_dot --cuda_graphs
     "$python" -m dlrm.scripts.main "${common[@]}" --amp --embedding_type joint_fused --interaction_op cuda_dot
+    # row-wise quantized tables (the Triton dequantize-gather kernel), int8 and int4
+    "$python" -m dlrm.scripts.main "${common[@]}" --amp --interaction_op cuda_dot --cuda_graphs --quantize_tables int8
+    "$python" -m dlrm.scripts.main "${common[@]}" --amp --interaction_op cuda_dot --cuda_graphs --quantize_tables int4
     "$python" -m dlrm.scripts.main "${common[@]}"
     "$python" -m dlrm.scripts.main "${common[@]}" --inference_benchmark_backend torchscript
 }
@@ -71,7 +74,7 @@ for stage in "${stages[@]}"; do
             --embedding_type joint_fused --interaction_op cuda_dot --cuda_graphs \
             --benchmark_warmup_steps 50 --max_steps 500 --log_path "$logdir/cli_log.json" ;;
     inference)
-        run_stage inference "${INFERENCE_LIMIT:-300}" bash -c inference_runs ;;
+        run_stage inference "${INFERENCE_LIMIT:-420}" bash -c inference_runs ;;
     recommender)
         # MovieLens-20M-size synthetic histories: quality after 2 epochs and training/predict users/s
         run_stage recommender "${RECOMMENDER_LIMIT:-300}" "$python" benchmarks/recommender.py --device cuda \

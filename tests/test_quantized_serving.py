@@ -297,3 +297,27 @@ def test_cli_export_quantized_and_a_precision_list_that_does_not_fit(cli, checkp
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
     assert "--quantize_tables lists 2 precisions for the model's 4 tables" in proc.stderr
     assert not os.path.exists(tmp_path / "bad") or not os.listdir(tmp_path / "bad")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["int8", "int4", "int2"])
+def test_gpu_kernel_at_criteo_width(precision):
+    """On a GPU: the compiled kernel at D=128 over a million rows against the float64 decoding,
+    and the module's lookups through it."""
+    torch.manual_seed(4)
+    weight = torch.randn(1_000_000, 128)
+    packed = quantize_rows(weight, precision).cuda()
+    ids = torch.randint(0, 1_000_000, (65536,), device="cuda")
+    assert supports_dequantize_gather(packed, ids, 128, precision, torch.float16)
+    got = dequantize_gather(packed, ids, 128, precision, torch.float32).cpu().double()
+    sample = torch.arange(0, 65536, 97)
+    want = unpack_float64(packed[ids[sample]].cpu(), 128, precision)
+    torch.testing.assert_close(got[sample], want, rtol=1e-6, atol=1e-6)
+    config = DLRMConfig(13, [1000, 50_000, 7], embedding_dim=128)
+    model = trained_like(config)
+    quantized = quantize_model(model, precision)
+    reference = float64_reference(model, quantized)
+    numerical, categorical = torch.randn(4096, 13), torch.randint(0, 7, (4096, 3))
+    with torch.no_grad():
+        got = quantize_model(model.cuda(), precision)(numerical.cuda(), categorical.cuda()).cpu()
+        torch.testing.assert_close(got.double(), reference(numerical.double(), categorical), rtol=1e-4, atol=1e-4)
