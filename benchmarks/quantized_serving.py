@@ -7,9 +7,11 @@ latency / throughput of fp32, fp16, int8, int4 and int2 tables (``--quantize_tab
 
 Each precision's model is built from the checkpoint as the deployer builds it (tables quantized
 one at a time, ``dlrm.inference.quantize.build_quantized_model``); its AUC is sklearn's
-``roc_auc_score`` over the whole test split, and its latency is timed by the inference
-benchmark's own clock (``dlrm.inference.benchmark``) on real test batches, eager on the CPU
-(torch's quantized embedding-bag operators). Every figure printed is measured in this run.
+``roc_auc_score`` over the whole test split. Latency is the eager model on the CPU (torch's
+quantized embedding-bag operators) on real test batches, each forward timed alone; the
+precisions take turns, ``--rounds`` rounds of ``--steps / --rounds`` passes each per batch size,
+so that a neighbour's load on a shared machine falls on all of them alike. Every figure printed
+is measured in this run.
 """
 
 from __future__ import annotations
@@ -26,10 +28,8 @@ from sklearn.metrics import roc_auc_score
 
 from dlrm.data.feature_spec import FeatureSpec
 from dlrm.data.split_binary import SplitBinaryReader
-from dlrm.inference.benchmark import benchmark_inference
 from dlrm.inference.export import build_inference_model
 from dlrm.inference.quantize import table_bytes
-from dlrm.model.precision import Precision
 from dlrm.nn.quantized_embedding import QuantizedEmbedding
 
 
@@ -56,6 +56,20 @@ def test_auc(model: torch.nn.Module, spec: FeatureSpec, batch_size: int) -> tupl
     return float(roc_auc_score(y, p)), len(y), seconds
 
 
+@torch.no_grad()
+def time_passes(model: torch.nn.Module, batches: list, warmup: int, steps: int) -> list[float]:
+    """Seconds of each of ``steps`` forwards (after ``warmup`` untimed ones), batches cycled."""
+    for i in range(warmup):
+        model(batches[i % len(batches)].numerical, batches[i % len(batches)].categorical)
+    seconds = []
+    for i in range(steps):
+        batch = batches[i % len(batches)]
+        start = time.perf_counter()
+        model(batch.numerical, batch.categorical)
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
 def stored_table_bytes(model: torch.nn.Module) -> int:
     tables = model.embeddings
     if isinstance(tables, QuantizedEmbedding):
@@ -70,7 +84,8 @@ def main() -> None:
     parser.add_argument("--precisions", default="fp32,fp16,int8,int4,int2")
     parser.add_argument("--batch_sizes", default="1,64,4096")
     parser.add_argument("--steps", type=int, default=200, help="timed forward passes per batch size")
-    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=20, help="untimed passes per batch size and precision")
+    parser.add_argument("--rounds", type=int, default=10, help="turns the precisions take per batch size")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--auc_batch_size", type=int, default=65536)
     parser.add_argument("--json", default=None, help="also write one JSON object per result line here")
@@ -79,7 +94,6 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     spec = FeatureSpec.from_yaml(os.path.join(args.dataset, "feature_spec.yaml"))
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
-    device, precision = torch.device("cpu"), Precision("cpu")
 
     def batches_for(batch_size: int) -> list:
         with SplitBinaryReader(spec, "test", batch_size) as reader:
@@ -87,7 +101,7 @@ def main() -> None:
 
     print(f"CPU: {cpu_model()}, torch {torch.__version__}, {torch.get_num_threads()} threads; "
           f"checkpoint {args.checkpoint}")
-    results, fp32_bytes = [], None
+    results, models = [], {}
     for name in args.precisions.split(","):
         start = time.perf_counter()
         model = build_inference_model(args.checkpoint, quantize_tables=name)
@@ -96,13 +110,24 @@ def main() -> None:
         fp32_bytes = table_bytes(config.table_sizes, config.embedding_dim, ["fp32"] * len(config.table_sizes))
         auc, samples, auc_s = test_auc(model, spec, args.auc_batch_size)
         stored = stored_table_bytes(model)
-        timings = benchmark_inference(model, batches_for, batch_sizes, args.steps, args.warmup, device, precision)
-        row = {"precision": name, "test_auc": auc, "test_samples": samples, "table_bytes": stored,
-               "table_ratio": stored / fp32_bytes, "build_s": build_s, "auc_samples_per_s": samples / auc_s,
-               "latency": [t.as_dict() for t in timings]}
-        results.append(row)
+        models[name] = model
+        results.append({"precision": name, "test_auc": auc, "test_samples": samples, "table_bytes": stored,
+                        "table_ratio": stored / fp32_bytes, "build_s": build_s,
+                        "auc_samples_per_s": samples / auc_s, "latency": []})
         print(f"{name:>5}: auc {auc:.6f}  tables {stored / 2**20:,.2f} MiB ({stored / fp32_bytes:.3f}x fp32)  "
               f"built in {build_s:.1f} s", flush=True)
+    for batch_size in batch_sizes:
+        batches = batches_for(batch_size)
+        times = {name: time_passes(model, batches, args.warmup, 0) for name, model in models.items()}  # warm up
+        per_round = max(1, args.steps // args.rounds)
+        for _ in range(args.rounds):
+            for name, model in models.items():
+                times[name] += time_passes(model, batches, 0, per_round)
+        for row in results:
+            ms = np.array(times[row["precision"]]) * 1e3
+            row["latency"].append({"batch_size": batch_size, "passes": len(ms), "mean_ms": float(ms.mean()),
+                                   "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
+                                   "throughput": batch_size / float(ms.mean()) * 1e3})
     base = results[0]["test_auc"]
     print(f"\n{'tables':>6} {'test AUC':>9} {'vs ' + results[0]['precision']:>9} {'MiB':>9} {'x fp32':>7}  " +
           "  ".join(f"{'b' + str(b) + ' p50/p99 ms':>20} {'samples/s':>11}" for b in batch_sizes))
