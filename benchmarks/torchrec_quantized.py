@@ -41,10 +41,10 @@ build: it requires nvidia-* packages and ``import torch`` fails without them (li
 fbgemm-gpu-cpu 1.9.0 does not load on torch 2.13 (undefined torch symbols); so these are the
 newest versions that run on a CPU-only torch, matched as fbgemm releases pair with torch)::
 
-    python -m venv /work/torchrec-venv
-    /work/torchrec-venv/bin/pip install torch==2.13.0 numpy
-    /work/torchrec-venv/bin/pip install --no-deps torchrec==1.8.0 fbgemm-gpu-cpu==1.8.0
-    /work/torchrec-venv/bin/pip install tensordict==0.15.3 torchmetrics==1.0.3 tqdm pyre-extensions
+    python -m venv .venv-torchrec            # anywhere; here beside the repository's files
+    .venv-torchrec/bin/pip install torch==2.13.0 numpy
+    .venv-torchrec/bin/pip install --no-deps torchrec==1.8.0 fbgemm-gpu-cpu==1.8.0
+    .venv-torchrec/bin/pip install tensordict==0.15.3 torchmetrics==1.0.3 tqdm pyre-extensions
 
 ``torch==2.13.0`` must resolve to the CPU build (``pip list`` shows ``2.13.0+cpu`` and no
 ``nvidia-*`` package); where the plain index offers only the CUDA build, install the CPU wheel
@@ -52,7 +52,7 @@ from PyTorch's CPU wheel index instead. torchrec goes in with ``--no-deps`` beca
 ``fbgemm-gpu`` (the CUDA build, which would shadow fbgemm-gpu-cpu); the last line adds the
 pure-Python packages that ``import torchrec, torchrec.inference`` needs. Then, e.g.::
 
-    /work/torchrec-venv/bin/python benchmarks/torchrec_quantized.py \\
+    .venv-torchrec/bin/python benchmarks/torchrec_quantized.py \\
         --table_sizes 40000,30000,20000,10000 --embedding_dim 64 --num_numerical_features 13 \\
         --bottom_mlp_sizes 256,128,64 --top_mlp_sizes 512,256,1 --threads 2 --json out.jsonl
 

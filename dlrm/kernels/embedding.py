@@ -151,19 +151,32 @@ def supports_update(
 if triton is not None:
 
     @triton.jit
-    def _gather_kernel(weight_ptr, rows_ptr, out_ptr, n, num_rows, dim, weight_stride,
-                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-        """Program ``(i, j)``: ids ``[i*BLOCK_N, +BLOCK_N)`` x columns ``[j*BLOCK_D, +BLOCK_D)``."""
+    def gather_block(rows_ptr, n, num_rows, dim, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+        """What a gather program ``(i, j)`` owns: ids ``[i*BLOCK_N, +BLOCK_N)`` x columns
+        ``[j*BLOCK_D, +BLOCK_D)``, the rows those ids name, and the masks (``row_ok``: an id in
+        ``[0, num_rows)``; others read zeros). Shared by every gather kernel."""
         idx = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
         cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
         idx_ok = idx < n
         col_ok = cols < dim
         rows = tl.load(rows_ptr + idx, mask=idx_ok, other=0)
         row_ok = idx_ok & (rows >= 0) & (rows < num_rows)
-        vals = tl.load(weight_ptr + rows[:, None] * weight_stride + cols[None, :],
-                       mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+        return idx, cols, idx_ok, col_ok, rows, row_ok
+
+    @triton.jit
+    def store_block(out_ptr, vals, idx, cols, idx_ok, col_ok, dim):
+        """Writes a gather program's ``[BLOCK_N, BLOCK_D]`` values into ``out [n, dim]`` in its dtype."""
         tl.store(out_ptr + idx[:, None] * dim + cols[None, :], vals.to(out_ptr.dtype.element_ty),
                  mask=idx_ok[:, None] & col_ok[None, :])
+
+    @triton.jit
+    def _gather_kernel(weight_ptr, rows_ptr, out_ptr, n, num_rows, dim, weight_stride,
+                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+        """Program ``(i, j)``: ids ``[i*BLOCK_N, +BLOCK_N)`` x columns ``[j*BLOCK_D, +BLOCK_D)``."""
+        idx, cols, idx_ok, col_ok, rows, row_ok = gather_block(rows_ptr, n, num_rows, dim, BLOCK_N, BLOCK_D)
+        vals = tl.load(weight_ptr + rows[:, None] * weight_stride + cols[None, :],
+                       mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+        store_block(out_ptr, vals, idx, cols, idx_ok, col_ok, dim)
 
     @triton.jit
     def _segment_add(id_a, sum_a, id_b, sum_b):

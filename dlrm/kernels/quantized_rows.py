@@ -34,6 +34,8 @@ from dlrm.kernels.backend import exporting, interpreting, triton_installed, trit
 if triton_installed():
     import triton
     import triton.language as tl
+
+    from dlrm.kernels.embedding import gather_block, store_block  # the gather program's ids, masks and store
 else:  # the reference runs instead; nothing below is reached without Triton
     triton = None
 
@@ -142,12 +144,7 @@ if triton is not None:
         """Program ``(i, j)``: ids ``[i*BLOCK_N, +BLOCK_N)`` x columns ``[j*BLOCK_D, +BLOCK_D)``.
         ``scale_ptr`` is the packed bytes seen as floats (fp32 for 8 bits, fp16 below), so a
         row's scale and bias are two loads; ids outside ``[0, num_rows)`` read zeros."""
-        idx = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-        cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-        idx_ok = idx < n
-        col_ok = cols < dim
-        rows = tl.load(ids_ptr + idx, mask=idx_ok, other=0)
-        row_ok = idx_ok & (rows >= 0) & (rows < num_rows)
+        idx, cols, idx_ok, col_ok, rows, row_ok = gather_block(ids_ptr, n, num_rows, dim, BLOCK_N, BLOCK_D)
         per_byte: tl.constexpr = 8 // BITS
         byte = tl.load(packed_ptr + rows[:, None] * row_bytes + (cols // per_byte)[None, :],
                        mask=row_ok[:, None] & col_ok[None, :], other=0).to(tl.int32)
@@ -157,8 +154,7 @@ if triton is not None:
         scale = tl.load(scale_ptr + first, mask=row_ok, other=0.0).to(tl.float32)
         bias = tl.load(scale_ptr + first + 1, mask=row_ok, other=0.0).to(tl.float32)
         vals = code.to(tl.float32) * scale[:, None] + bias[:, None]
-        tl.store(out_ptr + idx[:, None] * dim + cols[None, :], vals.to(out_ptr.dtype.element_ty),
-                 mask=idx_ok[:, None] & col_ok[None, :])
+        store_block(out_ptr, vals, idx, cols, idx_ok, col_ok, dim)
 
 
 def dequantize_gather(packed: torch.Tensor, ids: torch.Tensor, dim: int, precision: str,
