@@ -6,6 +6,7 @@ predict and evaluate (the same ranking path as the autoencoder and the baselines
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import numpy as np
@@ -91,29 +92,59 @@ def test_a_float32_gram_gives_the_weights_of_a_float64_one(dataset):
 _PEAK_SCRIPT = """
 import resource, sys, torch
 from dlrm.recommender import linear
-n = int(sys.argv[1])
+n, ill = int(sys.argv[1]), sys.argv[2] == "ill"
 torch.manual_seed(0)
 g = torch.empty(n, n).uniform_().mul_(0.01)  # one triangle is read: no need to symmetrise
 g.diagonal().add_(n)
+if ill:  # every entry near 1e6: float32 cannot invert G + 0.01 I, float64 can
+    g.add_(1e6)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-weights = linear.solve(g, linear.LinearSettings(10.0))
+weights = linear.solve(g, linear.LinearSettings(0.01 if ill else 10.0))
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before)
 """
 
 
-def test_a_fit_takes_one_float64_matrix_and_the_weights_beside_g():
-    """The peak ``memory_bytes`` promises: beside G, one float64 matrix factorised and inverted in
-    place and B in float32 (12 bytes per entry); a copy of the matrix would add 8 more. Measured
-    as the process's peak resident memory in a fresh interpreter."""
+@pytest.mark.parametrize("ill", [False, True], ids=["float32", "float64_redo"])
+def test_a_fit_takes_the_memory_it_promises(ill):
+    """The peak ``memory_bytes`` promises: beside G, the float32 matrix factorised and inverted in
+    place, which becomes B (4 bytes per entry); when float32's inverse is off, the float64 redo's
+    matrix and B in float32 (12). A copy of the matrix would add 4 or 8 more. Measured as the
+    process's peak resident memory in a fresh interpreter."""
     import subprocess
     import sys
     n = 2500
-    out = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, str(n)], capture_output=True, text=True,
-                         check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, str(n), "ill" if ill else "well"], capture_output=True,
+                         text=True, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     grown = int(out.stdout.split()[-1])
-    assert grown < 12 * n * n + 16 * 2**20, f"the fit grew the peak by {grown / n / n:.1f} bytes per entry"
-    assert linear.memory_bytes(n, 10) == 16 * n * n
-    assert linear.memory_bytes(n, 1 << 24) == 20 * n * n
+    dtype = torch.float64 if ill else torch.float32
+    promised = linear.memory_bytes(n, 10, dtype) - 4 * n * n  # less G, made before the measure
+    assert grown < promised + 16 * 2**20, f"the fit grew the peak by {grown / n / n:.1f} bytes per entry"
+    assert linear.memory_bytes(n, 10) == 8 * n * n
+    assert linear.memory_bytes(n, 10, torch.float64) == 16 * n * n
+    assert linear.memory_bytes(n, 1 << 24) == 12 * n * n
+
+
+def _duplicated_items() -> torch.Tensor:
+    """G of histories where items 1 and 2 copy item 0: singular, so G + lambda I at a small
+    lambda is ill-conditioned (its float32 inverse is off by 0.05 at lambda 0.01)."""
+    x = (np.random.default_rng(0).random((3000, 200)) < 0.3).astype(np.float64)
+    x[:, 1] = x[:, 2] = x[:, 0]
+    return torch.from_numpy(x.T @ x).float()
+
+
+def test_an_ill_conditioned_fit_is_redone_in_float64_or_refused_in_one_line():
+    g = _duplicated_items()
+    settings = linear.LinearSettings(0.01)
+    gd = g.double().numpy()
+    p = np.linalg.inv(gd + 0.01 * np.eye(len(gd)))
+    expected = np.eye(len(gd)) - p / np.diag(p)
+    np.testing.assert_allclose(linear.solve(g, settings).numpy(), expected, rtol=1e-5, atol=1e-6)
+    # float32's own answer is far off: the residual check is what saved the weights above.
+    p32 = linear._inverse(g, settings, torch.float32).double().numpy()
+    assert np.abs((np.eye(len(gd)) - p32 / np.diag(p32)) - expected).max() > 1e-3
+    with pytest.raises(linear.LinearFitError, match=r"float32 inverse .* is off by .* float64 does not fit the "
+                                                    r"memory budget: raise `regularization`"):
+        linear.solve(g, settings, allow_float64=False)
 
 
 def test_a_matrix_that_is_not_positive_definite_is_one_line_not_a_crash():
@@ -121,7 +152,7 @@ def test_a_matrix_that_is_not_positive_definite_is_one_line_not_a_crash():
         linear.solve(-torch.eye(4, dtype=torch.float64) * 100, linear.LinearSettings(1.0))
 
 
-def test_choose_searches_lambda_then_dropout_and_keeps_the_best_validation(dataset):
+def test_choose_climbs_lambda_then_dropout_and_keeps_the_best_validation(dataset):
     cfg = ValidationConfig(user_fraction=1.0, item_fraction=0.2, k=5)
     split = make_split(dataset, cfg, seed=0)
     g = linear.gram(dataset, split.train_mask)
@@ -131,15 +162,40 @@ def test_choose_searches_lambda_then_dropout_and_keeps_the_best_validation(datas
         seen.append((model.settings.regularization, model.settings.dropout))
         return validate_scores(model.scores, dataset, split, cfg)
 
-    choice = linear.choose(g, validate, regularizations=(1.0, 10.0, 100.0), dropouts=(0.0, 0.3))
-    assert seen[:3] == [(1.0, 0.0), (10.0, 0.0), (100.0, 0.0)]
-    lam = max(choice.trials[:3], key=lambda t: t.metrics.ndcg).settings.regularization
-    assert seen[3] == (lam, 0.3)
+    grid = (1.0, 10.0, 100.0)
+    choice = linear.choose(g, validate, regularizations=grid, dropouts=(0.0, 0.3))
+    assert seen[:3] == [(10.0, 0.0), (1.0, 0.0), (100.0, 0.0)]  # the middle, then both neighbours
+    assert len(seen) == len(set(seen)), "a setting was solved twice"
     assert choice.best.metrics.ndcg == max(t.metrics.ndcg for t in choice.trials)
     # Each trial's figure is the validation of that model, recomputed independently here.
     for trial in choice.trials:
         model = linear.LinearModel(linear.solve(g, trial.settings), trial.settings)
         assert validate_scores(model.scores, dataset, split, cfg).ndcg == pytest.approx(trial.metrics.ndcg)
+
+
+def _surface(peak_lambda: float, peak_dropout: float):
+    """A unimodal validation surface over (log lambda, dropout) with its top at the given point."""
+    def ndcg(settings: linear.LinearSettings) -> float:
+        return -(math.log10(settings.regularization / peak_lambda) ** 2) - 10 * (settings.dropout - peak_dropout) ** 2
+    return ndcg
+
+
+@pytest.mark.parametrize("peak_lambda", linear.REGULARIZATIONS)
+@pytest.mark.parametrize("peak_dropout", linear.DROPOUTS)
+def test_on_a_unimodal_surface_the_climb_finds_the_full_grids_best_in_fewer_solves(dataset, peak_lambda,
+                                                                                 peak_dropout):
+    """The exhaustive sweep over both grids, written plainly, against ``choose``'s coordinate
+    ascent, on every placement of the top."""
+    g = linear.gram(dataset)
+    ndcg = _surface(peak_lambda, peak_dropout)
+
+    def validate(model: linear.LinearModel) -> RankingMetrics:
+        return RankingMetrics(k=10, precision=0.0, recall=0.0, ndcg=ndcg(model.settings), coverage=0.0, users=1)
+
+    sweep = max((linear.LinearSettings(lam, p) for lam in linear.REGULARIZATIONS for p in linear.DROPOUTS), key=ndcg)
+    choice = linear.choose(g, validate)
+    assert choice.best.settings == sweep
+    assert len(choice.trials) < len(linear.REGULARIZATIONS) * len(linear.DROPOUTS) // 2
 
 
 @pytest.fixture(scope="module")

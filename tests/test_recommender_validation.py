@@ -120,7 +120,8 @@ def _records(log: str, kind: str) -> list[dict]:
 
 def test_without_epochs_training_stops_by_validation_and_keeps_the_best(dataset, tmp_path):
     ckpt, log = str(tmp_path / "ck"), str(tmp_path / "log.json")
-    proc = _train(dataset, ckpt, "--patience", "2", "--max_epochs", "40", "--alpha", "0.05", log=log)
+    proc = _train(dataset, ckpt, "--patience", "2", "--patience_steps", "0", "--max_epochs", "40", "--alpha", "0.05",
+                  log=log)
     assert proc.returncode == 0, proc.stderr
     validations = _records(log, "validation")
     (summary,) = _records(log, "summary")
@@ -139,6 +140,30 @@ def test_without_epochs_training_stops_by_validation_and_keeps_the_best(dataset,
     assert f"{ckpt}.best (the best validation of its run" in best_eval.stdout
     last_eval = run_cli("dlrm.scripts.recommender_evaluate", "--checkpoint", ckpt, "--nobest", *common)
     assert f"model: {ckpt} (step {summary['steps']}" in last_eval.stdout
+
+
+def test_patience_in_steps_keeps_a_run_of_few_steps_an_epoch_going(dataset, tmp_path):
+    """8 steps an epoch: --patience 2 alone would stop 16 steps after the best; --patience_steps
+    40 keeps the run going until both have passed, and the stop is the first validation where
+    they have, recomputed here from the run's own validations."""
+    log = str(tmp_path / "log.json")
+    proc = _train(dataset, str(tmp_path / "ck"), "--patience", "2", "--patience_steps", "40", "--max_epochs", "40",
+                  "--alpha", "0.05", log=log)
+    assert proc.returncode == 0, proc.stderr
+    validations = _records(log, "validation")
+    (summary,) = _records(log, "summary")
+    best_ndcg, best_step, stale, expected_stop = -1.0, 0, 0, None
+    for i, v in enumerate(validations):
+        if v["ndcg"] > best_ndcg:
+            best_ndcg, best_step, stale = v["ndcg"], v["step"], 0
+        else:
+            stale += 1
+        if stale >= 2 and v["step"] - best_step >= 40:
+            expected_stop = i
+            break
+    assert expected_stop is not None and summary["stop_reason"] == "early_stopped"
+    assert len(validations) == expected_stop + 1
+    assert validations[expected_stop]["step"] - best_step >= 40 > 16
 
 
 def test_resume_with_validation_continues_exactly(dataset, tmp_path):

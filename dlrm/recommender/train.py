@@ -45,6 +45,9 @@ class TrainConfig:
     max_steps: int | None = None  # stop early (benchmarks, tests); the checkpoint still resumes
     best_checkpoint_path: str | None = None  # where the best validation's checkpoint goes
     patience: int | None = None  # validations without a better NDCG@K before the run stops; None: never
+    # ... and at least this many steps since the best: on a few hundred users an epoch is a few
+    # steps, and patience counted in epochs alone stops a run that is still improving.
+    patience_steps: int = 0
     validate_every_steps: int = 0  # 0: validate at the end of every epoch
 
     @property
@@ -235,7 +238,8 @@ class _AutoencoderRun:
         if better and cfg.best_checkpoint_path:
             checkpoint.save(cfg.best_checkpoint_path, self.model, self.optimizer, state, self.run_config)
             self.logger.record("checkpoint", path=cfg.best_checkpoint_path, step=state.step)
-        return "early_stopped" if cfg.patience is not None and state.stale >= cfg.patience else None
+        patient = cfg.patience is None or state.stale < cfg.patience or state.step - state.best_step < cfg.patience_steps
+        return None if patient else "early_stopped"
 
     def state_tensors(self) -> list[torch.Tensor]:
         """What a checkpoint saves: the weights and the optimizer's state."""

@@ -58,10 +58,10 @@ from dlrm.scripts import recommender_common as common
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("model", "auto", ["auto", "linear", "autoencoder"], "The model to train. auto: the linear "
                   "item-item model (settings chosen on validation) without --network, the autoencoder with it; "
-                  "linear: EASE/EDLAE in closed form (items^2 x 16 bytes of memory); autoencoder: the network of "
+                  "linear: EASE/EDLAE in closed form (items^2 x 8 bytes of memory); autoencoder: the network of "
                   "--network.")
 flags.DEFINE_float("linear_max_memory_gb", None, "The linear model's item x item matrices may take at most this "
-                   "much memory (items^2 x 16 bytes); default: 80% of the device's (the GPU's, or the machine's "
+                   "much memory (items^2 x 8 bytes; x 16 to redo an ill-conditioned fit in float64); default: 80% of the device's (the GPU's, or the machine's "
                    "RAM). Above it, train the autoencoder (--network).", lower_bound=0)
 flags.DEFINE_string("network", None, "DSSTNE JSON network definition, e.g. "
                     "configs/recommender/movielens_autoencoder.json.")
@@ -72,7 +72,7 @@ flags.DEFINE_string("output", None, "CSR dataset of the targets, the same users 
 flags.DEFINE_integer("batch_size", 256, "Users per step (the global batch, whatever the process count).",
                      lower_bound=1)
 flags.DEFINE_integer("epochs", None, "Passes over the users. Default: until the validation NDCG@K has not improved "
-                     "for --patience validations (at most --max_epochs); with --epochs, exactly that many (the best "
+                     "for --patience validations and --patience_steps steps (at most --max_epochs); with --epochs, exactly that many (the best "
                      "validation's checkpoint is still kept).", lower_bound=1)
 flags.DEFINE_integer("max_epochs", 200, "Without --epochs: the most passes validation may ask for.", lower_bound=1)
 flags.DEFINE_float("validation_users", 0.1, "Share of the users that lend items to a validation split (seeded by "
@@ -85,6 +85,9 @@ flags.DEFINE_integer("validation_k", 10, "K of the validation's NDCG@K (which pi
                      lower_bound=1)
 flags.DEFINE_integer("patience", 5, "Without --epochs: validations without a better NDCG@K before training stops.",
                      lower_bound=1)
+flags.DEFINE_integer("patience_steps", 200, "Without --epochs: training also goes on until this many steps have "
+                     "passed since the best NDCG@K (on small data an epoch is a few steps, and --patience epochs "
+                     "alone would stop a run that is still improving); 0: --patience alone.", lower_bound=0)
 flags.DEFINE_integer("validate_every_steps", 0, "Validate every this many steps; 0: at the end of every epoch.",
                      lower_bound=0)
 flags.DEFINE_integer("seed", 0, "Seed of the weights and of every random draw (user order, denoising, dropout, "
@@ -170,8 +173,8 @@ def main(argv: list[str]) -> int:
 
 
 # Flags of the autoencoder's training alone: the linear model refuses them rather than ignore them.
-_AUTOENCODER_FLAGS = ("network", "output", "batch_size", "epochs", "max_epochs", "patience", "validate_every_steps",
-                      "resume", "checkpoint_every_steps", "max_steps", "amp", "amp_dtype", "negatives", "optimizer",
+_AUTOENCODER_FLAGS = ("network", "output", "batch_size", "epochs", "max_epochs", "patience", "patience_steps",
+                      "validate_every_steps", "resume", "checkpoint_every_steps", "max_steps", "amp", "amp_dtype", "negatives", "optimizer",
                       "alpha", "mu", "lambda", "tensorboard_dir", "print_freq")
 
 
@@ -260,7 +263,7 @@ def _main(argv: list[str], env) -> int:
                       log_every_steps=FLAGS.print_freq, checkpoint_path=path,
                       checkpoint_every_steps=FLAGS.checkpoint_every_steps, max_steps=FLAGS.max_steps,
                       best_checkpoint_path=best_path if validating else None,
-                      patience=FLAGS.patience if FLAGS.epochs is None else None,
+                      patience=FLAGS.patience if FLAGS.epochs is None else None, patience_steps=FLAGS.patience_steps,
                       validate_every_steps=FLAGS.validate_every_steps)
     validate, split = None, None
     if validating:
@@ -326,6 +329,8 @@ def _fit_linear(env) -> int:
                              "share of the users in (0, 1]")
     common.check_dataset_dir("input", FLAGS.input, _DATASET_HINT)
 
+    import torch
+
     from dlrm.data.outputs import LOG, claim_output
     from dlrm.recommender import checkpoint, linear
     from dlrm.recommender.validation import ValidationConfig, make_split, validate_scores
@@ -343,6 +348,8 @@ def _fit_linear(env) -> int:
     need = linear.memory_bytes(n, len(inputs))
     budget = (FLAGS.linear_max_memory_gb * 2**30 if FLAGS.linear_max_memory_gb is not None
               else 0.8 * _device_memory(device))
+    # float64 redoes a fit whose float32 inverse is off (linear.solve), if its memory is there.
+    allow_float64 = linear.memory_bytes(n, len(inputs), torch.float64) <= budget
     if need > budget:
         raise app.UsageError(f"the linear model of {n:,} items needs {need / 2**30:.1f} GiB (items^2 x "
                              f"{need // max(n * n, 1)} bytes), "
@@ -378,11 +385,12 @@ def _fit_linear(env) -> int:
                          f"{m.precision:.4f}  R@{k} {m.recall:.4f}  ({trial.seconds:.1f} s)")
 
         try:
-            choice = linear.choose(g, validate, report=report)
+            choice = linear.choose(g, validate, report=report, allow_float64=allow_float64)
             del g
             best = choice.best
             ease = max((t for t in choice.trials if t.settings.dropout == 0), key=lambda t: t.metrics.ndcg)
-            fitted = linear.LinearModel(linear.solve(linear.gram(inputs, None, device), best.settings), best.settings)
+            fitted = linear.LinearModel(linear.solve(linear.gram(inputs, None, device), best.settings, allow_float64),
+                                         best.settings)
         except linear.LinearFitError as e:
             raise app.UsageError(str(e).replace("`regularization`", "the regularisation")) from None
         validation = {"k": k, "ndcg": best.metrics.ndcg, "precision": best.metrics.precision,
