@@ -16,7 +16,6 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 import torch
-from scipy.linalg import lapack
 
 from dlrm.recommender.csr_dataset import CsrRows
 from dlrm.recommender.topk import top_k
@@ -281,7 +280,7 @@ class EASE:
 
     G is built from sparse products in blocks of items and held in float64: its condition number
     grows as lambda shrinks, and float32 loses the inverse first. It is factorised (Cholesky) and
-    inverted in place by LAPACK, so the inverse costs no second float64 matrix; B is kept in
+    inverted in place by torch's LAPACK, so the inverse costs no second float64 matrix; B is kept in
     float32 (the scores are float32 anyway, and ranking reads a row of B per history item: half
     the bytes of float64). Memory: ``ease_memory_bytes`` (n_items^2 x 12 bytes at the peak, n_items^2 x 4 after
     the fit); ``fit`` refuses a catalogue above ``max_memory_bytes``. Time: the inverse is about
@@ -311,24 +310,23 @@ class EASE:
         for lo in range(0, n, block):
             gram[lo:lo + block] = (by_item[lo:lo + block] @ users).toarray()  # co-occurrence counts
         gram.flat[::n + 1] += regularization
-        # LAPACK works on the column-major view gram.T, the same symmetric matrix without a copy;
-        # its upper triangle, gram's lower one (row >= column), ends up holding P.
-        factor, info = lapack.dpotrf(gram.T, lower=False, clean=False, overwrite_a=True)
-        if info == 0:
-            factor, info = lapack.dpotri(factor, lower=False, overwrite_c=True)
-        if info != 0:
+        # torch's LAPACK, not scipy's: scipy's bundled OpenBLAS crashes the process (a segmentation
+        # fault, nothing to catch) in its threaded dpotrf on catalogues of tens of thousands of
+        # items. LAPACK works on the column-major view gram.T, the same symmetric matrix, in place.
+        lapack_view = torch.from_numpy(gram).mT
+        info = torch.empty((), dtype=torch.int32)
+        torch.linalg.cholesky_ex(lapack_view, out=(lapack_view, info))
+        if int(info) != 0:
             raise ValueError(f"EASE: X^T X + `regularization` I is not positive definite in float64 (LAPACK info "
-                             f"{info}); raise `regularization` (now {regularization})")
-        inverse = factor.T  # gram itself (LAPACK worked in place)
-        del gram, factor
+                             f"{int(info)}); raise `regularization` (now {regularization})")
+        torch.cholesky_inverse(lapack_view, out=lapack_view)
+        inverse = gram  # P, symmetric, in place of G
+        del lapack_view
         diagonal = inverse.diagonal().copy()
         weights = np.empty((n, n), np.float32)
-        column = np.arange(n)
         for lo in range(0, n, block):
             hi = min(lo + block, n)
-            lower = column[None, :] <= np.arange(lo, hi)[:, None]
-            p_rows = np.where(lower, inverse[lo:hi], inverse[:, lo:hi].T)  # rows lo..hi of the symmetric P
-            weights[lo:hi] = p_rows / -diagonal
+            weights[lo:hi] = inverse[lo:hi] / -diagonal  # torch's inverse fills both triangles
             weights[np.arange(lo, hi), np.arange(lo, hi)] = 0.0
         del inverse
         self.n_items, self.weights = n, torch.from_numpy(weights)
