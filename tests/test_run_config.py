@@ -8,7 +8,6 @@ from absl import flags
 from dlrm.data.sources import DataConfig
 from dlrm.scripts import cli
 from dlrm.training.build import build_run, resolve_device, start_processes, start_training
-from dlrm.training.logger import RunLogger
 from dlrm.training.lr_schedule import LRSchedule
 from dlrm.training.optimizers import OptimizerConfig
 from dlrm.training.run_config import CheckpointConfig, ModelSettings, ParallelConfig, RunConfig
@@ -38,12 +37,12 @@ def test_a_python_run_is_the_command_lines_run(cli, tmp_path):
         optimizer=OptimizerConfig(embedding="rowwise_adagrad"),
         train=TrainConfig(LRSchedule(0.5, warmup_steps=2), max_steps=7, seed=11, save_checkpoint_path=by_python),
     )
+    # dlrm/training/build.py's recipe, line for line
     device = resolve_device(cfg.base_device)
-    collectives = start_processes(cfg, None, device)
-    run = build_run(cfg, device, collectives=collectives)
-    optimizer, scaler, state = start_training(run)
+    run = build_run(cfg, device, collectives=start_processes(cfg, None, device))
+    optimizer, scaler, state = start_training(run)  # state: what --resume continues, else None
     summary = train(run.model, optimizer, scaler, run.precision, run.source("train", cfg.batch_size),
-                    run.source("test", cfg.test_batch_size), cfg.train, device, RunLogger(enabled=False))
+                    run.source("test", cfg.test_batch_size), cfg.train, run.device, run.logger, state)
     assert summary["steps"] == 7 and state is None
 
     expected, got = read_checkpoint(by_flags), read_checkpoint(by_python)

@@ -2,10 +2,13 @@
 
 What ``dlrm.scripts.main`` does between its flags and the loop, for Python users and tests:
 
-    run = build_run(cfg, device=resolve_device(cfg.base_device))
-    optimizer, scaler = make_optimizer_and_scaler(run)
+    device = resolve_device(cfg.base_device)
+    run = build_run(cfg, device, collectives=start_processes(cfg, None, device))
+    optimizer, scaler, state = start_training(run)  # state: what --resume continues, else None
     summary = train(run.model, optimizer, scaler, run.precision, run.source("train", cfg.batch_size),
-                    run.source("test", cfg.test_batch_size), cfg.train, run.device, logger)
+                    run.source("test", cfg.test_batch_size), cfg.train, run.device, run.logger, state)
+
+(``tests/test_run_config.py`` runs these lines and checks them against the command line's run.)
 
 Errors a user can fix raise ``ValueError`` (or the data's, checkpoint's and planner's own errors)
 naming the setting of ``RunConfig`` in backquotes.
