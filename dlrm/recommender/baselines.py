@@ -278,8 +278,9 @@ class EASE:
 
     and a user's scores are their history (0/1) @ B. ``regularization`` is lambda.
 
-    G is built from sparse products in blocks of items and held in float64: its condition number
-    grows as lambda shrinks, and float32 loses the inverse first. It is factorised (Cholesky) and
+    G is built from sparse products in blocks of items and held in float64: this baseline is the
+    plain float64 reference beside the product's linear model (``dlrm.recommender.linear``),
+    which solves in float32 and checks its residual. It is factorised (Cholesky) and
     inverted in place by torch's LAPACK, so the inverse costs no second float64 matrix; B is kept in
     float32 (the scores are float32 anyway, and ranking reads a row of B per history item: half
     the bytes of float64). Memory: ``ease_memory_bytes`` (n_items^2 x 12 bytes at the peak, n_items^2 x 4 after

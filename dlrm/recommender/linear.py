@@ -236,8 +236,8 @@ class Choice:
     def best(self) -> Trial:
         return max(self.trials, key=lambda t: (t.metrics.ndcg, -self.trials.index(t)))
 
-    def tried(self, settings: LinearSettings) -> bool:
-        return any(t.settings == settings for t in self.trials)
+    def trial_of(self, settings: LinearSettings) -> Trial | None:
+        return next((t for t in self.trials if t.settings == settings), None)
 
 
 def _climb(grid: list[float], start: int, score: Callable[[float], float]) -> float:
@@ -264,9 +264,8 @@ def choose(g: torch.Tensor, validate: Callable[[LinearModel], RankingMetrics],
     choice = Choice()
 
     def ndcg(settings: LinearSettings) -> float:
-        for t in choice.trials:
-            if t.settings == settings:
-                return t.metrics.ndcg
+        if (done := choice.trial_of(settings)) is not None:
+            return done.metrics.ndcg
         started = time.perf_counter()
         metrics = validate(LinearModel(solve(g, settings, allow_float64), settings))
         choice.trials.append(Trial(settings, metrics, time.perf_counter() - started))

@@ -238,7 +238,8 @@ class _AutoencoderRun:
         if better and cfg.best_checkpoint_path:
             checkpoint.save(cfg.best_checkpoint_path, self.model, self.optimizer, state, self.run_config)
             self.logger.record("checkpoint", path=cfg.best_checkpoint_path, step=state.step)
-        patient = cfg.patience is None or state.stale < cfg.patience or state.step - state.best_step < cfg.patience_steps
+        patient = (cfg.patience is None or state.stale < cfg.patience
+                   or state.step - state.best_step < cfg.patience_steps)
         return None if patient else "early_stopped"
 
     def state_tensors(self) -> list[torch.Tensor]:

@@ -61,8 +61,9 @@ flags.DEFINE_enum("model", "auto", ["auto", "linear", "autoencoder"], "The model
                   "linear: EASE/EDLAE in closed form (items^2 x 8 bytes of memory); autoencoder: the network of "
                   "--network.")
 flags.DEFINE_float("linear_max_memory_gb", None, "The linear model's item x item matrices may take at most this "
-                   "much memory (items^2 x 8 bytes; x 16 to redo an ill-conditioned fit in float64); default: 80% of the device's (the GPU's, or the machine's "
-                   "RAM). Above it, train the autoencoder (--network).", lower_bound=0)
+                   "much memory (items^2 x 8 bytes; x 16 to redo an ill-conditioned fit in float64); default: 80% "
+                   "of the device's (the GPU's, or the machine's RAM). Above it, train the autoencoder (--network).",
+                   lower_bound=0)
 flags.DEFINE_string("network", None, "DSSTNE JSON network definition, e.g. "
                     "configs/recommender/movielens_autoencoder.json.")
 flags.DEFINE_string("input", None, "CSR dataset of the inputs (user histories), e.g. DIR/input of "
@@ -72,8 +73,8 @@ flags.DEFINE_string("output", None, "CSR dataset of the targets, the same users 
 flags.DEFINE_integer("batch_size", 256, "Users per step (the global batch, whatever the process count).",
                      lower_bound=1)
 flags.DEFINE_integer("epochs", None, "Passes over the users. Default: until the validation NDCG@K has not improved "
-                     "for --patience validations and --patience_steps steps (at most --max_epochs); with --epochs, exactly that many (the best "
-                     "validation's checkpoint is still kept).", lower_bound=1)
+                     "for --patience validations and --patience_steps steps (at most --max_epochs); with --epochs, "
+                     "exactly that many (the best validation's checkpoint is still kept).", lower_bound=1)
 flags.DEFINE_integer("max_epochs", 200, "Without --epochs: the most passes validation may ask for.", lower_bound=1)
 flags.DEFINE_float("validation_users", 0.1, "Share of the users that lend items to a validation split (seeded by "
                    "--seed; at most --validation_max_users); 0: no validation, then --epochs is required.",
@@ -174,8 +175,8 @@ def main(argv: list[str]) -> int:
 
 # Flags of the autoencoder's training alone: the linear model refuses them rather than ignore them.
 _AUTOENCODER_FLAGS = ("network", "output", "batch_size", "epochs", "max_epochs", "patience", "patience_steps",
-                      "validate_every_steps", "resume", "checkpoint_every_steps", "max_steps", "amp", "amp_dtype", "negatives", "optimizer",
-                      "alpha", "mu", "lambda", "tensorboard_dir", "print_freq")
+                      "validate_every_steps", "resume", "checkpoint_every_steps", "max_steps", "amp", "amp_dtype",
+                      "negatives", "optimizer", "alpha", "mu", "lambda", "tensorboard_dir", "print_freq")
 
 
 def _main(argv: list[str], env) -> int:
@@ -263,7 +264,8 @@ def _main(argv: list[str], env) -> int:
                       log_every_steps=FLAGS.print_freq, checkpoint_path=path,
                       checkpoint_every_steps=FLAGS.checkpoint_every_steps, max_steps=FLAGS.max_steps,
                       best_checkpoint_path=best_path if validating else None,
-                      patience=FLAGS.patience if FLAGS.epochs is None else None, patience_steps=FLAGS.patience_steps,
+                      patience=FLAGS.patience if FLAGS.epochs is None else None,
+                      patience_steps=FLAGS.patience_steps,
                       validate_every_steps=FLAGS.validate_every_steps)
     validate, split = None, None
     if validating:
