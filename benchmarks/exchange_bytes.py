@@ -30,9 +30,9 @@ import torch.multiprocessing as mp
 
 from dlrm.data.rank_source import RankSource
 from dlrm.data.synthetic import SyntheticDataset
-from dlrm.distributed.collectives import ProcessGroupCollectives
 from dlrm.distributed.parallelize import parallelize
 from dlrm.distributed.planner import load_placement, plan_tables
+from dlrm.engine.collectives import ProcessGroupCollectives
 from dlrm.model.dlrm import DLRMConfig
 from dlrm.model.precision import Precision
 from dlrm.nn.embeddings import TableShard
@@ -86,7 +86,7 @@ def _worker(rank: int, args: argparse.Namespace, port: int, results: "mp.Queue")
     if rank == 0:
         blocks = sum(1 for rank_entries in entries for e in rank_entries if isinstance(e, TableShard))
         results.put({"counts": counts, "entries": sum(map(len, entries)), "blocks": blocks,
-                     "dense": sum(p.numel() for p in model.dense_parameters())})
+                     "dense": sum(p.numel() for p in model.replicated_parameters())})
     dist.barrier()
     dist.destroy_process_group()
 

@@ -39,13 +39,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dlrm.data.rank_source import RankSource
 from dlrm.data.synthetic import SyntheticDataset
-from dlrm.distributed.collectives import OverlappedCollectives, ProcessGroupCollectives
 from dlrm.distributed.parallelize import parallelize
 from dlrm.distributed.planner import plan_tables
+from dlrm.engine.collectives import OverlappedCollectives, ProcessGroupCollectives
 from dlrm.model.dlrm import DLRMConfig
 from dlrm.model.precision import Precision
-from dlrm.training.train import train_step
 from dlrm.training.optimizers import make_optimizer
+from dlrm.training.train import train_step
 
 CPU = torch.device("cpu")
 
@@ -85,7 +85,7 @@ def _strategy(name: str, config: DLRMConfig, plan: list[list[int]]):
 
 
 def _dense_grads(model: torch.nn.Module) -> list[torch.Tensor]:
-    return [p.grad.clone() for p in model.dense_parameters()]
+    return [p.grad.clone() for p in model.replicated_parameters()]
 
 
 def _worker(rank: int, args: argparse.Namespace, port: int, results: "mp.Queue") -> None:

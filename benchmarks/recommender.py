@@ -24,15 +24,15 @@ import time
 import numpy as np
 import torch
 
-from dlrm.recommender.csr_dataset import CsrDataset, split_holdout, write_csr
-from dlrm.recommender.user_histories import HistoryConfig, generate_user_histories
+from dlrm.engine.logger import RunLogger
 from dlrm.recommender.baselines import fit_baseline
 from dlrm.recommender.checkpoint import AutoencoderState
+from dlrm.recommender.csr_dataset import CsrDataset, split_holdout, write_csr
 from dlrm.recommender.model import SparseAutoencoder
 from dlrm.recommender.network import parse_network
 from dlrm.recommender.predict import evaluate, model_scorer, recommend
 from dlrm.recommender.train import TrainConfig, make_optimizer, train
-from dlrm.training.logger import RunLogger
+from dlrm.recommender.user_histories import HistoryConfig, generate_user_histories
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 BASELINES = ("popularity", "itemknn", "mf", "ease")

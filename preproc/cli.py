@@ -14,7 +14,7 @@ and the fix; 1 when a worker process dies; 130 when interrupted. A run that fail
 leaves nothing behind; one that fails later keeps its finished units (in the work directory) for
 the rerun.
 
---output is a folder of its own (``dlrm.data.outputs``): new, empty, an unfinished run's (which
+--output is a folder of its own (``dlrm.engine.outputs``): new, empty, an unfinished run's (which
 the rerun resumes), or a dataset this program wrote, replaced only with --overwrite; a folder
 holding anything else, a link, the working directory and a folder holding the input files are
 refused before any work. An explicit --work_dir is new, empty or a work directory of this
@@ -34,10 +34,10 @@ import sys
 import time
 from concurrent.futures.process import BrokenProcessPool
 
-from dlrm.data.atomic import StorageError, check_can_create, describe, fault_of, free_bytes
-from dlrm.data.errors import DatasetError
-from dlrm.data.outputs import OutputError, OutputKind, claim_output, holds_only
 from dlrm.data.split_binary_writer import is_split_binary_dataset
+from dlrm.engine.atomic import StorageError, check_can_create, describe, fault_of, free_bytes
+from dlrm.engine.errors import DatasetError
+from dlrm.engine.outputs import OutputError, OutputKind, claim_output, holds_only
 from dlrm.extras import missing_extra
 from preproc.job import DEFAULT_MEMORY_LIMIT, WORK_DIR_NAME, Job
 from preproc.layout import detect_layout, file_inputs, kaggle_inputs, parse_days, terabyte_inputs
@@ -311,7 +311,7 @@ def _check_splits_have_data(job: Job) -> None:
 
 
 def _claim(args: argparse.Namespace, files: list[str]) -> None:
-    """Before any work: --output and --work_dir may be written (``dlrm.data.outputs``)."""
+    """Before any work: --output and --work_dir may be written (``dlrm.engine.outputs``)."""
     inputs = {"input_dir": files} if args.input_dir else {"train": args.train, "test": args.test,
                                                             "validation": args.validation}
     claim_output(args.output, DATASET, "output", inputs=inputs, replace=args.overwrite,

@@ -29,8 +29,8 @@ from typing import IO
 
 import numpy as np
 
-from dlrm.data.atomic import StorageError, check_can_create
-from dlrm.data.outputs import OutputError, OutputKind, claim_output
+from dlrm.engine.atomic import StorageError, check_can_create
+from dlrm.engine.outputs import OutputError, OutputKind, claim_output
 
 NUM_NUMERICAL = 13
 NUM_CATEGORICAL = 26
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--overwrite", action="store_true", help="replace what an earlier run wrote in --output")
     args = parser.parse_args(argv)
-    try:  # before any work (dlrm.data.outputs), and a file system that refuses it (read-only, no permission)
+    try:  # before any work (dlrm.engine.outputs), and a file system that refuses it (read-only, no permission)
         claim_output(args.output, CRITEO_DAYS if args.days is not None else CRITEO_TSV, "output",
                      replace=args.overwrite)
         check_can_create(args.output, "the generated logs", inside=args.days is not None and os.path.isdir(args.output))

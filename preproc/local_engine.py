@@ -28,8 +28,8 @@ import uuid
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Callable, Iterator
 
-from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import FeatureSpec
+from dlrm.engine.errors import DatasetError
 from preproc.assemble import finish_run, record_dtypes, write_job_dataset
 from preproc.counting import RECORD_BYTES, CountWriter, merge_counts
 from preproc.fragments import FragmentFiles, fragment_name

@@ -45,9 +45,9 @@ from typing import IO, Iterator
 
 import numpy as np
 
-from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import FeatureSpec
 from dlrm.data.split_binary_writer import SplitBinaryWriter
+from dlrm.engine.errors import DatasetError
 from preproc.numeric import DEFAULT_ROUNDING, check_rounding, to_float16
 from preproc.vocab import Vocabulary, save_dataset_vocabulary
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dlrm.data.errors import DatasetError
+from dlrm.engine.errors import DatasetError
 from preproc.reference import ERROR_REASONS, _Malformed, parse_line
 
 FIRST_LOCATIONS = 5

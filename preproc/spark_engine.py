@@ -42,8 +42,8 @@ from functools import reduce
 
 import numpy as np
 
-from dlrm.data.atomic import write_atomically
-from dlrm.data.errors import DatasetError
+from dlrm.engine.atomic import write_atomically
+from dlrm.engine.errors import DatasetError
 from preproc.assemble import finish_run, record_dtypes, write_job_dataset
 from preproc.job import NUM_CATEGORICAL, NUM_NUMERICAL, Job, Result
 from preproc.layout import SPLITS

@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from dlrm.data.errors import DatasetError
+from dlrm.engine.errors import DatasetError
 from preproc.numeric import DEFAULT_ROUNDING, LogTable, build_log_table, check_rounding
 from preproc.parse import NUM_CATEGORICAL, NUM_NUMERICAL
 from preproc.report import classify_bad, malformed_error

@@ -166,7 +166,7 @@ def save_dataset_vocabulary(dataset_dir: str, source: Vocabulary | str) -> None:
     flushed, and renamed into place; an old vocabulary is moved aside just before and deleted
     after. A failure leaves the old vocabulary in place (or, killed between the two renames,
     none: never a half-written one); temporaries a killed writer left are removed first."""
-    from dlrm.data.atomic import fsync_dir, remove_stale_temporaries, temporary_name
+    from dlrm.engine.atomic import fsync_dir, remove_stale_temporaries, temporary_name
 
     target = os.path.join(os.path.abspath(dataset_dir), DATASET_VOCABULARY_DIR)
     os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -205,7 +205,7 @@ def load_dataset_vocabulary(dataset_dir: str, mmap: bool = True) -> Vocabulary:
     checked against the dataset's ``feature_spec.yaml`` when there is one. The table is
     memory-mapped unless ``mmap`` is false. Raises ``DatasetError`` naming the path and the fix
     when the dataset has none (made before datasets kept it, or by another tool)."""
-    from dlrm.data.errors import DatasetError
+    from dlrm.engine.errors import DatasetError
 
     directory = os.path.join(dataset_dir, DATASET_VOCABULARY_DIR)
     missing = [name for name in VOCABULARY_FILES if not os.path.isfile(os.path.join(directory, name))]

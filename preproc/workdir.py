@@ -22,8 +22,8 @@ import os
 import shutil
 import socket
 
-from dlrm.data.atomic import fsync_dir, pid_alive, write_text_atomically
-from dlrm.data.errors import DatasetError
+from dlrm.engine.atomic import fsync_dir, pid_alive, write_text_atomically
+from dlrm.engine.errors import DatasetError
 
 MANIFEST = "manifest.json"
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from dlrm.data.atomic import write_atomically, write_text_atomically
+from dlrm.engine.atomic import write_atomically, write_text_atomically
 
 
 def test_replaces_the_whole_file_with_shared_permissions(tmp_path):
@@ -42,7 +42,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
 # A child process that starts writing ``path`` and stays inside ``write`` until killed.
 _SLOW_WRITER = """
 import sys, time
-from dlrm.data.atomic import write_atomically
+from dlrm.engine.atomic import write_atomically
 
 def write(tmp):
     with open(tmp, "w") as f:

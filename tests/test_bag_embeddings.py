@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from dlrm.data.batch import Bags, Batch
 from dlrm.data.rank_source import RankSource
 from dlrm.data.synthetic import SyntheticDataset
-from dlrm.distributed.collectives import ProcessGroupCollectives
 from dlrm.distributed.exchange import EmbeddingExchange
+from dlrm.engine.collectives import ProcessGroupCollectives
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.model.precision import Precision
 from dlrm.nn.embeddings import JointEmbedding, JointFusedEmbedding, MultiTableEmbedding, table_specs
@@ -248,7 +248,7 @@ class Reference:
         self.rule, self.eps = embedding_rule, eps
 
     def step(self, lists, batch, lr):
-        dense = self.model.dense_parameters()
+        dense = self.model.replicated_parameters()
         tables = [t.requires_grad_() for t in self.tables]
         logits = self.model.dense_forward(batch.numerical.double(), plain_pool(tables, lists, POOLINGS))
         loss = F.binary_cross_entropy_with_logits(logits, batch.label.double())

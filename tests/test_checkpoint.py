@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from dlrm.model.dlrm import DLRM, DLRMConfig
+from dlrm.model.precision import Precision
 from dlrm.training.checkpoint import (
     CheckpointError, CheckpointLock, TrainState, file_crc32, load_checkpoint, read_meta, save_checkpoint,
 )
-from dlrm.model.precision import Precision
 from dlrm.training.optimizers import make_optimizer
 
 
@@ -80,7 +80,7 @@ def test_failed_save_leaves_previous_checkpoint(tmp_path, monkeypatch):
     path = str(tmp_path / "c")
     m = DLRM(small_config())
     save_checkpoint(path, m, None, None, TrainState(step=1))
-    import dlrm.training.checkpoint_store as store
+    import dlrm.engine.checkpoint_store as store
 
     calls = {"n": 0}
     real = store.save_tensor_file
@@ -160,7 +160,7 @@ def test_optimizer_of_another_layout_restores_hyperparameters(tmp_path):
     opt2 = make_optimizer(dst, 9.0)
     load_checkpoint(str(tmp_path / "c"), dst, opt2)
     assert [g["lr"] for g in opt2.param_groups] == [0.25, 0.25]
-    assert [len(g["params"]) for g in opt2.param_groups] == [len(dst.dense_parameters()), 3]
+    assert [len(g["params"]) for g in opt2.param_groups] == [len(dst.replicated_parameters()), 3]
 
 
 def _flip_byte(file: str, offset: int) -> None:

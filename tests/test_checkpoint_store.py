@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from conftest import REPO
-from dlrm.distributed.collectives import Collectives
-from dlrm.training import checkpoint_store as store
+from dlrm.engine import checkpoint_store as store
+from dlrm.engine.collectives import Collectives
 from test_checkpoint import _Exploit, _flip_byte
 
 FORMAT = store.Format("test checkpoint", ("version", 3), {"step": int}, marks={"kind": "test"},
@@ -148,8 +148,8 @@ def test_a_pickle_of_anything_but_tensors_is_never_loaded(tmp_path):
 
 _KILLED_SAVE = """
 import os, sys, time, torch
-from dlrm.distributed.collectives import Collectives
-from dlrm.training import checkpoint_store as store
+from dlrm.engine import checkpoint_store as store
+from dlrm.engine.collectives import Collectives
 
 def write(files):
     files.save("a.pt", torch.ones(1000, 8))

@@ -102,7 +102,7 @@ def test_synthetic_default_with_amp_and_resume(cli, tmp_path):
               "--batch_size", "512", "--test_batch_size", "4096", "--amp", "--log_path", log, *SMALL_MODEL, *FAST]
     cli("dlrm.scripts.main", *common, "--max_steps", "12", "--save_checkpoint_path", ckpt)
     out = cli("dlrm.scripts.main", *common, "--resume", "--save_checkpoint_path", ckpt).stdout
-    from dlrm.model.precision import cpu_has_native_bf16
+    from dlrm.engine.devices import cpu_has_native_bf16
 
     expected = "precision bfloat16" if cpu_has_native_bf16() else "precision float32"  # --amp: bf16 where it is fast
     assert expected in out and "Resuming from" in out and "at step 12" in out

@@ -17,8 +17,8 @@ import torch.multiprocessing as mp
 
 from dlrm.data.rank_source import RankSource
 from dlrm.data.synthetic import SyntheticDataset
-from dlrm.distributed.collectives import ProcessGroupCollectives
 from dlrm.distributed.exchange import EmbeddingExchange
+from dlrm.engine.collectives import ProcessGroupCollectives
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.model.precision import Precision
 from dlrm.training.checkpoint import CheckpointError, TrainState, load_checkpoint, save_checkpoint
@@ -212,9 +212,9 @@ def test_every_hybrid_parallel_shard_gets_the_same_dense_weights():
             assert torch.equal(shard.embeddings.table_weight(i), full.embeddings.table_weight(t))
 
 
-def test_dense_parameters_hold_the_cross_layers():
+def test_replicated_parameters_hold_the_cross_layers():
     model = DLRM(dcn_config())
-    dense = {id(p) for p in model.dense_parameters()}
+    dense = {id(p) for p in model.replicated_parameters()}
     assert all(id(p) in dense for p in model.interaction.parameters())
     assert not dense & {id(p) for p in model.sparse_parameters()}
 

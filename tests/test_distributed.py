@@ -13,12 +13,12 @@ import torch.multiprocessing as mp
 from dlrm.data.rank_source import RankSource
 from dlrm.data.rank_source import local_batch_sizes
 from dlrm.data.synthetic import SyntheticDataset
-from dlrm.distributed.collectives import ProcessGroupCollectives
 from dlrm.distributed.exchange import EmbeddingExchange
+from dlrm.engine.collectives import ProcessGroupCollectives
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.model.precision import Precision
-from dlrm.training.train import evaluate, make_train_step, train_step
 from dlrm.training.optimizers import make_optimizer
+from dlrm.training.train import evaluate, make_train_step, train_step
 
 CPU = torch.device("cpu")
 STEPS, BATCH, LR = 6, 250, 0.5  # 250 does not divide by 3 or 4: uneven local batches
@@ -120,7 +120,7 @@ def test_local_batch_sizes():
 
 
 def _dying_worker(rank, port, timeout_s, results):
-    from dlrm.distributed.process_group import DistEnv, init_process_group
+    from dlrm.engine.process_group import DistEnv, init_process_group
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     init_process_group(DistEnv(rank, 2, rank, 2), CPU, timeout_s)

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import yaml
 
-from dlrm.data.errors import DatasetError, FeatureSpecError
 from dlrm.data.feature_spec import FeatureSpec, SplitPaths, dtype_for_cardinality
+from dlrm.engine.errors import DatasetError, FeatureSpecError
 
 
 @pytest.mark.parametrize(

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from dlrm.data.batch import Batch
 from dlrm.data.rank_source import RankSource
 from dlrm.data.synthetic import SyntheticDataset
-from dlrm.distributed.collectives import ProcessGroupCollectives
 from dlrm.distributed.exchange import EmbeddingExchange
+from dlrm.engine.collectives import ProcessGroupCollectives
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.model.precision import Precision
 from dlrm.nn.embeddings import JointEmbedding, JointFusedEmbedding, table_specs

@@ -11,10 +11,10 @@ import torch.multiprocessing as mp
 
 from dlrm.data.rank_source import RankSource
 from dlrm.data.synthetic import SyntheticDataset
-from dlrm.distributed.collectives import (OverlappedCollectives, ProcessGroupCollectives,
-                                          process_group_collectives)
 from dlrm.distributed.exchange import EmbeddingExchange
-from dlrm.distributed.gradient_buckets import bucket_layout
+from dlrm.engine.collectives import (OverlappedCollectives, ProcessGroupCollectives,
+                                          process_group_collectives)
+from dlrm.engine.gradient_buckets import bucket_layout
 from dlrm.model.dlrm import DLRM
 from dlrm.model.precision import Precision
 from dlrm.training.optimizers import make_optimizer
@@ -118,7 +118,7 @@ def test_overlapped_steps_equal_after_backward_and_single_device(tmp_path, embed
 
 def test_bucket_layout_partitions_parameters_in_reverse_order():
     model = DLRM(config(TABLES)).double()
-    params = model.dense_parameters()
+    params = model.replicated_parameters()
     for bucket_bytes in [1, 100, 1024, 4096, 2**20]:
         layout = bucket_layout(params, bucket_bytes)
         assert sorted(i for bucket in layout for i in bucket) == list(range(len(params))), "a partition"
@@ -149,7 +149,7 @@ class _Partly(torch.nn.Module):
         self.rank_one = torch.nn.Linear(40, 40, dtype=dtype)
         self.last = torch.nn.Linear(40, 1, dtype=dtype)
 
-    def dense_parameters(self):
+    def replicated_parameters(self):
         return list(self.parameters())
 
     def loss(self, x, rank):
@@ -161,11 +161,11 @@ class _Partly(torch.nn.Module):
 
 def _reference_sum(model, group):
     """The after-backward sum, written out: every local gradient (zeros where none), all-reduced flat."""
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.dense_parameters()]
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.replicated_parameters()]
     flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat, group=group)
-    return [t.view_as(p) for t, p in zip(flat.split([p.numel() for p in model.dense_parameters()]),
-                                          model.dense_parameters())]
+    return [t.view_as(p) for t, p in zip(flat.split([p.numel() for p in model.replicated_parameters()]),
+                                          model.replicated_parameters())]
 
 
 def _unused_worker(rank, world, port, out_dir):
@@ -191,7 +191,7 @@ def _unused_worker(rank, world, port, out_dir):
             model.loss(x, rank).backward()
             expected = _reference_sum(model, collectives.group)  # not the buckets' group: sums are in flight there
             collectives.sync_gradients(model)
-            outcome.append([(p.grad.clone(), e) for p, e in zip(model.dense_parameters(), expected)])
+            outcome.append([(p.grad.clone(), e) for p, e in zip(model.replicated_parameters(), expected)])
         results[str(dtype)] = outcome
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     _finish()

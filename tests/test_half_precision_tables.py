@@ -14,9 +14,9 @@ import torch.multiprocessing as mp
 
 from dlrm.data.rank_source import RankSource
 from dlrm.data.synthetic import SyntheticDataset
-from dlrm.distributed.collectives import ProcessGroupCollectives
 from dlrm.distributed.exchange import EmbeddingExchange
 from dlrm.distributed.planner import plan_tables, table_bytes
+from dlrm.engine.collectives import ProcessGroupCollectives
 from dlrm.kernels.rounding import round_to, stochastic_round_bf16
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.model.precision import Precision

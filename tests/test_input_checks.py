@@ -17,8 +17,8 @@ import yaml
 from conftest import REPO
 
 from dlrm.data.csv_source import CsvSource
-from dlrm.data.errors import DatasetError, FeatureSpecError
 from dlrm.data.feature_spec import FeatureSpec
+from dlrm.engine.errors import DatasetError, FeatureSpecError
 from dlrm.recommender.csr_dataset import CsrDataset
 from dlrm.recommender.dsstne_text import NameIndex, parse_lines
 from dlrm.recommender.network import NetworkConfigError, parse_network

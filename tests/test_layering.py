@@ -11,17 +11,28 @@ from conftest import REPO
 
 # Higher numbers may import lower ones and their own layer; never the other way.
 LAYERS = {
+    "engine": -1,  # what both products train on; imports nothing of dlrm but itself
     "kernels": 0, "data": 0,
     "nn": 1,
     "model": 2,
     "distributed": 3,  # parallelize() builds this process's part of the model
     "training": 4,
     "inference": 5,
-    "recommender": 5,  # the sparse autoencoder: its own model, loops and checkpoints on the layers below
+    "recommender": 5,  # the sparse autoencoder: its own model, loop adapter and checkpoint format on the engine
     "scripts": 6,
     "spark": 6,  # Spark jobs: launch the training script, score raw rows through preproc's transform
 }
 MAY_IMPORT_PREPROC = {"spark"}  # above both: preproc itself imports dlrm, never dlrm.spark
+
+# Two products on one engine, and neither imports the other. A package belongs to one product;
+# the entry points (scripts/, spark/) belong to one by file, or are shared by both (the CLI runner,
+# Spark's launcher and its reading and writing), and the shared ones import the engine only.
+PRODUCT_PACKAGES = {
+    "dlrm": {"kernels", "data", "nn", "model", "distributed", "training", "inference"},
+    "recommender": {"recommender"},
+}
+SHARED_ENTRY_MODULES = {"dlrm.scripts", "dlrm.scripts.cli", "dlrm.spark", "dlrm.spark.launch", "dlrm.spark.job_io"}
+SHARED_ROOT_MODULES = {"dlrm", "dlrm.extras", "dlrm.triton_folder"}
 
 
 def _imports(path: str) -> list[tuple[int, str]]:
@@ -32,7 +43,37 @@ def _imports(path: str) -> list[tuple[int, str]]:
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.append((node.lineno, node.module))
+            # ``from dlrm.scripts import cli`` imports the module dlrm.scripts.cli
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names
+                      if node.module.count(".") == 1 and node.module.split(".")[1] in ("scripts", "spark")]
     return found
+
+
+def _modules() -> dict[str, str]:
+    """Every module of dlrm/ (dotted name -> path)."""
+    found = {}
+    for directory, _, files in os.walk(os.path.join(REPO, "dlrm")):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(directory, name)
+                dotted = os.path.relpath(path, REPO)[:-3].replace(os.sep, ".")
+                found[dotted.removesuffix(".__init__")] = path
+    return found
+
+
+def product_of(module: str) -> str | None:
+    """The product a module of dlrm belongs to: "dlrm", "recommender", or None (the engine and
+    what both share)."""
+    parts = module.split(".")
+    if module in SHARED_ROOT_MODULES or module in SHARED_ENTRY_MODULES or parts[1] == "engine":
+        return None
+    if parts[1] in ("scripts", "spark"):
+        name = parts[2] if len(parts) > 2 else ""
+        return "recommender" if name.startswith(("recommender", "spark_recommend", "recommend")) else "dlrm"
+    for product, packages in PRODUCT_PACKAGES.items():
+        if parts[1] in packages:
+            return product
+    raise AssertionError(f"{module}: which product is it? Add its package to PRODUCT_PACKAGES")
 
 
 def test_no_module_imports_a_higher_layer():
@@ -54,6 +95,37 @@ def test_no_module_imports_a_higher_layer():
                         if LAYERS[parts[1]] > LAYERS[package]:
                             violations.append(f"{os.path.relpath(path, REPO)}:{line} imports {module}")
     assert not violations, "imports against the layering:\n" + "\n".join(violations)
+
+
+def test_the_engine_imports_no_product_and_no_product_imports_the_other():
+    modules = _modules()
+    assert product_of("dlrm.recommender.train") == "recommender" and product_of("dlrm.scripts.main") == "dlrm"
+    assert product_of("dlrm.spark.recommend") == "recommender" and product_of("dlrm.engine.loop") is None
+    violations = []
+    for module, path in sorted(modules.items()):
+        mine = product_of(module)
+        for line, imported in _imports(path):
+            if not imported.startswith("dlrm.") or imported not in modules:
+                continue  # a name imported from a module (from dlrm.x import y), counted as dlrm.x
+            theirs = product_of(imported)
+            if theirs is not None and theirs != mine:
+                what = "the engine" if mine is None else f"product {mine}"
+                violations.append(f"{os.path.relpath(path, REPO)}:{line} ({what}) imports {imported} (product {theirs})")
+    assert not violations, "imports across the engine's boundary:\n" + "\n".join(violations)
+
+
+def test_the_engine_runs_without_either_product():
+    """Imported in a fresh interpreter, every engine module loads no module of either product."""
+    import subprocess
+    import sys
+
+    engine = sorted(m for m in _modules() if m.startswith("dlrm.engine"))
+    assert {"dlrm.engine.loop", "dlrm.engine.checkpoint_store", "dlrm.engine.collectives"} <= set(engine)
+    code = ("import importlib, sys\n"
+            f"for m in {engine!r}: importlib.import_module(m)\n"
+            "print(sorted(m for m in sys.modules if m.startswith('dlrm.') and not m.startswith('dlrm.engine')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['dlrm.triton_folder']", out
 
 
 def _raised_strings(tree: ast.AST) -> list[tuple[int, str]]:

@@ -159,7 +159,7 @@ def test_deterministic_under_manual_seed():
 @pytest.mark.parametrize("embedding_type", ["joint", "multi_table"])
 def test_parameter_split(embedding_type):
     model = DLRM(small_config(embedding_type=embedding_type))
-    sparse, dense = model.sparse_parameters(), model.dense_parameters()
+    sparse, dense = model.sparse_parameters(), model.replicated_parameters()
     all_ids = [id(p) for p in model.parameters()]
     split_ids = [id(p) for p in sparse + dense]
     assert sorted(split_ids) == sorted(all_ids)  # every parameter exactly once
@@ -176,7 +176,7 @@ def test_backward_gives_sparse_embedding_and_dense_mlp_gradients(embedding_type)
     numerical, categorical = random_batch(model.config, 8)
     model(numerical, categorical).sum().backward()
     assert all(p.grad is not None and p.grad.is_sparse for p in model.sparse_parameters())
-    assert all(p.grad is not None and not p.grad.is_sparse for p in model.dense_parameters())
+    assert all(p.grad is not None and not p.grad.is_sparse for p in model.replicated_parameters())
 
 
 @pytest.mark.parametrize("overrides", [dict(), dict(interaction_op="cat", embedding_type="multi_table")])

@@ -14,7 +14,6 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 
 from dlrm.data.batch import Bags, Batch
-from dlrm.data.errors import DatasetError, FeatureSpecError
 from dlrm.data.feature_spec import FeatureSpec
 from dlrm.data.loader import PrefetchLoader
 from dlrm.data.rank_source import RankSource, local_batch_sizes
@@ -28,6 +27,7 @@ from dlrm.data.synthetic import (
     SyntheticDataset,
     write_synthetic_dataset,
 )
+from dlrm.engine.errors import DatasetError, FeatureSpecError
 from test_distributed import _open_files  # what a process has open under a dataset root
 
 # cat_0 one-hot, cat_1 fixed bags of up to 3, cat_2 variable bags, cat_3 fixed bags of one (may

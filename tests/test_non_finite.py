@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from dlrm.engine.logger import RunLogger
+from dlrm.engine.loop import PERSISTENT_NON_FINITE, LoopParts, LoopSettings, NonFiniteLoss, run_loop
 from dlrm.training.grad_scaler import DeviceScalerState
-from dlrm.training.logger import RunLogger
-from dlrm.training.loop import PERSISTENT_NON_FINITE, LoopParts, LoopSettings, NonFiniteLoss, run_loop
 
 from conftest import REPO
 

@@ -467,7 +467,7 @@ def test_unsupported_layouts_are_one_line_naming_what_was_found(weights, tmp_pat
 
 def test_nvidia_layout_is_an_output_kind(weights, tmp_path):
     """Recognised by its content: replaced only with `overwrite`; a folder holding anything else never."""
-    from dlrm.data.outputs import OutputError
+    from dlrm.engine.outputs import OutputError
     from dlrm.training import nvidia_checkpoint
 
     path = tmp_path / "nv"

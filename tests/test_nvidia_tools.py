@@ -22,11 +22,11 @@ import pytest
 import yaml
 from nvidia_specs import FEATURE_SPECS, SMALL_CSV
 
-from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import FeatureSpec
 from dlrm.data.split_binary import SplitBinaryReader
 from dlrm.data.synthetic import write_synthetic_dataset_for_spec
 from dlrm.data.transcode import transcode_csv_source
+from dlrm.engine.errors import DatasetError
 
 ROWS = {"test": 48, "train": 96}
 

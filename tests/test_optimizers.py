@@ -11,9 +11,9 @@ import torch.multiprocessing as mp
 
 from dlrm.data.rank_source import RankSource
 from dlrm.data.synthetic import SyntheticDataset
-from dlrm.distributed.collectives import ProcessGroupCollectives
 from dlrm.distributed.exchange import EmbeddingExchange
 from dlrm.distributed.planner import plan_tables, table_bytes
+from dlrm.engine.collectives import ProcessGroupCollectives
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.model.precision import Precision
 from dlrm.training.checkpoint import CheckpointError, TrainState, load_checkpoint, save_checkpoint

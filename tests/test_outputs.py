@@ -1,4 +1,4 @@
-"""The output rule (dlrm.data.outputs) on its own: what is refused, what is free, what needs a flag.
+"""The output rule (dlrm.engine.outputs) on its own: what is refused, what is free, what needs a flag.
 Every refusal leaves the tree as it was (compared file by file with checksums)."""
 
 import os
@@ -6,7 +6,7 @@ import os
 import pytest
 from conftest import tree
 
-from dlrm.data.outputs import LOG, TENSORBOARD, OutputError, OutputKind, claim_output, holds_only, inside
+from dlrm.engine.outputs import LOG, TENSORBOARD, OutputError, OutputKind, claim_output, holds_only, inside
 
 CKPT = OutputKind("checkpoint", True, lambda p: holds_only(p, ["meta.json", "*.pt"], required=["meta.json"]))
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from dlrm.data.partition import split_bounds, split_sizes
+from dlrm.engine.partition import split_bounds, split_sizes
 
 
 @pytest.mark.parametrize("n", [0, 1, 5, 7, 64, 1001])

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from conftest import REPO
-from dlrm.model.precision import Precision, cpu_has_native_bf16
+from dlrm.engine.devices import cpu_has_native_bf16
+from dlrm.model.precision import Precision
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 

@@ -19,8 +19,8 @@ import time
 import numpy as np
 import pytest
 
-from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import FeatureSpec
+from dlrm.engine.errors import DatasetError
 from preproc import local_engine, spark_engine
 from preproc.generate import generate_criteo_tsv, tsv_line
 from preproc.job import Job

@@ -14,9 +14,9 @@ import re
 import numpy as np
 import pytest
 
-from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import FeatureSpec
 from dlrm.data.split_binary import SplitBinaryReader
+from dlrm.engine.errors import DatasetError
 from preproc import generate
 from preproc.generate import generate_criteo_tsv, tsv_line
 from preproc.reference import column_thresholds, criteo_day_split, parse_threshold, reference_preprocess, split_day_23

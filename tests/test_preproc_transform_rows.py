@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 from test_preproc_engines import GOOD, MALFORMED, days, job  # noqa: F401 (a fixture)
 
-from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import FeatureSpec
+from dlrm.engine.errors import DatasetError
 from preproc import local_engine
 from preproc.layout import split_ranges, terabyte_inputs
 from preproc.local_engine import preprocess_local

@@ -18,9 +18,9 @@ import sys
 import numpy as np
 import pytest
 
-from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import FeatureSpec
 from dlrm.data.split_binary_writer import SplitBinaryWriter
+from dlrm.engine.errors import DatasetError
 from preproc.counting import CountWriter, count_chunk, merge_counts
 from preproc.generate import generate_criteo_tsv, tsv_line
 from preproc.layout import DAY23, KAGGLE, file_inputs, kaggle_inputs, parse_days, split_ranges, terabyte_inputs

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from conftest import fetch_movielens_100k, run_cli
 
-from dlrm.data.errors import DatasetError
+from dlrm.engine.errors import DatasetError
 from dlrm.recommender.ratings_file import read_ratings, read_ratings_split
 
 GENERATE = "dlrm.scripts.recommender_generate"

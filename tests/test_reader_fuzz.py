@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from dlrm.data.csv_source import CsvSource
-from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import FeatureSpec
+from dlrm.engine.errors import DatasetError
 from dlrm.recommender.dsstne_text import NameIndex, parse_text
 from dlrm.recommender.network import NetworkConfigError, parse_network
 from dlrm.recommender.user_histories import movielens_to_text

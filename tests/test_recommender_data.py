@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from dlrm.engine.errors import DatasetError
+from dlrm.engine.outputs import OutputError
 from dlrm.recommender.csr_dataset import CsrDataset, CsrRows, CsrWriter, holdout_mask, split_holdout, write_csr
 from dlrm.recommender.dsstne_text import NameIndex, format_lines, parse_lines, parse_text, text_to_csr, write_text
-from dlrm.data.errors import DatasetError
-from dlrm.data.outputs import OutputError
 from dlrm.recommender.user_histories import (HistoryConfig, generate_user_histories, movielens_to_text,
                                       write_user_histories)
 

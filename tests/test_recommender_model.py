@@ -14,16 +14,16 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from dlrm.recommender.csr_dataset import CsrDataset, write_csr
-from dlrm.data.partition import split_bounds
-from dlrm.recommender.user_histories import HistoryConfig, generate_user_histories
+from dlrm.engine.logger import RunLogger
+from dlrm.engine.partition import split_bounds
 from dlrm.recommender import checkpoint
+from dlrm.recommender.csr_dataset import CsrDataset, write_csr
 from dlrm.recommender.item_parallel import ItemParallel
 from dlrm.recommender.loss import batch_loss, kl_weight_at
 from dlrm.recommender.model import NOISE_INPUT_DROPOUT, NOISE_LATENT, SparseAutoencoder, batch_noise
 from dlrm.recommender.network import parse_network
 from dlrm.recommender.train import TrainConfig, make_optimizer, take_rows, train
-from dlrm.training.logger import RunLogger
+from dlrm.recommender.user_histories import HistoryConfig, generate_user_histories
 from test_distributed import free_port
 
 N_ITEMS = 37

@@ -13,15 +13,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from conftest import REPO
-from dlrm.recommender.csr_dataset import CsrDataset, split_holdout, write_csr
-from dlrm.recommender.user_histories import HistoryConfig, generate_user_histories
+from dlrm.engine.logger import RunLogger
 from dlrm.recommender.baselines import fit_baseline
+from dlrm.recommender.csr_dataset import CsrDataset, split_holdout, write_csr
 from dlrm.recommender.item_parallel import ItemParallel
 from dlrm.recommender.model import SparseAutoencoder
 from dlrm.recommender.network import parse_network
 from dlrm.recommender.predict import evaluate, model_scorer, recommend
 from dlrm.recommender.train import TrainConfig, make_optimizer, train
-from dlrm.training.logger import RunLogger
+from dlrm.recommender.user_histories import HistoryConfig, generate_user_histories
 from test_distributed import free_port
 
 TUNED = os.path.join(REPO, "configs", "recommender", "movielens_tuned.json")

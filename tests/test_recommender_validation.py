@@ -21,10 +21,10 @@ import torch
 
 from conftest import REPO, run_cli
 from dlrm.recommender.csr_dataset import CsrDataset, write_csr
-from dlrm.recommender.user_histories import HistoryConfig, generate_user_histories
 from dlrm.recommender.model import SparseAutoencoder
 from dlrm.recommender.network import parse_network
 from dlrm.recommender.train import take_rows
+from dlrm.recommender.user_histories import HistoryConfig, generate_user_histories
 from dlrm.recommender.validation import ValidationConfig, make_split, validate
 
 NETWORK = {
@@ -266,9 +266,9 @@ def test_kill_9_then_resume_from_the_last_checkpoint_equals_the_uninterrupted_ru
 
 
 def test_an_error_mid_run_saves_the_last_whole_step_and_the_fixed_data_resumes_exactly(dataset, tmp_path):
+    from dlrm.engine.logger import RunLogger
     from dlrm.recommender import checkpoint
     from dlrm.recommender.train import TrainConfig, make_optimizer, train
-    from dlrm.training.logger import RunLogger
 
     source = CsrDataset(os.path.join(dataset, "all"))
     offsets = np.asarray(source.offsets)

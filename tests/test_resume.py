@@ -15,13 +15,13 @@ from dlrm.data.feature_spec import FeatureSpec
 from dlrm.data.loader import remaining_batches
 from dlrm.data.split_binary import SplitBinaryReader
 from dlrm.data.synthetic import SyntheticDataset, write_synthetic_dataset
+from dlrm.engine.logger import RunLogger
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.model.precision import Precision
 from dlrm.training.checkpoint import CheckpointError, TrainState, load_checkpoint
-from dlrm.training.logger import RunLogger
 from dlrm.training.lr_schedule import LRSchedule
-from dlrm.training.train import TrainConfig, train
 from dlrm.training.optimizers import make_optimizer
+from dlrm.training.train import TrainConfig, train
 
 from conftest import REPO
 

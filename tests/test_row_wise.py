@@ -15,9 +15,9 @@ import torch.multiprocessing as mp
 from dlrm.data.batch import Bags
 from dlrm.data.rank_source import RankSource
 from dlrm.data.synthetic import SyntheticDataset
-from dlrm.distributed.collectives import Collectives, ProcessGroupCollectives
 from dlrm.distributed.exchange import EmbeddingExchange
 from dlrm.distributed.planner import plan_tables
+from dlrm.engine.collectives import Collectives, ProcessGroupCollectives
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.model.precision import Precision
 from dlrm.nn.embeddings import TableShard

@@ -6,8 +6,9 @@ import torch
 from absl import flags
 
 from dlrm.data.sources import DataConfig
+from dlrm.engine.devices import resolve_device
 from dlrm.scripts import cli
-from dlrm.training.build import build_run, resolve_device, start_processes, start_training
+from dlrm.training.build import build_run, start_processes, start_training
 from dlrm.training.lr_schedule import LRSchedule
 from dlrm.training.optimizers import OptimizerConfig
 from dlrm.training.run_config import CheckpointConfig, ModelSettings, ParallelConfig, RunConfig

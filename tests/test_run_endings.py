@@ -35,7 +35,7 @@ def test_a_signal_after_the_last_step_changes_nothing():
     # neither print "stopping after this step" nor turn a completed run into exit 143.
     code = (
         "import os, signal\n"
-        "from dlrm.training.signals import StopOnSignals\n"
+        "from dlrm.engine.signals import StopOnSignals\n"
         "stop = StopOnSignals()\n"
         "stop.over()\n"
         "os.kill(os.getpid(), signal.SIGTERM)\n"
@@ -50,7 +50,7 @@ def test_a_signal_after_the_last_step_changes_nothing():
 def test_a_signal_during_training_still_stops_it_with_128_plus_the_signal():
     code = (
         "import os, signal\n"
-        "from dlrm.training.signals import StopOnSignals\n"
+        "from dlrm.engine.signals import StopOnSignals\n"
         "stop = StopOnSignals()\n"
         "os.kill(os.getpid(), signal.SIGTERM)\n"
         "stop.over()\n"

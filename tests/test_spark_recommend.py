@@ -19,11 +19,11 @@ from test_recommender_cli import data, trained  # noqa: F401 (module fixtures: a
 
 pytest.importorskip("pyspark")
 
-from dlrm.data.errors import DatasetError  # noqa: E402
+from dlrm.engine.errors import DatasetError  # noqa: E402
+from dlrm.spark.job_io import task_error, write_parquet  # noqa: E402
 from dlrm.spark.recommend import (  # noqa: E402
     RECOMMENDATIONS, read_csr_histories, read_text_histories, recommend, recommend_text, write_text,
 )
-from dlrm.spark.score import task_error, write_parquet  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -17,9 +17,8 @@ from dlrm.data.feature_spec import FeatureSpec
 from dlrm.data.split_binary import SplitBinaryReader
 from dlrm.inference.export import build_inference_model, export_onnx
 from dlrm.model.dlrm import DLRM, DLRMConfig
-from dlrm.spark.score import (
-    OUTPUT, model_maps_any_id, prepare_raw_rows, prepared_columns, read_dataset, read_raw_lines, score, task_error,
-)
+from dlrm.spark.job_io import read_raw_lines, task_error
+from dlrm.spark.score import OUTPUT, model_maps_any_id, prepare_raw_rows, prepared_columns, read_dataset, score
 from preproc.transform import COLUMNS
 
 from conftest import env_without_this_python
@@ -244,7 +243,7 @@ def test_cli_names_a_malformed_raw_line_and_writes_nothing(criteo_dataset, crite
 
 
 def test_raw_rows_of_a_dataset_without_vocabulary_are_refused_on_the_driver(spark, dataset):  # noqa: F811
-    from dlrm.data.errors import DatasetError
+    from dlrm.engine.errors import DatasetError
 
     raw = spark.createDataFrame([("0" + "\t" * 39,)], "value string")
     with pytest.raises(DatasetError, match="vocabulary"):

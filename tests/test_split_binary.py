@@ -6,10 +6,10 @@ import torch
 import yaml
 
 from dlrm.data.batch import Batch
-from dlrm.data.errors import DatasetError, FeatureSpecError
 from dlrm.data.feature_spec import FeatureSpec
 from dlrm.data.split_binary import SplitBinaryReader
 from dlrm.data.split_binary_writer import SplitBinaryWriter
+from dlrm.engine.errors import DatasetError, FeatureSpecError
 
 # Both sides of every dtype boundary (a cardinality c needs ids up to c-1).
 BOUNDARY_CARDS = [127, 128, 129, 32767, 32768, 32769, 2**31 - 1, 2**31, 2**31 + 1]

@@ -13,7 +13,6 @@ from sklearn.metrics import roc_auc_score
 from sklearn.preprocessing import OneHotEncoder
 
 from dlrm.data.batch import Batch
-from dlrm.data.outputs import OutputError
 from dlrm.data.synthetic import (
     FL15_CARDINALITIES,
     HiddenModel,
@@ -21,6 +20,7 @@ from dlrm.data.synthetic import (
     hash_ids,
     write_synthetic_dataset,
 )
+from dlrm.engine.outputs import OutputError
 
 SIZES = [3, 10, 50, 200, 1000, 100_000]
 ZIPF = 1.2  # the documented id law: P(id < k) = (1 - (k+1)^-0.2) / (1 - (size+1)^-0.2)

@@ -9,13 +9,13 @@ import torch.nn.functional as F
 
 from dlrm.data.batch import Batch
 from dlrm.data.synthetic import SyntheticDataset
+from dlrm.engine.logger import RunLogger
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.model.precision import Precision
 from dlrm.training.checkpoint import load_checkpoint
-from dlrm.training.logger import RunLogger
 from dlrm.training.lr_schedule import LRSchedule
-from dlrm.training.train import TrainConfig, evaluate, train, train_step
 from dlrm.training.optimizers import make_optimizer
+from dlrm.training.train import TrainConfig, evaluate, train, train_step
 
 CPU = torch.device("cpu")
 TABLES = [50, 400, 3, 1000, 20, 7, 200, 60]

@@ -8,10 +8,10 @@ import pytest
 import torch
 import yaml
 
-from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import FeatureSpec
 from dlrm.data.split_binary import SplitBinaryReader
 from dlrm.data.transcode import transcode
+from dlrm.engine.errors import DatasetError
 
 # label, 2 numerical, 3 categorical; empty fields mean 0
 TRAIN_LINES = [

@@ -1,5 +1,5 @@
 """Every dataset, export and prediction writer against destinations that are not its own
-(dlrm.data.outputs): an existing foreign folder (holding notes.txt), the run's own input, ``.``
+(dlrm.engine.outputs): an existing foreign folder (holding notes.txt), the run's own input, ``.``
 run from a project folder, a file, a symbolic link to elsewhere, and a read-only folder. Each
 entry point runs for real (``python -m ...`` or the script) and must end in one line on stderr,
 exit code 2, with every file of the temporary tree (and of the shared inputs) unchanged,
@@ -366,7 +366,7 @@ def test_gen_csv_never_writes_where_a_spec_points_outside_its_output(tmp_path, e
 def test_write_random_csv_replaces_only_its_own_files(tmp_path):
     """With overwrite: a CSV file of numbers (what it writes) is replaced, any other file never."""
     from dlrm.data.csv_source import CsvSource, write_random_csv
-    from dlrm.data.outputs import OutputError
+    from dlrm.engine.outputs import OutputError
 
     spec = _csv_spec(tmp_path, "train/numerical.csv")
     out = tmp_path / "out"
@@ -411,9 +411,9 @@ def test_nvidias_commands_twice_ask_for_overwrite(tmp_path):
 
 def test_a_folder_filled_while_a_dataset_was_staged_is_not_replaced(tmp_path):
     """atomic.replace_dir claims the destination again just before the rename."""
-    from dlrm.data.atomic import check_writable_dir, replace_dir, temporary_name
-    from dlrm.data.outputs import OutputError
     from dlrm.data.split_binary_writer import SPLIT_BINARY_DATASET
+    from dlrm.engine.atomic import check_writable_dir, replace_dir, temporary_name
+    from dlrm.engine.outputs import OutputError
 
     target = tmp_path / "ds"
     target.mkdir()

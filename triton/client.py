@@ -15,10 +15,10 @@ import sys
 
 from absl import app, flags
 
-from dlrm.data.errors import DatasetError
-from dlrm.data.outputs import LOG, claim_output
 from dlrm.data.sources import DataConfig, load_feature_spec
 from dlrm.data.split_binary import SplitBinaryReader
+from dlrm.engine.errors import DatasetError
+from dlrm.engine.outputs import LOG, claim_output
 from dlrm.inference.triton_client import (PROTOCOLS, DLRMTritonClient, TritonClientError, check_url, score_split,
                                           soak)
 from dlrm.scripts import cli
@@ -59,7 +59,7 @@ def main(argv: list[str]) -> int:
                         FLAGS.protocol)
     except ValueError as e:
         raise app.UsageError(str(e)) from None
-    if FLAGS.log_path:  # appended to: a log of this program's, or a new file (dlrm.data.outputs), checked now
+    if FLAGS.log_path:  # appended to: a log of this program's, or a new file (dlrm.engine.outputs), checked now
         claim_output(FLAGS.log_path, LOG, "log_path", inputs={"dataset": FLAGS.dataset}, keep=True)
     records = []
     try:

@@ -17,7 +17,7 @@ import threading
 
 from absl import app, flags
 
-from dlrm.data.outputs import claim_output
+from dlrm.engine.outputs import claim_output
 from dlrm.inference.triton_server import SERVER_WORKDIR, LocalTritonServer, ServerEnv, TritonServerError
 from dlrm.scripts import cli
 

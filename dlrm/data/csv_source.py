@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dlrm.data.atomic import write_atomically
-from dlrm.data.errors import DatasetError, FeatureSpecError
 from dlrm.data.feature_spec import CATEGORICAL, CHANNELS, LABEL, NUMERICAL, SPEC_FILE_NAME, read_spec_yaml
-from dlrm.data.outputs import OutputError, OutputKind, head_lines, holds_only, inside
+from dlrm.engine.atomic import write_atomically
+from dlrm.engine.errors import DatasetError, FeatureSpecError
+from dlrm.engine.outputs import OutputError, OutputKind, head_lines, holds_only, inside
 
 CSV = "csv"
 AUTO = "auto"

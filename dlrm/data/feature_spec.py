@@ -23,8 +23,8 @@ from typing import Any, Sequence
 import numpy as np
 import yaml
 
-from dlrm.data.atomic import write_text_atomically
-from dlrm.data.errors import DatasetError, FeatureSpecError
+from dlrm.engine.atomic import write_text_atomically
+from dlrm.engine.errors import DatasetError, FeatureSpecError
 
 SPEC_FILE_NAME = "feature_spec.yaml"
 SPLIT_BINARY = "split_binary"

@@ -14,12 +14,12 @@ from typing import Any
 import torch
 
 from dlrm.data.batch import Bags, Batch
-from dlrm.data.partition import split_sizes
+from dlrm.engine.partition import split_sizes
 
 
 def local_batch_sizes(global_batch: int, world_size: int) -> list[int]:
     """Samples per process: contiguous rows, the first ``global_batch % world_size`` get one more
-    (``dlrm.data.partition``, the engine's one row-split convention)."""
+    (``dlrm.engine.partition``, the engine's one row-split convention)."""
     return split_sizes(global_batch, world_size)
 
 

@@ -8,11 +8,11 @@ from typing import Any, Sequence
 
 import torch
 
-from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import FeatureSpec
 from dlrm.data.rank_source import RankSource
 from dlrm.data.split_binary import SplitBinaryReader
 from dlrm.data.synthetic import ZIPF_EXPONENT, SyntheticDataset
+from dlrm.engine.errors import DatasetError
 
 SPLIT_BINARY_TYPES = ("split_binary", "parametric")  # "parametric" is NVIDIA's name for it
 SYNTHETIC_TYPES = ("synthetic", "synthetic_gpu")  # generated in the base device's memory

@@ -23,10 +23,10 @@ import numpy as np
 import torch
 
 from dlrm.data.batch import Bags, Batch
-from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import PADDING_ID, VARIABLE, FeatureSpec
 from dlrm.data.split_binary_columns import LABEL_DTYPE, NUMERICAL_DTYPE, Column, FixedBags, VariableBags
 from dlrm.data.split_binary_writer import SplitBinaryWriter
+from dlrm.engine.errors import DatasetError
 
 __all__ = ["SplitBinaryReader", "SplitBinaryWriter"]
 

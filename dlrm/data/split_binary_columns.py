@@ -11,8 +11,8 @@ import os
 
 import numpy as np
 
-from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import OFFSETS_DTYPE
+from dlrm.engine.errors import DatasetError
 
 LABEL_DTYPE = np.dtype(np.bool_)
 NUMERICAL_DTYPE = np.dtype(np.float16)

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, BinaryIO
 import numpy as np
 import yaml
 
-from dlrm.data.atomic import StagedWriter, remove_stale_temporaries, temporary_name
-from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import OFFSETS_DTYPE, PADDING_ID, SPLIT_BINARY, VARIABLE, FeatureSpec
-from dlrm.data.outputs import OutputKind, holds_only
 from dlrm.data.split_binary_columns import LABEL_DTYPE, NUMERICAL_DTYPE
+from dlrm.engine.atomic import StagedWriter, remove_stale_temporaries, temporary_name
+from dlrm.engine.errors import DatasetError
+from dlrm.engine.outputs import OutputKind, holds_only
 
 if TYPE_CHECKING:
     from dlrm.data.batch import Bags, Batch

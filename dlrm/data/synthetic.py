@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
-from dlrm.data.atomic import check_writable_dir, remove_stale_temporaries, replace_dir, temporary_name, writing
 from dlrm.data.batch import Bags, Batch
+from dlrm.engine.atomic import check_writable_dir, remove_stale_temporaries, replace_dir, temporary_name, writing
 
 # NVIDIA's preprocessed Criteo 1TB with frequency threshold 15.
 FL15_CARDINALITIES: list[int] = [
@@ -522,7 +522,7 @@ def write_synthetic_dataset(
     end, so an interrupted run never leaves half a dataset, and a write the file system refuses
     (read-only, full) is a `StorageError` naming it. An existing `output_dir` is replaced only
     when it holds a dataset of this program and `overwrite` is set; anything else there is an
-    `OutputError` (dlrm.data.outputs). `progress(split, rows_done, rows)` is called after every
+    `OutputError` (dlrm.engine.outputs). `progress(split, rows_done, rows)` is called after every
     batch.
 
     With `bag_sizes` every table is multi-hot, stored as fixed-size bags (`bag_layout="fixed"`,

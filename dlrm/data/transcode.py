@@ -9,7 +9,7 @@ does, so the bytes are NVIDIA's; ``numerical_rounding="direct"`` rounds once
 (``dlrm.data.numerical_rounding``). Nothing replaces an existing dataset unless every split
 converts cleanly: the writers commit together at the end and the spec is written last. An
 existing output directory is written into only when it holds a dataset of this program and
-``overwrite`` is set (``dlrm.data.outputs``: a folder holding anything else, a link, the
+``overwrite`` is set (``dlrm.engine.outputs``: a folder holding anything else, a link, the
 working directory or one of the inputs is refused).
 """
 
@@ -26,13 +26,13 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from dlrm.data.atomic import check_can_create, writing
 from dlrm.data.batch import Batch
-from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import SPEC_FILE_NAME, FeatureSpec, dtype_for_cardinality
 from dlrm.data.numerical_rounding import DEFAULT_ROUNDING, check_rounding, to_float16
-from dlrm.data.outputs import claim_output
 from dlrm.data.split_binary_writer import SPLIT_BINARY_DATASET, SplitBinaryWriter
+from dlrm.engine.atomic import check_can_create, writing
+from dlrm.engine.errors import DatasetError
+from dlrm.engine.outputs import claim_output
 
 _SPLIT_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dlrm.data.rank_source import local_batch_sizes
-from dlrm.distributed.all_to_all import all_to_all
+from dlrm.engine.all_to_all import all_to_all
 from dlrm.nn.embeddings import TableShard, table_of
 
 

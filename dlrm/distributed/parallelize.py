@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from dlrm.distributed.collectives import ProcessGroupCollectives
 from dlrm.distributed.exchange import EmbeddingExchange
+from dlrm.engine.collectives import ProcessGroupCollectives
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.nn.embeddings import TableShard, table_of
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Union
 
-from dlrm.data.partition import split_bounds
+from dlrm.engine.partition import split_bounds
 from dlrm.nn.embeddings import TableShard
 
 GIB = 2**30
@@ -77,7 +77,7 @@ def table_names(tables: Sequence[int]) -> str:
 
 def row_bounds(rows: int, world_size: int) -> list[int]:
     """Row-wise split of a table of ``rows`` rows by the engine's one convention
-    (``dlrm.data.partition``): rank ``r`` holds rows ``[b[r], b[r+1])``, the first
+    (``dlrm.engine.partition``): rank ``r`` holds rows ``[b[r], b[r+1])``, the first
     ``rows % world_size`` ranks one row more (a block is empty when ``rows < world_size`` leaves
     that rank nothing). Checkpoints store blocks by row range, so ones written under another
     split load all the same."""

@@ -9,7 +9,7 @@ ranks that own the samples through one all-to-all. A table is held in one of two
   lookups and of the all-to-all traffic.
 * row-wise: the table is split across all ranks in contiguous blocks of rows, rank ``r`` holding
   rows ``[b[r], b[r+1])``, the first ``rows % world_size`` ranks one row more (``row_bounds``, the
-  engine's one row-split convention, ``dlrm.data.partition``). Every rank looks up its block
+  engine's one row-split convention, ``dlrm.engine.partition``). Every rank looks up its block
   for every sample of the global batch and sends partial results through the same all-to-all,
   so a row-wise table costs every rank that holds a (non-empty) block one entry of lookups and of
   exchange traffic, as much as a whole table: W entries instead of one in all. It is what lets a

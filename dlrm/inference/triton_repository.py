@@ -13,7 +13,7 @@ repository never advertises a model that computes something else.
 
 Deploying adds a model to a repository (``TRITON_REPOSITORY``: model folders and nothing else;
 a folder holding anything else is refused); a model folder that exists already
-(``TRITON_MODEL``) is written over only with ``overwrite`` (``dlrm.data.outputs``).
+(``TRITON_MODEL``) is written over only with ``overwrite`` (``dlrm.engine.outputs``).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from dlrm.engine.atomic import check_can_create, write_atomically, write_text_atomically
+from dlrm.engine.outputs import OutputKind, claim_output, holds_only
 from dlrm.inference import triton_python_model
-from dlrm.data.atomic import check_can_create, write_atomically, write_text_atomically
-from dlrm.data.outputs import OutputKind, claim_output, holds_only
 
 if TYPE_CHECKING:
     from dlrm.model.dlrm import DLRM

@@ -30,7 +30,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from dlrm.data.outputs import OutputKind
+from dlrm.engine.outputs import OutputKind
 
 SETUP_HINT = "create it with: bash triton/setup_server_env.sh <dir>"
 

@@ -286,7 +286,8 @@ class DLRM(nn.Module):
         updates them."""
         return [module for module in self.embedding_modules() if isinstance(module, JointFusedEmbedding)]
 
-    def dense_parameters(self) -> list[nn.Parameter]:
-        """Every parameter that is not an embedding weight."""
+    def replicated_parameters(self) -> list[nn.Parameter]:
+        """Every parameter that is not an embedding weight (the MLPs, the interaction's): every
+        process holds them whole and the engine sums their gradients (``dlrm.engine.model_contract``)."""
         sparse = {id(p) for p in self.sparse_parameters()}
         return [p for p in self.parameters() if id(p) not in sparse]

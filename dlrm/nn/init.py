@@ -14,6 +14,8 @@ import math
 import torch
 from torch import nn
 
+from dlrm.engine.random_streams import INIT_BLOCK_ROWS, block_generator
+
 
 def init_linear_(layer: nn.Linear) -> None:
     """Weights N(0, sqrt(2 / (fan_in + fan_out))), biases N(0, sqrt(1 / fan_out))."""
@@ -32,20 +34,6 @@ def init_embedding_table_(weight: torch.Tensor, generator: torch.Generator | Non
     bound = math.sqrt(1.0 / weight.shape[0])
     with torch.no_grad():
         weight.uniform_(-bound, bound, generator=generator)
-
-
-INIT_BLOCK_ROWS = 2**18  # rows drawn from one generator: a shard's init costs at most 2 such blocks extra
-
-
-def table_generator(seed: int, table_index: int, device: torch.device, block: int = 0) -> torch.Generator:
-    """The generator of one block of ``INIT_BLOCK_ROWS`` rows of one table: a function of the
-    model seed, the global table index and the block."""
-    generator = torch.Generator(device=device)
-    key = seed * 1_000_003 + table_index
-    if block:
-        key = key * 1_000_033 + block
-    generator.manual_seed(key % (2**63 - 1))
-    return generator
 
 
 def init_table_rows_(weight: torch.Tensor, seed: int, table_index: int, table_rows: int, first_row: int = 0,
@@ -69,7 +57,7 @@ def init_table_rows_(weight: torch.Tensor, seed: int, table_index: int, table_ro
         for block in range(first_row // INIT_BLOCK_ROWS, -(-stop // INIT_BLOCK_ROWS)):
             lo, hi = block * INIT_BLOCK_ROWS, min((block + 1) * INIT_BLOCK_ROWS, table_rows)
             start, end = max(lo, first_row), min(hi, stop)
-            generator = table_generator(seed, table_index, draw_device, block)
+            generator = block_generator(seed, table_index, draw_device, block)
             target = weight[start - first_row:end - first_row]
             if (start, end) == (lo, hi) and draw_dtype == weight.dtype and draw_device == weight.device:
                 target.uniform_(-bound, bound, generator=generator)

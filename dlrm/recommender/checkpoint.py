@@ -1,6 +1,6 @@
 """Autoencoder checkpoints: what a recommender run saves, and the checks that a checkpoint fits
 the network it is loaded into. Files, checksums, staging, the lock and row blocks are the
-checkpoint store's (``dlrm.training.checkpoint_store``), as for DLRM's checkpoints.
+checkpoint store's (``dlrm.engine.checkpoint_store``), as for DLRM's checkpoints.
 
     <path>/meta.json                   network definition, sizes, train state, files with sizes and CRC-32
     <path>/input_rows_<a>_<b>.pt       input table rows [a, b) and their optimizer state
@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 
-from dlrm.distributed.collectives import Collectives
+from dlrm.engine import checkpoint_store as store
+from dlrm.engine.checkpoint_store import CheckpointError, host_copy, latest_checkpoint, state_bytes
+from dlrm.engine.collectives import Collectives
 from dlrm.recommender.model import SparseAutoencoder
 from dlrm.recommender.network import parse_network
-from dlrm.training import checkpoint_store as store
-from dlrm.training.checkpoint_store import CheckpointError, host_copy, latest_checkpoint, state_bytes
 
 FORMAT = "dlrm-autoencoder-checkpoint"
 VERSION = 1

@@ -27,10 +27,10 @@ from typing import BinaryIO, Iterator
 import numpy as np
 import torch
 
-from dlrm.data.atomic import (StagedWriter, check_writable_dir, fsync_dir, remove_stale_temporaries, replace_dir,
+from dlrm.engine.atomic import (StagedWriter, check_writable_dir, fsync_dir, remove_stale_temporaries, replace_dir,
                               temporary_name, writing)
-from dlrm.data.errors import DatasetError
-from dlrm.data.outputs import OutputKind, holds_only
+from dlrm.engine.errors import DatasetError
+from dlrm.engine.outputs import OutputKind, holds_only
 
 FORMAT = "dlrm-csr"
 VERSION = 1
@@ -92,7 +92,7 @@ class CsrWriter(StagedWriter):
     existing CSR dataset at ``path`` is replaced only when ``overwrite`` and only after the new
     one is complete; an exception leaves it untouched (and a write the file system refuses is a
     ``StorageError`` naming the dataset). Anything else at ``path`` (a folder holding other
-    files, a link) is an ``OutputError`` (``dlrm.data.outputs``), whatever ``overwrite`` says;
+    files, a link) is an ``OutputError`` (``dlrm.engine.outputs``), whatever ``overwrite`` says;
     ``setting`` is how its message names ``path``.
     """
 

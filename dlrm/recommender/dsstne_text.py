@@ -37,9 +37,9 @@ from typing import Iterable, Iterator, TextIO
 
 import numpy as np
 
-from dlrm.data.atomic import write_atomically, write_text_atomically
+from dlrm.engine.atomic import write_atomically, write_text_atomically
+from dlrm.engine.errors import DatasetError, finite_number
 from dlrm.recommender.csr_dataset import CsrRows, write_csr
-from dlrm.data.errors import DatasetError, finite_number
 
 
 # What no name may hold: the separators of DSSTNE text and of the index files (tab, newline,

@@ -23,7 +23,7 @@ each on one process and need nothing. On one process every exchange is the ident
 
 Sums, gradient sync and same-shape gathers are the engine's ``Collectives`` (the process group,
 or its single-process null object); only the two user-split exchanges above are this module's.
-Items split over processes by ``dlrm.data.partition.split_bounds``, users by the batch split.
+Items split over processes by ``dlrm.engine.partition.split_bounds``, users by the batch split.
 """
 
 from __future__ import annotations
@@ -34,10 +34,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from dlrm.data.partition import split_bounds
-from dlrm.data.rank_source import local_batch_sizes
-from dlrm.distributed.all_to_all import all_to_all
-from dlrm.distributed.collectives import Collectives, ProcessGroupCollectives
+from dlrm.engine.all_to_all import all_to_all
+from dlrm.engine.collectives import Collectives, ProcessGroupCollectives
+from dlrm.engine.partition import split_bounds, split_sizes
 
 
 @dataclass(frozen=True)
@@ -65,7 +64,7 @@ class ItemParallel:
 
     def user_sizes(self, batch: int) -> list[int]:
         """Users per process in a batch of ``batch``: contiguous, the first ones get one more."""
-        return local_batch_sizes(batch, self.world_size)
+        return split_sizes(batch, self.world_size)
 
     def user_range(self, batch: int) -> tuple[int, int]:
         sizes = self.user_sizes(batch)

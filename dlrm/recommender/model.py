@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dlrm.nn.init import INIT_BLOCK_ROWS, table_generator
+from dlrm.engine.random_streams import INIT_BLOCK_ROWS, block_generator
 from dlrm.recommender.item_parallel import ItemParallel
 from dlrm.recommender.network import NetworkConfig
 
@@ -88,7 +88,7 @@ def init_rows_(weight: torch.Tensor, init, fan_in: int, fan_out: int, seed: int,
             lo, hi = block * INIT_BLOCK_ROWS, min((block + 1) * INIT_BLOCK_ROWS, total_rows)
             start, end = max(lo, first_row), min(hi, stop)
             drawn = torch.empty(hi - lo, width, dtype=weight.dtype, device=weight.device)
-            _draw_(drawn, init, fan_in, fan_out, table_generator(seed, key, weight.device, block))
+            _draw_(drawn, init, fan_in, fan_out, block_generator(seed, key, weight.device, block))
             weight[start - first_row:end - first_row].copy_(drawn[start - lo:end - lo])
 
 

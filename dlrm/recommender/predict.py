@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from dlrm.data.atomic import write_atomically
+from dlrm.engine.atomic import write_atomically
 from dlrm.recommender.csr_dataset import CsrDataset
 from dlrm.recommender.metrics import MetricsAccumulator, RankingMetrics
 from dlrm.recommender.model import SparseAutoencoder, activation

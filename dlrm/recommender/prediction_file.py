@@ -1,5 +1,5 @@
 """The recommendations file (DSSTNE's predict output, ``<user>\t<item>,<score>:...``) as an
-output of the output rule (``dlrm.data.outputs``): what ``recommender_predict`` and
+output of the output rule (``dlrm.engine.outputs``): what ``recommender_predict`` and
 ``spark_recommend --output_format text`` may replace. Kept apart from ``predict`` so the
 commands check their outputs before torch loads."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from dlrm.data.outputs import OutputKind, head_lines
+from dlrm.engine.outputs import OutputKind, head_lines
 
 # One line of ``write_predictions``: sample<TAB>item,score:item,score:... (the list may be empty).
 _PREDICTION_LINE = re.compile(r"[^\t\n]*\t(?:[^\t\n,:]+,[^\t\n,:]+(?::[^\t\n,:]+,[^\t\n,:]+)*)?")

@@ -27,8 +27,8 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 
-from dlrm.data.atomic import write_atomically, writing
-from dlrm.data.errors import DatasetError
+from dlrm.engine.atomic import write_atomically, writing
+from dlrm.engine.errors import DatasetError
 
 CACHE_ENV = "DLRM_DATA_CACHE"
 DEFAULT_CACHE = os.path.join("~", ".cache", "dlrm", "datasets")

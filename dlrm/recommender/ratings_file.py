@@ -50,7 +50,7 @@ from typing import BinaryIO, Iterator, Sequence
 
 import numpy as np
 
-from dlrm.data.errors import DatasetError, finite_number
+from dlrm.engine.errors import DatasetError, finite_number
 from dlrm.recommender.csr_dataset import CsrRows
 from dlrm.recommender.dsstne_text import _BAD_NAME_CHARACTER, NameIndex, check_name
 

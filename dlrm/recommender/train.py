@@ -17,16 +17,17 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
-from dlrm.recommender.csr_dataset import CsrDataset
+from dlrm.engine import checkpoint_store as store
+from dlrm.engine.checkpoint_store import CheckpointLock
+from dlrm.engine.logger import RunLogger, format_eta
+from dlrm.engine.loop import LoopParts, LoopSettings, Meter, Window, run_loop
 from dlrm.recommender import checkpoint
 from dlrm.recommender.checkpoint import AutoencoderState
+from dlrm.recommender.csr_dataset import CsrDataset
 from dlrm.recommender.loss import batch_loss, kl_weight_at
 from dlrm.recommender.metrics import RankingMetrics
 from dlrm.recommender.model import SparseAutoencoder
 from dlrm.recommender.network import Optimizer
-from dlrm.training.checkpoint import CheckpointLock, check_can_save
-from dlrm.training.logger import RunLogger, format_eta
-from dlrm.training.loop import LoopParts, LoopSettings, Meter, Window, run_loop
 
 Csr = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
@@ -286,6 +287,6 @@ def train(model: SparseAutoencoder, optimizer: torch.optim.Optimizer, inputs: Cs
     saves = cfg.checkpoint_path and model.parallel.rank == 0
     with CheckpointLock(cfg.checkpoint_path) if saves else contextlib.nullcontext():
         if saves and len(inputs):
-            check_can_save(cfg.checkpoint_path, model)  # before the first step, not at the first save
+            store.check_can_save(cfg.checkpoint_path, store.state_bytes(model))  # before the first step, not at the first save
         model.train()
         return run_loop(run.parts(), cfg.loop, device, logger, model.parallel.collectives(device), should_stop)

@@ -19,10 +19,10 @@ from typing import Callable, Iterator, TextIO
 
 import numpy as np
 
-from dlrm.data.atomic import write_atomically
+from dlrm.engine.atomic import write_atomically
+from dlrm.engine.errors import DatasetError, finite_number
 from dlrm.recommender.csr_dataset import CsrRows, write_csr
 from dlrm.recommender.dsstne_text import NameIndex, check_utf8, write_text
-from dlrm.data.errors import DatasetError, finite_number
 
 MOVIELENS_HEADER = ("userId", "movieId", "rating", "timestamp")
 _INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)

@@ -18,7 +18,7 @@ What a user sees, whatever the script:
   ``<prefix()>error: <message>`` on one line of stderr; exit 2.
 - A missing optional dependency (``dlrm.extras``): one line naming the pip extra; exit 2.
 - An error class with an ``exit_code`` of its own is reported the same way with that code: a
-  training run whose loss turned non-finite (``dlrm.training.loop.NonFiniteLoss``) exits 3.
+  training run whose loss turned non-finite (``dlrm.engine.loop.NonFiniteLoss``) exits 3.
 - Anything else is a bug and keeps its traceback.
 
 Library messages name a setting in library terms, as `name` or `name=value` in backquotes (a
@@ -56,14 +56,14 @@ flags.disclaim_key_flags()
 # looked up in sys.modules when an exception arrives, and a script that never loads torch (which
 # the checkpoint module imports) does not pay for it here.
 DEFAULT_ERRORS: tuple[type[BaseException] | str, ...] = (
-    "dlrm.data.errors.DatasetError",
+    "dlrm.engine.errors.DatasetError",
     "dlrm.training.checkpoint.CheckpointError",
     "dlrm.distributed.planner.PlanError",
-    "dlrm.data.atomic.StorageError",
-    "dlrm.data.outputs.OutputError",
-    "dlrm.training.logger.LogOpenError",
+    "dlrm.engine.atomic.StorageError",
+    "dlrm.engine.outputs.OutputError",
+    "dlrm.engine.logger.LogOpenError",
     "dlrm.nn.cached_embedding.CacheTooSmallError",
-    "dlrm.training.loop.NonFiniteLoss",  # exit code 3 (its exit_code)
+    "dlrm.engine.loop.NonFiniteLoss",  # exit code 3 (its exit_code)
 )
 USAGE_ERROR_EXIT = 2
 
@@ -260,7 +260,7 @@ def dist_env() -> Any:
     --help and flag errors stay fast."""
     if "WORLD_SIZE" not in os.environ:
         return None
-    from dlrm.distributed.process_group import dist_env as _env
+    from dlrm.engine.process_group import dist_env as _env
 
     return _env()
 

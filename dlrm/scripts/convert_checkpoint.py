@@ -36,12 +36,12 @@ def main(argv: list[str]) -> int:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if FLAGS["nvidia_gpus"].present and FLAGS.to != "nvidia":
         raise app.UsageError("--nvidia_gpus applies to --to nvidia; drop it")
+    from dlrm.engine.checkpoint_store import claim_checkpoint_path
     from dlrm.training import nvidia_checkpoint
     from dlrm.training.checkpoint import FORMAT, TrainState, read_meta, save_checkpoint
-    from dlrm.training.checkpoint_store import claim_checkpoint_path
 
     inputs = {"checkpoint": FLAGS.checkpoint}
-    # Before any work (dlrm.data.outputs): never a foreign folder, a link, or the checkpoint read.
+    # Before any work (dlrm.engine.outputs): never a foreign folder, a link, or the checkpoint read.
     if FLAGS.to == "nvidia":
         nvidia_checkpoint.claim(FLAGS.output, inputs=inputs, replace=FLAGS.overwrite, setting="output")
     else:

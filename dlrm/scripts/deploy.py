@@ -82,7 +82,7 @@ def main(argv: list[str]) -> int:
     except ValueError as e:
         raise app.UsageError(cli.flag_terms(str(e), FLAGS)) from None
     check_batch_sizes = _ints(FLAGS.check_batch_sizes, "check_batch_sizes", positive=True)
-    # Before any work (dlrm.data.outputs): never a foreign folder, a link, the working directory or the checkpoint.
+    # Before any work (dlrm.engine.outputs): never a foreign folder, a link, the working directory or the checkpoint.
     claim_repository(FLAGS.model_repository, cfg.model_name, FLAGS.overwrite, inputs={"checkpoint": FLAGS.checkpoint},
                      settings=("model_repository", "model_name"))
     # a bad checkpoint raises CheckpointError: cli.run prints it as one line and exits 2

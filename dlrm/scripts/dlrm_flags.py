@@ -16,7 +16,7 @@ from absl import app, flags
 
 from dlrm.data.sources import SPLIT_BINARY_TYPES, SYNTHETIC_TYPES, DataConfig
 from dlrm.data.synthetic import MLPERF_DLRMV2_CARDINALITIES, MLPERF_MULTI_HOT_SIZES, ZIPF_EXPONENT
-from dlrm.distributed.collectives import GRADIENT_SYNC
+from dlrm.engine.collectives import GRADIENT_SYNC
 from dlrm.scripts import cli, nvidia_flags, serving_flags
 from dlrm.training.lr_schedule import LRSchedule
 from dlrm.training.optimizers import DENSE_OPTIMIZERS, EMBEDDING_OPTIMIZERS, OptimizerConfig

@@ -15,12 +15,12 @@ import os
 from absl import app, flags
 from absl import logging as absl_logging
 
-from dlrm.data.atomic import check_can_create
-from dlrm.data.outputs import OutputKind, claim_output, holds_only
+from dlrm.engine.atomic import check_can_create
+from dlrm.engine.outputs import OutputKind, claim_output, holds_only
 from dlrm.scripts import cli, serving_flags
 
 FORMATS = {"onnx": "model.onnx", "torchscript": "model.pt"}
-# What --output holds: the exported files and nothing else (dlrm.data.outputs).
+# What --output holds: the exported files and nothing else (dlrm.engine.outputs).
 EXPORT = OutputKind("model export", directory=True, recognise=lambda p: holds_only(p, list(FORMATS.values())))
 
 FLAGS = flags.FLAGS
@@ -56,7 +56,7 @@ def main(argv: list[str]) -> int:
         if FLAGS.opset > onnx.defs.onnx_opset_version():
             raise app.UsageError(f"--opset {FLAGS.opset}: the installed onnx writes opsets up to "
                                  f"{onnx.defs.onnx_opset_version()}")
-    # Before any work (dlrm.data.outputs): never a foreign folder, a link, the working directory or the checkpoint.
+    # Before any work (dlrm.engine.outputs): never a foreign folder, a link, the working directory or the checkpoint.
     claim_output(FLAGS.output, EXPORT, "output", inputs={"checkpoint": FLAGS.checkpoint}, replace=FLAGS.overwrite)
     from dlrm.inference.export import EXPORTED, build_inference_model, check_export, export_onnx, export_torchscript
 

@@ -18,11 +18,11 @@ import shutil
 
 from absl import app, flags
 
-from dlrm.data.atomic import StorageError, check_can_create, write_atomically
 from dlrm.data.csv_source import RANDOM_CSV, CsvSource, csv_targets, write_random_csv
-from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import SPEC_FILE_NAME
-from dlrm.data.outputs import OutputError, claim_output
+from dlrm.engine.atomic import StorageError, check_can_create, write_atomically
+from dlrm.engine.errors import DatasetError
+from dlrm.engine.outputs import OutputError, claim_output
 from dlrm.scripts import cli
 
 FLAGS = flags.FLAGS
@@ -39,7 +39,7 @@ def main(argv: list[str]) -> int:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     # a bad spec: DatasetError, whose message names the file, the feature and the fix (cli.run)
     source = CsvSource.from_yaml(FLAGS.feature_spec_in, base_directory=FLAGS.output)
-    # Before any work (dlrm.data.outputs): --output is new, empty or an earlier run's (with --overwrite),
+    # Before any work (dlrm.engine.outputs): --output is new, empty or an earlier run's (with --overwrite),
     # never the spec's folder nor the working directory; every file the spec names lies inside it.
     output = claim_output(FLAGS.output, RANDOM_CSV, "output", inputs={"feature_spec_in": source.path},
                           replace=FLAGS.overwrite)

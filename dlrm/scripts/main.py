@@ -21,18 +21,19 @@ from absl import app, flags
 
 from dlrm.data.sources import make_source
 from dlrm.distributed.planner import format_plan
-from dlrm.distributed.process_group import DistEnv, device_memory_bytes
 from dlrm.distributed.sizing import format_sizing, size_processes
+from dlrm.engine.devices import resolve_device
+from dlrm.engine.logger import RunLogger
+from dlrm.engine.process_group import DistEnv, device_memory_bytes
+from dlrm.engine.signals import StopOnSignals
 from dlrm.inference.benchmark import benchmark_inference, exported_forward, format_table
 from dlrm.scripts import cli, dlrm_flags, nvidia_flags, serving_flags
 from dlrm.scripts.dlrm_flags import check_args  # noqa: F401  (spark_train and the tests check flags through main)
-from dlrm.training.build import Run, build_run, model_config, resolve_device, start_processes, start_training
+from dlrm.training.build import Run, build_run, model_config, start_processes, start_training
 from dlrm.training.build import claim_outputs, host_cache_hit_rate, table_bytes, validate_sources
 from dlrm.training.checkpoint import CheckpointLock
 from dlrm.training.cuda_graphs import GraphedInference
-from dlrm.training.logger import RunLogger
 from dlrm.training.run_config import RunConfig
-from dlrm.training.signals import StopOnSignals
 from dlrm.training.train import evaluate, train
 
 FLAGS = flags.FLAGS

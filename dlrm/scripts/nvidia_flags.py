@@ -26,8 +26,8 @@ import os
 import torch
 from absl import app, flags
 
-from dlrm.data.errors import DatasetError
 from dlrm.data.sources import SYNTHETIC_TYPES, DataConfig, load_feature_spec
+from dlrm.engine.errors import DatasetError
 from dlrm.training.optimizers import OptimizerConfig
 
 FLAGS = flags.FLAGS

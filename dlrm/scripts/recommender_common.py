@@ -41,7 +41,7 @@ def define_device(amp_help: str, amp_dtypes: list[str], amp_dtype_help: str) -> 
 def device(name: str | None, env):
     """The torch device of --base_device ``name`` (None: cuda if available, else cpu), as
     dlrm.scripts.main's: under torchrun each process takes cuda:LOCAL_RANK."""
-    from dlrm.training.build import resolve_device
+    from dlrm.engine.devices import resolve_device
 
     try:
         return resolve_device(name, env)
@@ -55,7 +55,7 @@ def amp_dtype(amp: bool, dtype_name: str, device):
     bf16 autocast is slower than float32 (``dlrm.model.precision``): float32 there, said in one line."""
     import torch
 
-    from dlrm.model.precision import cpu_has_native_bf16
+    from dlrm.engine.devices import cpu_has_native_bf16
 
     if not amp:
         return None
@@ -90,7 +90,7 @@ def start_processes(env, device, timeout_s: float) -> None:
     """Under torchrun: joins the process group; on CUDA: selects the process's device."""
     import torch
 
-    from dlrm.distributed.process_group import init_process_group
+    from dlrm.engine.process_group import init_process_group
 
     if env is not None:
         init_process_group(env, device, timeout_s)

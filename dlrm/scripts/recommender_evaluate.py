@@ -31,7 +31,7 @@ import time
 
 from absl import app, flags
 
-from dlrm.data.outputs import OutputKind, claim_output
+from dlrm.engine.outputs import OutputKind, claim_output
 from dlrm.scripts import cli
 from dlrm.scripts import recommender_common as common
 
@@ -103,7 +103,7 @@ def _check_flags() -> tuple[list[int], list[str]]:
                              f"invertible")
     if not baselines and not FLAGS.load_checkpoint_path:
         raise app.UsageError("nothing to evaluate: give --load_checkpoint_path, or baselines with --baselines")
-    if FLAGS.output:  # before any work (dlrm.data.outputs; a read-only file system too)
+    if FLAGS.output:  # before any work (dlrm.engine.outputs; a read-only file system too)
         claim_output(FLAGS.output, METRICS, "output", replace=FLAGS.overwrite,
                      inputs={"input": FLAGS.input, "heldout": FLAGS.heldout,
                              "load_checkpoint_path": FLAGS.load_checkpoint_path})
@@ -218,7 +218,7 @@ def _main(argv: list[str], env) -> int:
     print(f"{len(inputs):,} users ({users:,} with held-out items), {inputs.n_features:,} items")
     print(_table(results, ks))
     if FLAGS.output:
-        from dlrm.data.atomic import write_text_atomically
+        from dlrm.engine.atomic import write_text_atomically
 
         report = {"input": os.path.abspath(FLAGS.input), "heldout": os.path.abspath(FLAGS.heldout),
                   "checkpoint": os.path.abspath(FLAGS.load_checkpoint_path) if FLAGS.load_checkpoint_path else None,

@@ -60,7 +60,7 @@ import tempfile
 
 from absl import app, flags
 
-from dlrm.data.outputs import OutputKind, claim_output, holds_only
+from dlrm.engine.outputs import OutputKind, claim_output, holds_only
 from dlrm.scripts import cli
 
 FLAGS = flags.FLAGS
@@ -141,7 +141,7 @@ def _is_generated(path: str) -> bool:
 
 def _is_index(path: str) -> bool:
     """Whether file ``path`` is an index of names (``name<TAB>index`` lines; empty counts)."""
-    from dlrm.data.errors import DatasetError
+    from dlrm.engine.errors import DatasetError
     from dlrm.recommender.dsstne_text import NameIndex
 
     try:
@@ -214,7 +214,7 @@ def _check_flags() -> None:
         parse_delimiter(FLAGS.delimiter)  # a DatasetError naming `delimiter`
     if FLAGS.dataset and os.path.exists(_data_cache()) and not os.path.isdir(_data_cache()):
         raise app.UsageError(f"--data_cache {_data_cache()} is a file; give a folder (it is created if missing)")
-    # Before any work (dlrm.data.outputs): --output is free, or what this script wrote and --overwrite
+    # Before any work (dlrm.engine.outputs): --output is free, or what this script wrote and --overwrite
     # given; a --features_index of its own is merged into, so it is continued, never a foreign file.
     inputs = {name: getattr(FLAGS, name) for name in ("text", "heldout_text", "movielens_ratings", "ratings",
                                                       "heldout_ratings")}
@@ -259,7 +259,7 @@ def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     _check_flags()
-    from dlrm.data.atomic import check_can_create, writing
+    from dlrm.engine.atomic import check_can_create, writing
 
     output = FLAGS.output
     index_path = FLAGS.features_index or os.path.join(output, FEATURES_INDEX)

@@ -35,7 +35,7 @@ import time
 
 from absl import app, flags
 
-from dlrm.data.outputs import OutputKind
+from dlrm.engine.outputs import OutputKind
 from dlrm.recommender.prediction_file import PREDICTIONS
 from dlrm.scripts import cli
 from dlrm.scripts import recommender_common as common
@@ -117,9 +117,9 @@ SCORES = OutputKind("scores file", directory=False, recognise=is_scores)
 
 
 def _claim_outputs() -> None:
-    """Before any work (dlrm.data.outputs): each output file is new, or this program's own of
+    """Before any work (dlrm.engine.outputs): each output file is new, or this program's own of
     its kind and --overwrite given; none is an input of the run or the other output."""
-    from dlrm.data.outputs import claim_output
+    from dlrm.engine.outputs import claim_output
 
     inputs = {"load_checkpoint_path": FLAGS.load_checkpoint_path, "input": FLAGS.input, "filter": FLAGS.filter,
               "features_index": FLAGS.features_index, "samples_index": FLAGS.samples_index}
@@ -144,7 +144,7 @@ def _main(argv: list[str], env) -> int:
     for flag, path in [("input", FLAGS.input)] + [("filter", p) for p in FLAGS.filter]:
         common.check_dataset_dir(flag, path)  # before torch loads: a mistyped path fails at once
     _claim_outputs()
-    from dlrm.data.atomic import check_can_create, check_free_space, write_atomically
+    from dlrm.engine.atomic import check_can_create, check_free_space, write_atomically
 
     if env is None or env.rank == 0:  # the first process writes: a read-only or missing file system fails now
         check_can_create(FLAGS.output, "the predictions")

@@ -192,6 +192,11 @@ def _main(argv: list[str], env) -> int:
     for flag in ("input", "output"):
         common.check_dataset_dir(flag, FLAGS[flag].value, _DATASET_HINT)
 
+    from dlrm.engine.checkpoint_store import latest_checkpoint
+    from dlrm.engine.checkpoint_store import claim_checkpoint_path
+    from dlrm.engine.logger import RunLogger
+    from dlrm.engine.outputs import LOG, TENSORBOARD, claim_output
+    from dlrm.engine.signals import StopOnSignals
     from dlrm.recommender import checkpoint
     from dlrm.recommender.item_parallel import ItemParallel
     from dlrm.recommender.model import SparseAutoencoder
@@ -199,11 +204,6 @@ def _main(argv: list[str], env) -> int:
     from dlrm.recommender.train import TrainConfig, check_datasets, make_optimizer, train
     from dlrm.recommender.validation import ValidationConfig, make_split
     from dlrm.recommender.validation import validate as validate_split
-    from dlrm.training.signals import StopOnSignals
-    from dlrm.data.outputs import LOG, TENSORBOARD, claim_output
-    from dlrm.training.checkpoint import latest_checkpoint
-    from dlrm.training.checkpoint_store import claim_checkpoint_path
-    from dlrm.training.logger import RunLogger
 
     device = common.device(FLAGS.base_device, env)
     amp_dtype = common.amp_dtype(FLAGS.amp, FLAGS.amp_dtype, device)
@@ -214,7 +214,7 @@ def _main(argv: list[str], env) -> int:
     if FLAGS.resume and FLAGS.overwrite:
         raise app.UsageError("--resume continues the checkpoint at --save_checkpoint_path and --overwrite starts over "
                              "in its place: pass one of them")
-    # Before any work, every path the run writes obeys the output rule (dlrm.data.outputs).
+    # Before any work, every path the run writes obeys the output rule (dlrm.engine.outputs).
     inputs = {"input": FLAGS.input, "output": FLAGS.output, "network": FLAGS.network}
     claim_checkpoint_path(path, checkpoint.META_FORMAT, inputs=inputs, replace=FLAGS.overwrite, keep=FLAGS.resume,
                           suffixes=("", ".best") if FLAGS.validation_users > 0 else ("",))
@@ -333,11 +333,11 @@ def _fit_linear(env) -> int:
 
     import torch
 
-    from dlrm.data.outputs import LOG, claim_output
+    from dlrm.engine.checkpoint_store import CheckpointLock, claim_checkpoint_path
+    from dlrm.engine.logger import RunLogger
+    from dlrm.engine.outputs import LOG, claim_output
     from dlrm.recommender import checkpoint, linear
     from dlrm.recommender.validation import ValidationConfig, make_split, validate_scores
-    from dlrm.training.checkpoint_store import CheckpointLock, claim_checkpoint_path
-    from dlrm.training.logger import RunLogger
 
     path = FLAGS.save_checkpoint_path
     inputs_named = {"input": FLAGS.input}

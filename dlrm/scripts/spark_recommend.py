@@ -117,12 +117,12 @@ def main(argv: list[str]) -> int:
                 if path:
                     FLAGS[flag].value = path
                     print(f"--{flag} {path} (beside --input)", flush=True)
-    from dlrm.data.outputs import claim_output
+    from dlrm.engine.outputs import claim_output
     from dlrm.recommender.prediction_file import PREDICTIONS
-    from dlrm.spark.score import PARQUET_OUTPUT
+    from dlrm.spark.job_io import PARQUET_OUTPUT
 
     output = FLAGS.output
-    if _local(output):  # the output rule (dlrm.data.outputs), before Spark starts; it also checks the file system
+    if _local(output):  # the output rule (dlrm.engine.outputs), before Spark starts; it also checks the file system
         local = [p.removeprefix("file:") if _local(p) else None for p in (FLAGS.text or [])]
         inputs = {"load_checkpoint_path": FLAGS.load_checkpoint_path, "input": FLAGS.input, "text": local,
                   "parquet": FLAGS.parquet.removeprefix("file:") if FLAGS.parquet and _local(FLAGS.parquet) else None,
@@ -148,12 +148,12 @@ def main(argv: list[str]) -> int:
 
 
 def _run(checkpoint: str) -> int:
-    from dlrm.data.errors import DatasetError
+    from dlrm.engine.checkpoint_store import CheckpointError
+    from dlrm.engine.errors import DatasetError
+    from dlrm.spark.job_io import task_error, write_parquet
     from dlrm.spark.launch import script_session
     from dlrm.spark.recommend import (read_csr_histories, read_text_histories, recommend, recommend_text,
                                       write_text)
-    from dlrm.spark.score import task_error, write_parquet
-    from dlrm.training.checkpoint import CheckpointError
 
     spark = script_session(FLAGS.spark_master, "local[*]")
     spark.sparkContext.setLogLevel("FATAL")  # a failed task is reported below, once and in one line

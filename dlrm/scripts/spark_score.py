@@ -17,14 +17,12 @@ import glob
 
 from absl import app, flags
 
-from dlrm.data.outputs import claim_output
+from dlrm.engine.outputs import claim_output
 
 from dlrm.scripts import cli
+from dlrm.spark.job_io import PARQUET_OUTPUT, read_raw_lines, task_error, write_parquet
 from dlrm.spark.launch import script_session
-from dlrm.spark.score import (
-    LABEL, OUTPUT, PARQUET_OUTPUT, model_inputs, model_maps_any_id, prepare_raw_rows, read_dataset, read_raw_lines, score,
-    task_error, write_parquet,
-)
+from dlrm.spark.score import LABEL, OUTPUT, model_inputs, model_maps_any_id, prepare_raw_rows, read_dataset, score
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", None, "The ONNX model (python -m dlrm.scripts.export --format onnx).")

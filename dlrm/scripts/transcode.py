@@ -25,11 +25,11 @@ import os
 
 from absl import app, flags
 
-from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import SPEC_FILE_NAME
 from dlrm.data.numerical_rounding import DEFAULT_ROUNDING, ROUNDINGS
-from dlrm.data.outputs import claim_output
 from dlrm.data.split_binary_writer import SPLIT_BINARY_DATASET
+from dlrm.engine.errors import DatasetError
+from dlrm.engine.outputs import claim_output
 from dlrm.scripts import cli
 
 FLAGS = flags.FLAGS
@@ -91,7 +91,7 @@ def _from_csv_source() -> int:
 
 def _claim_output(inputs: dict, splits: list[str]) -> None:
     """Before any work: --output is free, or this program's dataset and --overwrite given
-    (dlrm.data.outputs); --feature_spec_out names a file in it, beside the split folders."""
+    (dlrm.engine.outputs); --feature_spec_out names a file in it, beside the split folders."""
     name = FLAGS.feature_spec_out
     if name in ("", ".", "..") or "/" in name or os.sep in name:
         raise app.UsageError(f"--feature_spec_out {name!r} must be a file name: the spec is written in --output")

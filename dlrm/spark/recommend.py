@@ -49,9 +49,9 @@ from typing import Any
 
 import numpy as np
 
-from dlrm.data.errors import DatasetError
+from dlrm.engine.errors import DatasetError
 from dlrm.recommender.topk import DEFAULT_SCORE_FORMAT, check_score_format
-from dlrm.spark.score import FILE_COLUMN, SPLIT_START_COLUMN, line_of, read_raw_lines
+from dlrm.spark.job_io import FILE_COLUMN, SPLIT_START_COLUMN, line_of, read_raw_lines
 
 USER, ITEMS, WEIGHTS = "user", "items", "weights"
 RECOMMENDATIONS = "recommendations"
@@ -80,8 +80,8 @@ def open_recommender(checkpoint: str, best: bool = True, features_index: str | N
     """The checkpoint predict would use for ``checkpoint`` (its best validation's, ``PATH.best``,
     unless ``best`` is False: ``recommender.checkpoint.model_path``), checked, and the item names
     of ``features_index`` (without one, items are their column numbers, as in predict)."""
-    from dlrm.recommender.dsstne_text import NameIndex
     from dlrm.recommender import checkpoint as ckpt
+    from dlrm.recommender.dsstne_text import NameIndex
 
     path = ckpt.model_path(checkpoint, best)
     n_input, n_output = ckpt.sizes_of(path)  # a missing or damaged checkpoint: CheckpointError, here on the driver
@@ -261,7 +261,7 @@ def write_text(lines: Any, path: str) -> int:
     file system), in order, written under a temporary name and renamed when complete, as
     ``recommender_predict`` writes its output: a failure leaves ``path`` as it was. The lines pass
     through the driver one partition at a time. Returns the number of lines."""
-    from dlrm.data.atomic import write_atomically
+    from dlrm.engine.atomic import write_atomically
 
     count = 0
 

@@ -2,7 +2,7 @@
 
 What ``dlrm.scripts.main`` does between its flags and the loop, for Python users and tests:
 
-    device = resolve_device(cfg.base_device)
+    device = resolve_device(cfg.base_device)  # dlrm.engine.devices
     run = build_run(cfg, device, collectives=start_processes(cfg, None, device))
     optimizer, scaler, state = start_training(run)  # state: what --resume continues, else None
     summary = train(run.model, optimizer, scaler, run.precision, run.source("train", cfg.batch_size),
@@ -22,46 +22,27 @@ from typing import Any, Callable
 
 import torch
 
-from dlrm.data.errors import DatasetError
 from dlrm.data.feature_spec import FeatureSpec
 from dlrm.data.sources import load_feature_spec, make_rank_source, make_source, table_sizes
-from dlrm.distributed.collectives import Collectives, process_group_collectives
 from dlrm.distributed.parallelize import parallelize
 from dlrm.distributed.planner import Plan, format_plan, load_placement, plan_tables
-from dlrm.distributed.process_group import DistEnv, device_memory_bytes, init_process_group
+from dlrm.engine.checkpoint_store import claim_checkpoint_path
+from dlrm.engine.collectives import Collectives, process_group_collectives
+from dlrm.engine.errors import DatasetError
+from dlrm.engine.logger import RunLogger, check_log_form, log_kind
+from dlrm.engine.outputs import TENSORBOARD, check_not_input, claim_output
+from dlrm.engine.process_group import DistEnv, device_memory_bytes, init_process_group
 from dlrm.model.dlrm import DLRM, EMBEDDING_DTYPES, DLRMConfig
 from dlrm.model.precision import Precision
 from dlrm.nn.cached_embedding import CachedEmbedding
 from dlrm.nn.embeddings import TableShard
-from dlrm.data.outputs import TENSORBOARD, check_not_input, claim_output
 from dlrm.training import nvidia_checkpoint
 from dlrm.training.checkpoint import FORMAT, TrainState, latest_checkpoint, load_checkpoint
-from dlrm.training.checkpoint_store import claim_checkpoint_path
 from dlrm.training.cuda_graphs import check_cuda_graphs_supported
-from dlrm.training.logger import RunLogger, check_log_form, log_kind
 from dlrm.training.optimizers import make_optimizer
 from dlrm.training.run_config import RunConfig
 
 EXCHANGE_DTYPES = {"auto": None, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-def resolve_device(name: str | None, env: DistEnv | None = None) -> torch.device:
-    """``base_device`` as a torch device with an index: None is cuda if available, else cpu; under
-    a launcher (``env``) each process takes cuda:LOCAL_RANK."""
-    name = name or ("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"`base_device` {name}: not a device; use cuda, cuda:N or cpu") from None
-    if device.type not in ("cuda", "cpu"):
-        raise ValueError(f"`base_device` {name}: this program runs on cuda or cpu")
-    if env is not None and device.type == "cuda":
-        device = torch.device("cuda", env.local_rank)  # one GPU per process
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"`base_device` {name}: CUDA is not available on this machine; use `base_device=cpu`")
-    if device.type == "cuda" and device.index is None:  # torch.cuda.set_device needs an index
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
 
 
 def start_processes(cfg: RunConfig, env: DistEnv | None, device: torch.device) -> Collectives:
@@ -209,7 +190,7 @@ def build_run(cfg: RunConfig, device: torch.device, env: DistEnv | None = None,
 def claim_outputs(cfg: RunConfig, log_path: str | None, tensorboard_dir: str | None,
                   log_format: str = "json") -> None:
     """Before anything runs, every path the run writes obeys the output rule
-    (``dlrm.data.outputs``): the checkpoint at ``save_checkpoint_path`` (refused when another
+    (``dlrm.engine.outputs``): the checkpoint at ``save_checkpoint_path`` (refused when another
     checkpoint is there, unless `resume` continues it or `overwrite` replaces it), the log it
     appends to, the TensorBoard folder; none is the dataset or a checkpoint it loads."""
     load_path = cfg.checkpoint.load_checkpoint_path

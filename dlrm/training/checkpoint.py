@@ -1,6 +1,6 @@
 """DLRM's checkpoint format: what a DLRM run saves, and the checks that a checkpoint fits the
 model it is loaded into. Files, checksums, staging, the lock and row blocks are the checkpoint
-store's (``dlrm.training.checkpoint_store``). NVIDIA's layout is read and written by
+store's (``dlrm.engine.checkpoint_store``). NVIDIA's layout is read and written by
 ``dlrm.training.nvidia_checkpoint``; ``load_checkpoint`` and ``model_config_of`` take either.
 
 Layout (independent of the embedding storage and of how tables are placed on devices):
@@ -32,12 +32,12 @@ from typing import Any
 
 import torch
 
-from dlrm.distributed.collectives import Collectives
-from dlrm.training import checkpoint_store as store
-from dlrm.training import nvidia_checkpoint
-from dlrm.training.checkpoint_store import (  # noqa: F401 (imported from here by the DLRM code)
+from dlrm.engine import checkpoint_store as store
+from dlrm.engine.checkpoint_store import (  # noqa: F401 (imported from here by the DLRM code)
     CheckpointError, CheckpointLock, file_crc32, host_copy, latest_checkpoint, state_bytes,
 )
+from dlrm.engine.collectives import Collectives
+from dlrm.training import nvidia_checkpoint
 
 FORMAT_VERSION = 1
 FORMAT = store.Format("checkpoint", ("format_version", FORMAT_VERSION),

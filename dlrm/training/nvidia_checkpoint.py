@@ -47,13 +47,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from dlrm.data.atomic import fsync_dir, writing
-from dlrm.data.outputs import OutputError, OutputKind, claim_output, first_foreign, holds_only
-from dlrm.distributed.collectives import Collectives
+from dlrm.engine.atomic import fsync_dir, writing
+from dlrm.engine.checkpoint_store import (LOCK, CheckpointError, check_checkpoint_path, commit_directory,
+                                            save_tensor_file)
+from dlrm.engine.collectives import Collectives
+from dlrm.engine.outputs import OutputError, OutputKind, claim_output, first_foreign, holds_only
 from dlrm.kernels.dot_interaction import padded_width
 from dlrm.model.dlrm import DLRMConfig
-from dlrm.training.checkpoint_store import (LOCK, CheckpointError, check_checkpoint_path, commit_directory,
-                                            save_tensor_file)
 
 METADATA = "metadata.pt"
 BOTTOM_MLP = "bottom_model.mlp.pt"
@@ -412,7 +412,7 @@ def check_can_write(cfg: DLRMConfig) -> None:
 
 def claim(path: str, inputs: dict[str, Any] | None = None, replace: bool = False,
           setting: str = "save_checkpoint_path") -> str:
-    """``path`` may receive an NVIDIA-layout checkpoint (``dlrm.data.outputs``): absent, empty,
+    """``path`` may receive an NVIDIA-layout checkpoint (``dlrm.engine.outputs``): absent, empty,
     or (with ``replace``) one such checkpoint; what goes beside it holds nothing of the user's."""
     return claim_output(path, KIND, setting, inputs=inputs, replace=replace,
                         siblings={".tmp": STAGING, ".old": KIND, ".lock": LOCK})

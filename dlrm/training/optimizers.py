@@ -370,7 +370,7 @@ def make_optimizer(model: torch.nn.Module, lr: float, config: OptimizerConfig = 
                                      initial_accumulator_value=config.initial_accumulator_value,
                                      stochastic_rounding=config.stochastic_rounding)
     return CombinedOptimizer(
-        _dense_optimizer(config.dense_optimizer, model.dense_parameters(), lr, config),
+        _dense_optimizer(config.dense_optimizer, model.replicated_parameters(), lr, config),
         _embedding_optimizer(config.embedding, embedding_params, lr, config),
         config,
         fused_state,

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, field
 
 from dlrm.data.sources import SPLIT_BINARY_TYPES, SYNTHETIC_TYPES, DataConfig
-from dlrm.distributed.collectives import GRADIENT_SYNC
+from dlrm.engine.collectives import GRADIENT_SYNC
 from dlrm.model.dlrm import EMBEDDING_DTYPES
 from dlrm.training.lr_schedule import LRSchedule
 from dlrm.training.optimizers import OptimizerConfig
@@ -97,7 +97,7 @@ class CheckpointConfig:
     ``resume``: continue a run exactly, from the save path when it holds a checkpoint, else from
     ``load_checkpoint_path``; without it ``load_checkpoint_path`` gives weights only (NVIDIA's).
     ``overwrite``: start afresh and replace the checkpoint at the save path; without ``resume`` or
-    it, a checkpoint already there is refused (``dlrm.data.outputs``)."""
+    it, a checkpoint already there is refused (``dlrm.engine.outputs``)."""
 
     load_checkpoint_path: str | None = None
     resume: bool = False

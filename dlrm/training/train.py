@@ -2,7 +2,7 @@
 
 A reader follows a step here top to bottom: ``train_step`` is the whole update, ``evaluate`` the
 whole test pass, and ``train`` hands them to the run loop both products share
-(``dlrm.training.loop``: printing, testing, checkpointing, stopping) as DLRM's loop parts.
+(``dlrm.engine.loop``: printing, testing, checkpointing, stopping) as DLRM's loop parts.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ import torch.nn.functional as F
 from dlrm.data.batch import Batch
 from dlrm.data.loader import PrefetchLoader, remaining_batches
 from dlrm.data.metrics import roc_auc
-from dlrm.distributed.collectives import Collectives
+from dlrm.engine.collectives import Collectives
+from dlrm.engine.logger import RunLogger, format_eta
+from dlrm.engine.loop import LoopParts, LoopSettings, Meter, Window, run_loop, synchronize
 from dlrm.model.precision import Precision
 from dlrm.training import nvidia_checkpoint
 from dlrm.training.checkpoint import CheckpointError, TrainState, check_can_save, save_checkpoint
 from dlrm.training.cuda_graphs import GraphedInference, GraphedTrainStep, check_cuda_graphs_supported
 from dlrm.training.grad_scaler import DeviceScalerState
-from dlrm.training.logger import RunLogger, format_eta
-from dlrm.training.loop import LoopParts, LoopSettings, Meter, Window, run_loop, synchronize
 from dlrm.training.lr_schedule import LRSchedule
 from dlrm.training.optimizers import device_dense_step_
 

@@ -21,7 +21,8 @@ for bit, and neither is faster: median step 433.8 ms (DDP, 25 MiB) vs 431.0 ms (
 444.9 vs 433.6 ms at 1 MiB, 435.8 ms after the backward. DDP would have to wrap the bottom and top
 MLPs (two reducers, ``module.``-prefixed state dicts that checkpoints and optimizers then see, and
 the sparse, model-parallel embeddings kept out by hand); these 200 lines hook the parameters the
-model already names as dense (``dense_parameters()``) and leave the modules as they are.
+model names as replicated (``replicated_parameters()``, ``dlrm.engine.model_contract``) and
+leave the modules as they are.
 
 Every process must issue the same collectives in the same order, or they pair up wrongly and
 hang. The rules that make sure of it, and what they give:

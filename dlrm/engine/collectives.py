@@ -17,8 +17,9 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
-from dlrm.distributed.all_to_all import all_to_all
-from dlrm.distributed.gradient_buckets import GradientBuckets
+from dlrm.engine.all_to_all import all_to_all
+from dlrm.engine.gradient_buckets import GradientBuckets
+from dlrm.engine.model_contract import ParallelModel
 
 GRADIENT_SYNC = ("after_backward", "overlap")
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb
@@ -53,7 +54,7 @@ class Collectives:
         """Every process's ``obj`` (picklable), in rank order, on every process."""
         return [obj]
 
-    def sync_gradients(self, model: torch.nn.Module) -> None:
+    def sync_gradients(self, model: ParallelModel) -> None:
         """Makes every process hold the gradient of the global-batch loss for replicated weights."""
 
     def sync_parameter_gradients(self, params: Iterable[torch.nn.Parameter]) -> None:
@@ -106,10 +107,10 @@ class ProcessGroupCollectives(Collectives):
         dist.all_gather_object(parts, obj, group=self.group)
         return parts
 
-    def sync_gradients(self, model: torch.nn.Module) -> None:
+    def sync_gradients(self, model: ParallelModel) -> None:
         """Sums the replicated weights' gradients in one all-reduce (the loss is already divided
         by the global batch, so the sum is the global-batch gradient)."""
-        self.sync_parameter_gradients(model.dense_parameters())
+        self.sync_parameter_gradients(model.replicated_parameters())
 
     def sync_parameter_gradients(self, params: Iterable[torch.nn.Parameter]) -> None:
         grads = [p.grad for p in params if p.grad is not None]
@@ -126,7 +127,7 @@ class ProcessGroupCollectives(Collectives):
 class OverlappedCollectives(ProcessGroupCollectives):
     """``ProcessGroupCollectives`` whose ``sync_gradients`` overlaps the backward: hooks on the
     dense parameters all-reduce their gradients in buckets of at most ``bucket_bytes`` as soon as
-    a bucket's gradients are ready (``dlrm.distributed.gradient_buckets``), and
+    a bucket's gradients are ready (``dlrm.engine.gradient_buckets``), and
     ``sync_gradients(model)``, still the one call after the backward, only starts what is left,
     waits and copies the sums back. The result is the same sum as the after-backward one.
 
@@ -152,11 +153,11 @@ class OverlappedCollectives(ProcessGroupCollectives):
         self.bucket_bytes = bucket_bytes
         ranks = None if group is None else dist.get_process_group_ranks(group)
         self.gradient_group = dist.new_group(ranks=ranks, backend=dist.get_backend(self.process_group))
-        self._buckets: weakref.WeakKeyDictionary[torch.nn.Module, GradientBuckets] = weakref.WeakKeyDictionary()
+        self._buckets: weakref.WeakKeyDictionary[ParallelModel, GradientBuckets] = weakref.WeakKeyDictionary()
 
-    def attach(self, model: torch.nn.Module) -> GradientBuckets:
-        """Registers the hooks on ``model.dense_parameters()`` (again if they changed since)."""
-        params = model.dense_parameters()
+    def attach(self, model: ParallelModel) -> GradientBuckets:
+        """Registers the hooks on ``model.replicated_parameters()`` (again if they changed since)."""
+        params = model.replicated_parameters()
         buckets = self._buckets.get(model)
         if buckets is not None and buckets.matches(params):
             return buckets
@@ -165,20 +166,20 @@ class OverlappedCollectives(ProcessGroupCollectives):
         buckets = self._buckets[model] = GradientBuckets(params, self.bucket_bytes, self.gradient_group)
         return buckets
 
-    def detach(self, model: torch.nn.Module) -> None:
+    def detach(self, model: ParallelModel) -> None:
         """Removes the hooks (dropping any sums started); the next ``sync_gradients`` re-attaches."""
         buckets = self._buckets.pop(model, None)
         if buckets is not None:
             buckets.remove()
 
     @contextlib.contextmanager
-    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
+    def no_sync(self, model: ParallelModel) -> Iterator[None]:
         """Backwards inside start no all-reduce; their gradients are summed, as accumulated in
         ``p.grad``, by the next ``sync_gradients``."""
         with self.attach(model).paused():
             yield
 
-    def sync_gradients(self, model: torch.nn.Module) -> None:
+    def sync_gradients(self, model: ParallelModel) -> None:
         """Finishes the bucketed sum of the replicated weights' gradients that the backward began."""
         self.attach(model).synchronize()
 

@@ -26,7 +26,7 @@ import tempfile
 import uuid
 from typing import Callable, Iterator, Mapping
 
-from dlrm.data.outputs import OutputKind, claim_output
+from dlrm.engine.outputs import OutputKind, claim_output
 
 # The file system's refusals a writer meets: the cause in words, and what to do about it.
 _FAULTS: dict[int, tuple[str, str]] = {
@@ -280,7 +280,7 @@ def write_text_atomically(path: str | os.PathLike, text: str, what: str = "") ->
 
 def check_writable_dir(path: str | os.PathLike, kind: OutputKind, setting: str, overwrite: bool, what: str = "",
                        inputs: Mapping[str, object] | None = None) -> str:
-    """``path`` may become a directory output of ``kind``, as ``dlrm.data.outputs.claim_output``
+    """``path`` may become a directory output of ``kind``, as ``dlrm.engine.outputs.claim_output``
     rules (absent, empty, or this program's own earlier ``kind`` with ``overwrite``; never a
     foreign folder, a link, the working directory or one of ``inputs``), and the file system
     takes it: a staging directory can be created beside it, and an existing ``path`` takes new

@@ -170,7 +170,7 @@ def claim_output(path: PathLike, kind: OutputKind, setting: str, *,
         _check_existing(absolute.rstrip(os.sep) + suffix, sibling_kind, setting, raw, True, True,
                         replace_setting, keep_setting)
     _check_existing(absolute, kind, setting, raw, replace, keep, replace_setting, keep_setting)
-    from dlrm.data.atomic import check_can_create  # here: atomic's directory helpers use this module
+    from dlrm.engine.atomic import check_can_create  # here: atomic's directory helpers use this module
 
     check_can_create(absolute, f"the {kind.name}")  # a read-only or full file system: now, not after the work
     return absolute

@@ -27,10 +27,10 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 import torch
 
-from dlrm.data.atomic import StorageError
-from dlrm.data.errors import DatasetError
-from dlrm.distributed.collectives import Collectives
-from dlrm.training.logger import RunLogger
+from dlrm.engine.atomic import StorageError
+from dlrm.engine.collectives import Collectives
+from dlrm.engine.errors import DatasetError
+from dlrm.engine.logger import RunLogger
 
 
 def synchronize(device: torch.device) -> None:

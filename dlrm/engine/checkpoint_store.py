@@ -36,13 +36,14 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO
 
 import torch
 
-from dlrm.data.atomic import check_can_create, check_free_space, fsync_dir, writing
-from dlrm.data.outputs import OutputError, OutputKind, claim_output, holds_only
-from dlrm.distributed.collectives import Collectives
+from dlrm.engine.atomic import check_can_create, check_free_space, fsync_dir, writing
+from dlrm.engine.collectives import Collectives
+from dlrm.engine.model_contract import ParallelModel
+from dlrm.engine.outputs import OutputError, OutputKind, claim_output, holds_only
 
 META = "meta.json"
 CHECKPOINT = "the checkpoint"  # what a StorageError says could not be written
@@ -142,7 +143,7 @@ LOCK = OutputKind("checkpoint lock file", directory=False, recognise=_is_lock_fi
 def claim_checkpoint_path(path: str, fmt: "Format", setting: str = "save_checkpoint_path", *,
                           inputs: Mapping[str, Any] | None = None, replace: bool = False, keep: bool = False,
                           keep_setting: str | None = "resume", suffixes: Iterable[str] = ("",)) -> str:
-    """Before a run trains: ``path`` may receive its checkpoints (``dlrm.data.outputs``): absent,
+    """Before a run trains: ``path`` may receive its checkpoints (``dlrm.engine.outputs``): absent,
     empty, or a checkpoint of ``fmt`` which the run continues (``keep``) or replaces
     (``replace``); the names the store puts beside it (``.tmp``, ``.old``, ``.lock``) hold nothing
     of the user's; it is none of ``inputs``. ``suffixes``: the checkpoint directories the run
@@ -155,7 +156,7 @@ def claim_checkpoint_path(path: str, fmt: "Format", setting: str = "save_checkpo
     return os.path.abspath(path)
 
 
-def state_bytes(module: torch.nn.Module) -> int:
+def state_bytes(module: ParallelModel) -> int:
     """Bytes of this process's weights: the least a checkpoint of them takes on disk."""
     return sum(t.numel() * t.element_size() for t in module.state_dict().values())
 
@@ -405,7 +406,7 @@ class Format:
 
     @property
     def kind(self) -> OutputKind:
-        """This format as an output of the output rule (``dlrm.data.outputs``)."""
+        """This format as an output of the output rule (``dlrm.engine.outputs``)."""
         return OutputKind(self.name, directory=True, recognise=self.recognise)
 
     def read_meta(self, path: str) -> dict[str, Any]:

@@ -26,8 +26,8 @@ import threading
 import time
 from typing import Any, TextIO
 
-from dlrm.data.atomic import StorageError, describe
-from dlrm.data.outputs import LOG, OutputError, OutputKind, is_json_lines_log
+from dlrm.engine.atomic import StorageError, describe
+from dlrm.engine.outputs import LOG, OutputError, OutputKind, is_json_lines_log
 
 # Record fields that place a value on the curve rather than being one.
 _NOT_SCALARS = frozenset({"step", "epoch", "time"})
@@ -174,7 +174,7 @@ DLLOGGER_LOG = OutputKind("run log in DLLogger's form", directory=False,
 
 
 def log_kind(log_format: str) -> OutputKind:
-    """The output kind (``dlrm.data.outputs``) of a log file of ``log_format``: a log is appended
+    """The output kind (``dlrm.engine.outputs``) of a log file of ``log_format``: a log is appended
     to only by a run that writes the same form (``check_log_form``)."""
     return DLLOGGER_LOG if log_format == "dllogger" else LOG
 
