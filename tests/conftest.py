@@ -1,4 +1,5 @@
 import hashlib
+import json
 import os
 import pathlib
 import subprocess
@@ -14,6 +15,12 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def log_records(path: str, kind: str) -> list[dict]:
+    """The records of type ``kind`` in a run's JSON-lines log (``--log_path``), in order."""
+    with open(path, encoding="utf-8") as f:
+        return [r for r in map(json.loads, f) if r["type"] == kind]
 
 
 def run_cli(module: str, *args: str, timeout: float = 300, check: bool = True,

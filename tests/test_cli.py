@@ -1,6 +1,5 @@
 """The main entry point run as a user runs it: one subprocess per mode."""
 
-import json
 import os
 
 import numpy as np
@@ -15,16 +14,12 @@ from dlrm.data.split_binary_writer import SplitBinaryWriter
 from dlrm.data.synthetic import write_synthetic_dataset
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.training.checkpoint import load_checkpoint
-from conftest import logged_scalars, tensorboard_scalars
+from conftest import log_records, logged_scalars, tensorboard_scalars
 
 TABLES = [30, 300, 4, 1000, 70]
 SMALL_MODEL = ["--embedding_dim", "8", "--bottom_mlp_sizes", "16,8", "--top_mlp_sizes", "32,16,1"]
 FAST = ["--base_device", "cpu", "--lr", "0.5", "--warmup_steps", "10", "--decay_start_step", "0",
         "--decay_steps", "0", "--print_freq", "20"]
-
-
-def records(path, kind):
-    return [r for r in map(json.loads, open(path)) if r["type"] == kind]
 
 
 @pytest.fixture(scope="module")
@@ -54,12 +49,12 @@ def test_train_then_test_then_benchmark(cli, dataset, tmp_path):
               "--epochs", "2", "--shuffle_batch_order", "--save_checkpoint_path", ckpt, "--log_path", log,
               "--tensorboard_dir", board, *SMALL_MODEL, *FAST).stdout
     assert "Epoch:[0/2] [20/79]" in out and "eta:" in out and "step_time:" in out
-    (flags_record,) = records(log, "flags")
+    (flags_record,) = log_records(log, "flags")
     assert flags_record["dataset"] == dataset and flags_record["batch_size"] == 256
     assert "verbosity" not in flags_record  # only the program's own flags
-    (summary,) = records(log, "summary")
+    (summary,) = log_records(log, "summary")
     assert summary["steps"] == 158 and summary["best_auc"] > 0.65
-    assert [e["step"] for e in records(log, "eval")] == [79, 158]  # once per epoch by default
+    assert [e["step"] for e in log_records(log, "eval")] == [79, 158]  # once per epoch by default
     scalars = tensorboard_scalars(board)  # --tensorboard_dir: the log's curves, read back by TensorBoard
     assert {"train/loss", "train/lr", "eval/auc", "eval/loss"} <= set(scalars)
     for tag, points in logged_scalars(log, ("train", "eval")).items():
@@ -70,7 +65,7 @@ def test_train_then_test_then_benchmark(cli, dataset, tmp_path):
     test_log = str(tmp_path / "test.json")
     cli("dlrm.scripts.main", "--mode", "test", "--dataset", dataset, "--load_checkpoint_path", ckpt,
         "--test_batch_size", "999", "--log_path", test_log, *SMALL_MODEL, "--base_device", "cpu")
-    (test_summary,) = records(test_log, "summary")
+    (test_summary,) = log_records(test_log, "summary")
     spec = FeatureSpec.from_yaml(os.path.join(dataset, "feature_spec.yaml"))
     model = DLRM(DLRMConfig(4, TABLES, 8, [16, 8], [32, 16, 1]))
     load_checkpoint(ckpt, model)
@@ -80,7 +75,7 @@ def test_train_then_test_then_benchmark(cli, dataset, tmp_path):
         scores = model(batch.numerical, batch.categorical).numpy()
     assert test_summary["samples"] == 5000
     assert test_summary["auc"] == pytest.approx(roc_auc_score(batch.label.numpy(), scores), abs=1e-6)
-    assert test_summary["auc"] == pytest.approx(records(log, "eval")[-1]["auc"], abs=1e-6)
+    assert test_summary["auc"] == pytest.approx(log_records(log, "eval")[-1]["auc"], abs=1e-6)
 
     # --mode inference_benchmark on the trained checkpoint
     bench_log = str(tmp_path / "bench.json")
@@ -88,7 +83,7 @@ def test_train_then_test_then_benchmark(cli, dataset, tmp_path):
               "--load_checkpoint_path", ckpt, "--inference_benchmark_batch_sizes", "1,64,512",
               "--inference_benchmark_steps", "30", "--log_path", bench_log, *SMALL_MODEL, "--base_device", "cpu").stdout
     assert "p99 ms" in out and "none (cpu)" in out
-    rows = records(bench_log, "inference_benchmark")
+    rows = log_records(bench_log, "inference_benchmark")
     assert [r["batch_size"] for r in rows] == [1, 64, 512]
     for r in rows:
         assert 0 < r["p50_ms"] <= r["p90_ms"] <= r["p99_ms"]
@@ -106,7 +101,7 @@ def test_synthetic_default_with_amp_and_resume(cli, tmp_path):
 
     expected = "precision bfloat16" if cpu_has_native_bf16() else "precision float32"  # --amp: bf16 where it is fast
     assert expected in out and "Resuming from" in out and "at step 12" in out
-    summaries = records(log, "summary")
+    summaries = log_records(log, "summary")
     assert [s["steps"] for s in summaries] == [12, 32]
 
 
@@ -121,14 +116,14 @@ def test_fused_kernels_train_and_their_checkpoint_loads_into_the_plain_model(cli
     cli("dlrm.scripts.main", *common, "--max_steps", "39", "--embedding_type", "joint_fused",
         "--interaction_op", "cuda_dot", "--save_checkpoint_path", ckpt, "--log_path", fused_log)
     cli("dlrm.scripts.main", *common, "--max_steps", "39", "--log_path", plain_log)
-    (fused,), (plain,) = records(fused_log, "summary"), records(plain_log, "summary")
+    (fused,), (plain,) = log_records(fused_log, "summary"), log_records(plain_log, "summary")
     assert fused["steps"] == plain["steps"] == 39
     assert plain["best_auc"] > 0.6
     assert fused["best_auc"] == pytest.approx(plain["best_auc"], abs=0.01)  # bf16 rounding differs, not learning
     out = cli("dlrm.scripts.main", *common, "--epochs", "2", "--max_steps", "45", "--embedding_type", "joint", "--interaction_op",
               "dot", "--resume", "--load_checkpoint_path", ckpt, "--log_path", fused_log).stdout
     assert "at step 39" in out
-    assert records(fused_log, "summary")[-1]["steps"] == 45
+    assert log_records(fused_log, "summary")[-1]["steps"] == 45
 
 
 @pytest.mark.parametrize(

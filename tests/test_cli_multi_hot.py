@@ -13,6 +13,7 @@ from dlrm.data.sources import DataConfig, load_feature_spec, make_source, table_
 from dlrm.data.split_binary import SplitBinaryReader
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.training.checkpoint import load_checkpoint
+from conftest import log_records
 
 # MLPerf Training DLRM-DCNv2 (torchrec_dlrm's multi_hot_sizes and num_embeddings_per_feature),
 # written out again here rather than imported, so a typo in the library's copy shows.
@@ -20,10 +21,6 @@ MLPERF_SIZES = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100
 MLPERF_ROWS = [40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10, 2209,
                11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36]
 FAST = ["--base_device", "cpu", "--print_freq", "50", "--warmup_steps", "0", "--decay_steps", "0"]
-
-
-def records(path, kind):
-    return [r for r in map(json.loads, open(path)) if r["type"] == kind]
 
 
 def test_prepare_mlperf_dlrmv2_writes_its_bag_sizes_and_capped_tables(cli, tmp_path):
@@ -53,11 +50,11 @@ def test_mlperf_preset_builds_its_shape_prints_the_plan_and_trains_on_cpu(cli, t
               "--batch_size", "256", "--test_batch_size", "1024", "--max_steps", "6", "--log_path", log,
               "--save_checkpoint_path", ckpt, *FAST).stdout
     assert "Embedding placement: 26 tables on 1 rank" in out
-    flags = records(log, "flags")[0]
+    flags = log_records(log, "flags")[0]
     assert flags["interaction_op"] == "dcn" and flags["dcn_num_layers"] == 3 and flags["dcn_low_rank_dim"] == 64
     assert flags["optimizer"] == "rowwise_adagrad" and flags["dense_optimizer"] == "adagrad" and flags["lr"] == 0.005
     assert flags["synthetic_multi_hot_sizes"] == ["mlperf"]
-    assert records(log, "summary")[-1]["steps"] == 6
+    assert log_records(log, "summary")[-1]["steps"] == 6
     model = DLRM(json_config(ckpt))
     load_checkpoint(ckpt, model)
     assert model.config.embedding_dim == 128 and model.config.bottom_mlp_sizes == [512, 256, 128]
@@ -91,7 +88,7 @@ def test_multi_hot_synthetic_data_is_learned(cli, tmp_path, pooling):
         "--embedding_dim", "16", "--bottom_mlp_sizes", "32,16", "--top_mlp_sizes", "64,32,1",
         "--optimizer", "rowwise_adagrad", "--lr", "0.05", "--max_steps", "300", "--log_path", log,
         "--save_checkpoint_path", ckpt, *FAST)
-    auc = records(log, "eval")[-1]["auc"]
+    auc = log_records(log, "eval")[-1]["auc"]
     assert auc > 0.7, auc
     # the logged AUC is sklearn's on the model's own predictions of the test split
     cfg = DataConfig(dataset_type="synthetic", synthetic_num_entries=76800, synthetic_num_test_entries=8192,

@@ -23,6 +23,7 @@ from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.model.precision import Precision
 from dlrm.training.checkpoint import CheckpointError, TrainState, load_checkpoint, save_checkpoint
 from dlrm.training.train import evaluate, make_train_step, train_step
+from conftest import log_records
 
 CPU = torch.device("cpu")
 TABLES = [3, 1000, 17, 250, 5, 40]
@@ -412,11 +413,6 @@ SYNTHETIC = ["--base_device", "cpu", "--synthetic_dataset_table_sizes", "30,300,
 DCN = ["--interaction_op", "dcn", "--dcn_num_layers", "2", "--dcn_low_rank_dim", "16"]
 
 
-def _records(path: str, kind: str) -> list[dict]:
-    with open(path) as f:
-        return [r for r in map(json.loads, f) if r["type"] == kind]
-
-
 def test_help_lists_the_dcn_flags(cli):
     out = cli("dlrm.scripts.main", "--help").stdout
     assert "--dcn_num_layers" in out and "--dcn_low_rank_dim" in out
@@ -429,10 +425,10 @@ def test_cli_trains_tests_and_refuses_the_checkpoint_in_a_dot_model(cli, tmp_pat
     ckpt, log, test_log = str(tmp_path / "ckpt"), str(tmp_path / "log.json"), str(tmp_path / "test.json")
     out = cli("dlrm.scripts.main", *SYNTHETIC, *SMALL, *DCN, "--save_checkpoint_path", ckpt, "--log_path", log).stdout
     assert "Epoch:[0/1] [32/32]" in out
-    (flags_record,) = _records(log, "flags")
+    (flags_record,) = log_records(log, "flags")
     assert (flags_record["interaction_op"], flags_record["dcn_num_layers"], flags_record["dcn_low_rank_dim"]) == (
         "dcn", 2, 16)
-    (summary,) = _records(log, "summary")
+    (summary,) = log_records(log, "summary")
     assert summary["steps"] == 32 and summary["best_auc"] > 0.6
     model = build_inference_model(ckpt)  # the checkpoint describes the model the flags asked for
     assert (model.config.interaction_op, model.config.dcn_num_layers, model.config.dcn_low_rank_dim) == ("dcn", 2, 16)
@@ -441,8 +437,8 @@ def test_cli_trains_tests_and_refuses_the_checkpoint_in_a_dot_model(cli, tmp_pat
     # --mode test with the same flags loads it and reproduces the last evaluation.
     cli("dlrm.scripts.main", "--mode", "test", *SYNTHETIC, *SMALL, *DCN, "--load_checkpoint_path", ckpt,
         "--log_path", test_log)
-    (test_summary,) = _records(test_log, "summary")
-    assert test_summary["auc"] == pytest.approx(_records(log, "eval")[-1]["auc"], abs=1e-6)
+    (test_summary,) = log_records(test_log, "summary")
+    assert test_summary["auc"] == pytest.approx(log_records(log, "eval")[-1]["auc"], abs=1e-6)
 
     # The same checkpoint into a dot model: a one-line error naming the flag, no traceback.
     proc = cli("dlrm.scripts.main", "--mode", "test", *SYNTHETIC, *SMALL, "--interaction_op", "dot",

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from dlrm.data.synthetic import write_synthetic_dataset
+from conftest import log_records
 
 TABLES = [30, 300, 4, 1000, 70]
 COMMON = ["--embedding_dim", "8", "--bottom_mlp_sizes", "16,8", "--top_mlp_sizes", "32,16,1", "--base_device", "cpu",
@@ -35,10 +36,6 @@ def dllogger_lines(path):
         assert line.startswith("DLLL "), line
         out.append(json.loads(line[len("DLLL "):]))
     return out
-
-
-def records(path, kind):
-    return [r for r in map(json.loads, open(path)) if r["type"] == kind]
 
 
 def check_stamps(record, started, ended):
@@ -77,13 +74,13 @@ def test_dllogger_log_of_train_and_test_runs_appended_in_its_own_form(cli, datas
     cli("dlrm.scripts.main", "--dataset", dataset, *TRAIN, *COMMON, "--log_path", own)
     flags, steps, final = one_run(dllogger_lines(dll), started, ended)
 
-    (own_flags,) = records(own, "flags")
+    (own_flags,) = log_records(own, "flags")
     differ = {"log_format", "log_path", "save_checkpoint_path", "type", "time"}
     assert flags["log_format"] == "dllogger" and flags["log_path"] == dll
     assert ({k: v for k, v in flags.items() if k not in differ}
             == {k: v for k, v in own_flags.items() if k not in differ})
 
-    trains, evals = records(own, "train"), records(own, "eval")
+    trains, evals = log_records(own, "train"), log_records(own, "eval")
     steps_per_epoch = math.ceil(3000 / 256)  # the last, partial batch is a step
     assert len(trains) >= 4 and len(evals) >= 4
     expected = []  # the project's progress and test records, in their order
@@ -99,7 +96,7 @@ def test_dllogger_log_of_train_and_test_runs_appended_in_its_own_form(cli, datas
     logged = [r["data"]["step_time"] for r in steps if "loss" in r["data"]]
     assert logged == pytest.approx(printed, abs=1e-6)
 
-    (summary,) = records(own, "summary")
+    (summary,) = log_records(own, "summary")
     best = max(evals, key=lambda e: e["auc"])
     assert set(final) == {"best_auc", "best_validation_loss", "training_loss", "best_epoch", "average_train_throughput"}
     assert final["best_auc"] == summary["best_auc"] == best["auc"]
@@ -121,7 +118,7 @@ def test_dllogger_log_of_train_and_test_runs_appended_in_its_own_form(cli, datas
     flags, steps, final = one_run(appended, started, ended)
     assert flags["mode"] == "test" and steps == []
     cli("dlrm.scripts.main", *test_args, "--log_path", str(tmp_path / "test.json"))
-    (test_summary,) = records(str(tmp_path / "test.json"), "summary")
+    (test_summary,) = log_records(str(tmp_path / "test.json"), "summary")
     assert final == {"best_auc": test_summary["auc"], "best_validation_loss": test_summary["loss"]}
 
     # A log is appended to only in its own form; anything else stays as it was

@@ -4,7 +4,6 @@ the cache, the log states the hit rate, and the settings it cannot work with are
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
@@ -15,10 +14,7 @@ from dlrm.training.checkpoint import load_checkpoint
 from dlrm.training.build import build_run
 from dlrm.scripts import dlrm_flags
 from test_optimizers import rowwise_adagrad_cli_args
-
-
-def records(log: str, kind: str) -> list[dict]:
-    return [r for r in map(json.loads, open(log)) if r["type"] == kind]
+from conftest import log_records
 
 
 def fused_args(log: str) -> list[str]:
@@ -45,11 +41,11 @@ def test_cli_cache_of_a_host_table_trains_as_without_it_and_logs_its_hit_rate(cl
     out = cli("dlrm.scripts.main", *fused_args(logs["cached"]), "--host_tables", "3", "--host_table_cache_rows",
               "800", "--save_checkpoint_path", ckpts["cached"]).stdout
     assert "through 800 rows cached on the device" in out
-    assert records(logs["cached"], "plan")[0]["host_cache_rows"] == 800
-    plain, cached = ([r["loss"] for r in records(logs[n], "train")] for n in ("plain", "cached"))
+    assert log_records(logs["cached"], "plan")[0]["host_cache_rows"] == 800
+    plain, cached = ([r["loss"] for r in log_records(logs[n], "train")] for n in ("plain", "cached"))
     assert len(plain) == 1 and cached == pytest.approx(plain, rel=1e-5)
-    hit_rate = records(logs["cached"], "host_cache")[0]["host_cache_hit_rate"]
-    assert 0 < hit_rate <= 1 and not records(logs["plain"], "host_cache")
+    hit_rate = log_records(logs["cached"], "host_cache")[0]["host_cache_hit_rate"]
+    assert 0 < hit_rate <= 1 and not log_records(logs["plain"], "host_cache")
     args = fused_args(str(tmp_path / "load.json"))
     weights = [checkpoint_weights(ckpts[n], args) for n in ("plain", "cached")]
     assert weights[0].keys() == weights[1].keys()
@@ -85,8 +81,8 @@ def test_cli_stops_in_one_line_when_a_batch_outgrows_the_cache(cli, tmp_path):
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --host_table_cache_rows=300 is too small"), proc.stderr
-    assert records(str(tmp_path / "log.json"), "summary")[0]["stop_reason"] == "error"
-    assert records(str(tmp_path / "log.json"), "checkpoint")[-1]["step"] == 16 and (ckpt / "meta.json").exists()
+    assert log_records(str(tmp_path / "log.json"), "summary")[0]["stop_reason"] == "error"
+    assert log_records(str(tmp_path / "log.json"), "checkpoint")[-1]["step"] == 16 and (ckpt / "meta.json").exists()
 
 
 def _frequency_slope(ids: torch.Tensor, head: int) -> float:

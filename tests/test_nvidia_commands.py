@@ -12,7 +12,6 @@ multi-process command is a real launch), so that the whole flag matrix costs sec
 """
 
 import csv
-import json
 import os
 import shlex
 import subprocess
@@ -29,7 +28,7 @@ from dlrm.scripts import main as dlrm_main
 from dlrm.scripts.main import check_args
 from dlrm.training.checkpoint import read_meta
 
-from conftest import REPO
+from conftest import REPO, log_records
 
 FLAGS = flags.FLAGS
 DATA = "/data/dlrm/binary_dataset/"  # NVIDIA's path in the commands; replaced by the tiny dataset
@@ -158,11 +157,6 @@ def run(args: list[str], log: str, capsys) -> str:
     return capsys.readouterr().out
 
 
-def records(path: str, kind: str) -> list[dict]:
-    with open(path) as f:
-        return [r for r in map(json.loads, f) if r["type"] == kind]
-
-
 @pytest.fixture(autouse=True)
 def torch_references(monkeypatch):
     """A CPU user's run: the kernels' torch references, not Triton's interpreter (too slow for runs)."""
@@ -221,11 +215,11 @@ def test_readme_train_test_evaluate_and_benchmark(dataset, tmp_path, capsys):
     trains and tests a whole epoch from step 0), and the inference benchmark."""
     ckpt, log = str(tmp_path / "checkpoint"), str(tmp_path / "log.json")
     out = run([*args_of(README_TRAIN, dataset), "--save_checkpoint_path", ckpt], log, capsys)
-    assert records(log, "summary")[-1]["steps"] == 2 and "precision" in out
+    assert log_records(log, "summary")[-1]["steps"] == 2 and "precision" in out
     assert out.count(CPU_GRAPHS_NOTE) == 1  # --cuda_graphs as written: the CPU run goes on without graphs
 
     run(args_of(README_TEST, dataset, ckpt), log, capsys)
-    tested = records(log, "summary")[-1]["auc"]
+    tested = log_records(log, "summary")[-1]["auc"]
 
     # The multi-GPU evaluation command's flags in one process: weights loaded, a whole epoch
     # trained from step 0 and tested (here the saved run had finished its epoch: resuming it
@@ -233,21 +227,21 @@ def test_readme_train_test_evaluate_and_benchmark(dataset, tmp_path, capsys):
     evaluation = args_of(README_EVAL_MULTI_GPU.split("-- ", 1)[1].rstrip("'"), dataset, ckpt)
     out = run(evaluation, log, capsys)
     assert f"Weights from {ckpt}; training starts at step 0" in out
-    summary = records(log, "summary")[-1]
+    summary = log_records(log, "summary")[-1]
     assert summary["steps"] == 2 and summary["stop_reason"] == "completed" and summary["best_auc"] > 0
     # With lr 0 the tested weights are the checkpoint's: the AUC of --mode test (with --amp, as here)
     run([*args_of(README_TEST, dataset, ckpt), "--amp"], log, capsys)
-    tested_amp = records(log, "summary")[-1]["auc"]
+    tested_amp = log_records(log, "summary")[-1]["auc"]
     run([*evaluation, "--lr", "0"], log, capsys)
-    assert records(log, "eval")[-1]["auc"] == pytest.approx(tested_amp, abs=1e-12)
+    assert log_records(log, "eval")[-1]["auc"] == pytest.approx(tested_amp, abs=1e-12)
     assert tested_amp == pytest.approx(tested, abs=0.02)  # bf16 or fp32 autocast of the same weights
 
     # Exact resume stays: --resume continues the saved run (its epoch is done: nothing left to train)
     out = run([*evaluation, "--resume"], log, capsys)
-    assert f"Resuming from {ckpt} at step 2" in out and records(log, "summary")[-1]["steps"] == 2
+    assert f"Resuming from {ckpt} at step 2" in out and log_records(log, "summary")[-1]["steps"] == 2
 
     out = run(args_of(README_INFERENCE, dataset), log, capsys)
-    assert [r["batch_size"] for r in records(log, "inference_benchmark")] == [1, 64, 4096]
+    assert [r["batch_size"] for r in log_records(log, "inference_benchmark")] == [1, 64, 4096]
 
 
 @pytest.mark.parametrize("script,options", [("test_all_configs.sh", None), *OPTIONS.items()])
@@ -267,14 +261,14 @@ def test_nvidia_test_scripts_flag_matrix(script, options, dataset, tmp_path, cap
     for command in commands:
         args = args_of(command, dataset)
         out = run(args, log, capsys)
-        summary = records(log, "summary")[-1]
+        summary = log_records(log, "summary")[-1]
         assert summary["steps"] == 2 and summary["stop_reason"] == "completed", command
         assert "--embedding_type joint_sparse: joint (one table, sparse gradients)" in out
         assert ("--optimized_mlp: this engine has no fused MLP" in out) == ("--optimized_mlp=True" in args)
         if "--amp=False" in args:
             assert "precision float32," in out
         assert out.count(CPU_GRAPHS_NOTE) == ("--cuda_graphs=True" in args)
-    assert len(records(log, "summary")) == len(commands)
+    assert len(log_records(log, "summary")) == len(commands)
 
 
 def test_readme_csv_flow_gen_csv_transcode_train(tmp_path, cli):
@@ -291,7 +285,7 @@ def test_readme_csv_flow_gen_csv_transcode_train(tmp_path, cli):
     assert "cardinalities [5000, 20000, 300, 4, 24]" in cli(*words[2][2:]).stdout
     out = cli(*words[3][2:]).stdout
     assert out.count(CPU_GRAPHS_NOTE) == (0 if torch.cuda.is_available() else 1)
-    summary = records(str(tmp_path / "log.json"), "summary")[-1]
+    summary = log_records(str(tmp_path / "log.json"), "summary")[-1]
     assert summary["stop_reason"] == "completed" and 0 <= summary["best_auc"] <= 1
 
     columns = {}  # the CSV files' numericals, read with the csv module
@@ -312,7 +306,7 @@ def test_synthetic_data_shaped_by_the_datasets_feature_spec(dataset, tmp_path, c
     assert f"synthetic data shaped by {os.path.join(dataset, 'feature_spec.yaml')} (13 numerical features, 26 tables)" \
         in out
     assert "DLRM: 26 tables" in out and "data synthetic_gpu" in out
-    assert records(log, "summary")[-1]["steps"] == 2
+    assert log_records(log, "summary")[-1]["steps"] == 2
 
 
 def test_freeze_and_adam_flags_through_the_command_line(dataset, tmp_path, capsys):
@@ -351,6 +345,6 @@ def test_nvidias_multi_gpu_evaluation_command_on_two_cpu_processes(dataset, tmp_
     proc = subprocess.run([sys.executable, *words[1:]], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"Weights from {ckpt}; training starts at step 0" in proc.stdout
-    summary = records(log, "summary")[-1]
+    summary = log_records(log, "summary")[-1]
     assert summary["steps"] == 2 and summary["stop_reason"] == "completed"
     assert "parameters on rank 0 of 2" in proc.stdout

@@ -2,7 +2,6 @@
 eager model's, and the AUC of a scored labelled split is the offline evaluation's."""
 
 import gzip
-import json
 import os
 import shutil
 from pathlib import Path
@@ -21,7 +20,7 @@ from dlrm.spark.job_io import read_raw_lines, task_error
 from dlrm.spark.score import OUTPUT, model_maps_any_id, prepare_raw_rows, prepared_columns, read_dataset, score
 from preproc.transform import COLUMNS
 
-from conftest import env_without_this_python
+from conftest import env_without_this_python, log_records
 from test_preproc_transform_rows import _split_lines
 from test_preproc_transform_rows import dataset as criteo_dataset  # noqa: F401 (fixtures)
 from test_preproc_transform_rows import days  # noqa: F401
@@ -29,10 +28,6 @@ from test_torchrun import MODEL, dataset  # noqa: F401
 
 pytest.importorskip("pyspark")
 pytest.importorskip("onnxruntime")
-
-
-def records(path, kind):
-    return [r for r in map(json.loads, open(path)) if r["type"] == kind]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +40,7 @@ def trained(dataset, tmp_path_factory, cli):  # noqa: F811
     cli("dlrm.scripts.main", *common, "--mode", "test", "--load_checkpoint_path", ckpt, "--log_path", test_log)
     model_path = str(root / "model.onnx")
     export_onnx(build_inference_model(ckpt), model_path)
-    return ckpt, model_path, records(test_log, "summary")[0]["auc"]
+    return ckpt, model_path, log_records(test_log, "summary")[0]["auc"]
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +166,7 @@ def criteo_trained(criteo_dataset, tmp_path_factory, cli):  # noqa: F811
     cli("dlrm.scripts.main", *common, "--mode", "test", "--load_checkpoint_path", ckpt, "--log_path", test_log)
     model_path = str(root / "model.onnx")
     export_onnx(build_inference_model(ckpt), model_path)
-    return model_path, records(test_log, "summary")[0]["auc"]
+    return model_path, log_records(test_log, "summary")[0]["auc"]
 
 
 def test_raw_criteo_rows_score_as_their_preprocessed_rows(

@@ -14,7 +14,7 @@ import pytest
 
 from dlrm.spark.launch import flag_args, local_session, parse_flag_args, train
 
-from conftest import REPO, env_without_this_python
+from conftest import REPO, env_without_this_python, log_records
 from test_torchrun import MODEL, dataset, launch  # noqa: F401 (a fixture)
 
 pytest.importorskip("pyspark")
@@ -25,10 +25,6 @@ FLAGS = {
     "decay_steps": 0, "print_freq": 40, "base_device": "cpu", "epochs": 20, "dist_timeout": 60,
 }
 STEPS, CHECKPOINT_FREQ = 240, 40
-
-
-def records(path, kind):
-    return [r for r in map(json.loads, open(path)) if r["type"] == kind]
 
 
 @pytest.fixture(scope="module")
@@ -90,14 +86,14 @@ def test_a_spark_run_is_the_torchrun_run_and_a_killed_worker_costs_only_the_step
     summary = train(flags, num_processes=2, spark=spark, attempts=2)
     killer.join()
     assert len(killed) == 1, "no training process of rank 1 was found to kill"
-    summaries = records(flags["log_path"], "summary")
+    summaries = log_records(flags["log_path"], "summary")
     assert [s["stop_reason"] for s in summaries] == ["error", "completed"] and summary == summaries[-1]
     resumed_at = summaries[0]["steps"] // CHECKPOINT_FREQ * CHECKPOINT_FREQ  # the first attempt's last checkpoint
     assert CHECKPOINT_FREQ <= resumed_at < STEPS
     log = [json.loads(line) for line in open(flags["log_path"])]
     end_of_first = next(i for i, r in enumerate(log) if r["type"] == "summary")
     for kind, key in (("train", "loss"), ("eval", "auc")):
-        want = [(r["step"], r[key]) for r in records(torchrun_log, kind)]
+        want = [(r["step"], r[key]) for r in log_records(torchrun_log, kind)]
         # The first attempt's records, then the second's from the checkpoint on.
         first = [(r["step"], r[key]) for r in log[:end_of_first] if r["type"] == kind]
         second = [(r["step"], r[key]) for r in log[end_of_first:] if r["type"] == kind and r["step"] > resumed_at]
@@ -105,7 +101,7 @@ def test_a_spark_run_is_the_torchrun_run_and_a_killed_worker_costs_only_the_step
         assert_same_records(first, want[:len(first)])
         assert_same_records(second, [w for w in want if w[0] > resumed_at])
         assert len(want) >= 6 and second[-1][0] == want[-1][0]
-    assert summary["best_auc"] == pytest.approx(records(torchrun_log, "summary")[0]["best_auc"], rel=1e-12)
+    assert summary["best_auc"] == pytest.approx(log_records(torchrun_log, "summary")[0]["best_auc"], rel=1e-12)
 
 
 def test_bad_launches_are_refused_before_spark_starts(tmp_path):

@@ -1,6 +1,5 @@
 """Hybrid-parallel training through the real launcher: torchrun starts N processes on gloo."""
 
-import json
 import os
 import signal
 import subprocess
@@ -11,16 +10,12 @@ import pytest
 
 from dlrm.data.synthetic import write_synthetic_dataset
 
-from conftest import REPO
+from conftest import REPO, log_records
 
 TABLES = [30, 3000, 4, 1000, 70, 9, 500]
 MODEL = ["--embedding_dim", "8", "--bottom_mlp_sizes", "16,8", "--top_mlp_sizes", "32,16,1"]
 TRAIN = ["--batch_size", "500", "--test_batch_size", "700", "--lr", "0.5", "--warmup_steps", "5",
          "--decay_start_step", "0", "--decay_steps", "0", "--print_freq", "1", "--base_device", "cpu", "--epochs", "2"]
-
-
-def records(path, kind):
-    return [r for r in map(json.loads, open(path)) if r["type"] == kind]
 
 
 def launch(nproc, *args, launcher="torchrun", timeout=300):
@@ -51,29 +46,29 @@ def test_world_sizes_match_single_device_and_checkpoints_move(dataset, tmp_path)
     base = ["--dataset", dataset, *MODEL, *TRAIN]
     single_log = str(tmp_path / "single.json")
     launch(0, *base, "--log_path", single_log)
-    single = [r["loss"] for r in records(single_log, "train")]
+    single = [r["loss"] for r in log_records(single_log, "train")]
     assert len(single) == 24
 
     # 3 processes, uneven tables per rank, 500 samples not divisible by 3
     ckpt3, log3 = str(tmp_path / "ckpt3"), str(tmp_path / "w3.json")
     out = launch(3, *base, "--log_path", log3, "--save_checkpoint_path", ckpt3)
     assert "Embedding placement: 7 tables on 3 ranks" in out
-    assert [r["loss"] for r in records(log3, "train")] == pytest.approx(single, rel=1e-4)
-    auc3 = records(log3, "eval")[-1]["auc"]
-    assert auc3 == pytest.approx(records(single_log, "eval")[-1]["auc"], abs=1e-4)
+    assert [r["loss"] for r in log_records(log3, "train")] == pytest.approx(single, rel=1e-4)
+    auc3 = log_records(log3, "eval")[-1]["auc"]
+    assert auc3 == pytest.approx(log_records(single_log, "eval")[-1]["auc"], abs=1e-4)
 
     # The 3-process checkpoint tested on 1 and on 2 processes (3 -> 1, 3 -> 2)
     for nproc in (0, 2):
         test_log = str(tmp_path / f"test{nproc}.json")
         launch(nproc, "--mode", "test", "--dataset", dataset, "--load_checkpoint_path", ckpt3, *MODEL,
                "--base_device", "cpu", "--test_batch_size", "999", "--log_path", test_log)
-        assert records(test_log, "summary")[0]["auc"] == pytest.approx(auc3, abs=1e-6)
+        assert log_records(test_log, "summary")[0]["auc"] == pytest.approx(auc3, abs=1e-6)
 
     # A single-device checkpoint resumed on 4 processes (1 -> 4), via the legacy launcher
     ckpt1, part_log = str(tmp_path / "ckpt1"), str(tmp_path / "part.json")
     launch(0, *base, "--max_steps", "10", "--log_path", part_log, "--save_checkpoint_path", ckpt1)
     launch(4, *base, "--resume", "--load_checkpoint_path", ckpt1, "--log_path", part_log, launcher="launch")
-    resumed = [r["loss"] for r in records(part_log, "train")]
+    resumed = [r["loss"] for r in log_records(part_log, "train")]
     assert resumed == pytest.approx(single, rel=1e-4)
 
 
@@ -90,17 +85,17 @@ def test_a_table_too_large_for_a_rank_is_split_row_wise_and_its_checkpoint_moves
                  "--gradient_sync", "overlap", "--gradient_bucket_mb", "0.005")  # several 5 KiB buckets
     assert "7 tables on 2 ranks" in out and "1 split row-wise" in out
     assert "table 1 (3,000 rows" in out
-    plan = records(log, "plan")[0]
+    plan = log_records(log, "plan")[0]
     assert plan["row_wise"] == {"1": [0, 1500, 3000]}
     assert {"table_1_rows_0_1500.pt", "table_1_rows_1500_3000.pt"} <= set(os.listdir(ckpt))
-    assert [r["loss"] for r in records(log, "train")] == pytest.approx(
-        [r["loss"] for r in records(single_log, "train")], rel=1e-4)
-    auc = records(log, "eval")[-1]["auc"]
+    assert [r["loss"] for r in log_records(log, "train")] == pytest.approx(
+        [r["loss"] for r in log_records(single_log, "train")], rel=1e-4)
+    auc = log_records(log, "eval")[-1]["auc"]
     for nproc, placement in ((0, []), (3, ["--table_placement", "row_wise"])):
         test_log = str(tmp_path / f"test{nproc}.json")
         launch(nproc, "--mode", "test", "--dataset", dataset, "--load_checkpoint_path", ckpt, *MODEL, *placement,
                "--base_device", "cpu", "--test_batch_size", "999", "--log_path", test_log)
-        assert records(test_log, "summary")[0]["auc"] == pytest.approx(auc, abs=1e-6)
+        assert log_records(test_log, "summary")[0]["auc"] == pytest.approx(auc, abs=1e-6)
 
 
 def test_plan_error_names_the_table(dataset):
@@ -169,5 +164,5 @@ def test_bad_data_of_one_rank_stops_every_rank_before_training(tmp_path):
     assert "rank 0: error: another process found bad data" in proc.stderr, proc.stderr
     assert "Epoch:" not in proc.stdout
     assert "failed:" not in proc.stderr  # no rank crashed (the launcher's own report may follow)
-    (summary,) = records(str(tmp_path / "log.json"), "summary")
+    (summary,) = log_records(str(tmp_path / "log.json"), "summary")
     assert summary["stop_reason"] == "error"

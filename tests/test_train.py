@@ -1,6 +1,5 @@
 import copy
 import io
-import json
 import math
 
 import pytest
@@ -16,6 +15,7 @@ from dlrm.training.checkpoint import load_checkpoint
 from dlrm.training.lr_schedule import LRSchedule
 from dlrm.training.optimizers import make_optimizer
 from dlrm.training.train import TrainConfig, evaluate, train, train_step
+from conftest import log_records
 
 CPU = torch.device("cpu")
 TABLES = [50, 400, 3, 1000, 20, 7, 200, 60]
@@ -47,10 +47,6 @@ def run(model, cfg, train_src, test_src, precision=Precision("cpu"), state=None,
 
 
 cfg_resume_path = [None]
-
-
-def records(path, kind):
-    return [r for r in map(json.loads, open(path)) if r["type"] == kind]
 
 
 def test_train_step_equals_plain_sgd_in_float64():
@@ -88,7 +84,7 @@ def test_training_learns_the_synthetic_signal(tmp_path):
     summary = run(model, cfg, train_src, test_src, log=str(tmp_path / "log.json"))
     assert abs(before - 0.5) < 0.05
     assert summary["best_auc"] > 0.70, summary
-    evals = records(tmp_path / "log.json", "eval")
+    evals = log_records(tmp_path / "log.json", "eval")
     assert [e["step"] for e in evals] == [128, 256]
     assert evals[-1]["auc"] > evals[0]["auc"] - 0.01
 
@@ -141,12 +137,12 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, shuffle):
     cfg_resume_path[0] = ckpt
     run(small_model(seed=99), TrainConfig(**common), train_src, test_src, state="resume", log=part_log)
 
-    full = [(r["step"], r["loss"], r["lr"]) for r in records(full_log, "train")]
-    resumed = [(r["step"], r["loss"], r["lr"]) for r in records(part_log, "train")]
+    full = [(r["step"], r["loss"], r["lr"]) for r in log_records(full_log, "train")]
+    resumed = [(r["step"], r["loss"], r["lr"]) for r in log_records(part_log, "train")]
     assert len(full) == 72
     assert resumed == full  # exact: same losses bit for bit, same learning rates
-    full_auc = [(r["step"], r["auc"]) for r in records(full_log, "eval")]
-    resumed_auc = [(r["step"], r["auc"]) for r in records(part_log, "eval") if r["step"] != 37]  # 37: its final test
+    full_auc = [(r["step"], r["auc"]) for r in log_records(full_log, "eval")]
+    resumed_auc = [(r["step"], r["auc"]) for r in log_records(part_log, "eval") if r["step"] != 37]  # 37: its final test
     assert resumed_auc == full_auc
 
 
@@ -159,7 +155,7 @@ def test_max_steps_auc_threshold_and_summary(tmp_path):
     assert summary["stop_reason"] == "auc_threshold"
     assert summary["best_auc"] >= 0.55
     assert summary["steps"] % 8 == 0 and summary["steps"] < 5 * 64
-    (final,) = records(log, "summary")
+    (final,) = log_records(log, "summary")
     for key in ("best_auc", "average_train_throughput", "average_test_throughput"):
         assert final[key] > 0 and math.isfinite(final[key])
 
