@@ -121,6 +121,7 @@ def test_every_flag_of_recommender_train_lands_in_its_setting_of_the_config():
      "`validation_users` 0: without validation, give `epochs`"),
     (lambda: dict(model=api.ModelConfig(model="autoencoder")), "`model` autoencoder needs `network`"),
     (lambda: dict(batch_size=0), "`batch_size` 0: must be >= 1"),
+    (lambda: dict(batch_size="64"), "`batch_size` '64': must be a number"),
 ])
 def test_a_config_refuses_what_no_run_can_do_naming_the_setting(make, says):
     with pytest.raises(api.ConfigError) as refused:

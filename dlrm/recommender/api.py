@@ -37,6 +37,9 @@ from dlrm.recommender.run_config import (  # noqa: F401  (re-exported: the confi
     DATASET_HINT, CheckpointConfig, ConfigError, DataConfig, LinearConfig, ModelConfig, OptimizerOverrides,
     RecommenderConfig, TrainSettings, ValidationSettings)
 
+__all__ = ["train", "predict", "evaluate", "RecommenderConfig", "DataConfig", "ModelConfig", "LinearConfig",
+           "OptimizerOverrides", "ValidationSettings", "TrainSettings", "CheckpointConfig", "ConfigError"]
+
 BASELINES = ("popularity", "itemknn", "mf", "ease")
 REPORT_KEYS = ("input", "heldout", "checkpoint", "k", "users", "results")  # what evaluate's ``output`` holds
 # Settings a resumed run must share with the checkpoint's run to draw what it would have drawn.

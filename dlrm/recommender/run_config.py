@@ -46,12 +46,16 @@ class ConfigError(ValueError):
 def _check_at_least(least: float, **settings: float | None) -> None:
     """Each setting given (not None) must be a number >= ``least`` (NaN is refused too)."""
     for name, value in settings.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ConfigError(f"`{name}` {value!r}: must be a number")
         if value is not None and not (value >= least and math.isfinite(value)):
             raise ConfigError(f"`{name}` {value}: must be >= {least:g}")
 
 
 def _check_share(**settings: float | None) -> None:
     for name, value in settings.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ConfigError(f"`{name}` {value!r}: must be a number")
         if value is not None and not 0 <= value <= 1:
             raise ConfigError(f"`{name}` {value:g}: must be in [0, 1]")
 
