@@ -263,7 +263,7 @@ def test_api_refusals_are_the_librarys_exceptions_and_change_nothing(generated, 
 
 def test_a_checkpoint_of_the_earlier_flag_names_resumes(generated, tmp_path):
     """A checkpoint whose run_config holds the earlier record (our_flags(): print_freq,
-    validate_every_steps, checkpoint_path's flag names) resumes, and a different seed in it is
+    validate_every_steps: the flags' names) resumes, and a different seed in it is
     still refused."""
     from dlrm.recommender import checkpoint
 
