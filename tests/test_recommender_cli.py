@@ -275,7 +275,8 @@ def test_a_network_file_with_an_unknown_key_is_one_line_naming_it(cli, tmp_path)
 def test_dlrm_flag_names_and_the_earlier_ones_set_the_same(cli, data, trained):
     """--save_checkpoint_path, --print_freq and --base_device (dlrm.scripts.main's names) train the
     run --checkpoint_path, --log_every_steps and --device train (the 4-step run above), and
-    --load_checkpoint_path reads it as --checkpoint does; the log records each flag once."""
+    --load_checkpoint_path reads it as --checkpoint does; the log records each setting once, under
+    its name in the run's config (RecommenderConfig: log_every_steps for --print_freq)."""
     ckpt, log = str(data["root"] / "ckpt_new_names"), str(data["root"] / "new_names.json")
     new = [a.replace("--log_every_steps", "--print_freq").replace("--device", "--base_device") for a in TRAIN]
     cli("dlrm.scripts.recommender_train", "--network", data["network"], "--input", os.path.join(data["out"], "input"),
@@ -285,15 +286,15 @@ def test_dlrm_flag_names_and_the_earlier_ones_set_the_same(cli, data, trained):
     for key, value in uninterrupted.items():
         assert torch.equal(resumed[key], value), key
     (flags_record,) = [r for r in map(json.loads, open(log)) if r["type"] == "flags"]
-    assert flags_record["save_checkpoint_path"] == ckpt and flags_record["print_freq"] == 1
-    assert not {"checkpoint_path", "log_every_steps", "device"} & set(flags_record)
+    assert flags_record["save_checkpoint_path"] == ckpt and flags_record["log_every_steps"] == 1
+    assert not {"checkpoint_path", "print_freq", "device"} & set(flags_record)
     recs = str(data["root"] / "recs_new_names.txt")
     proc = cli("dlrm.scripts.recommender_predict", "--load_checkpoint_path", ckpt, "--input",
                os.path.join(data["out"], "input"), "--k", str(K), "--output", recs, "--base_device", "cpu")
     lines = open(recs, encoding="utf-8").read().splitlines()
     assert len(lines) == USERS
     # Without --features_index and --samples_index: the indexes recommender_generate wrote beside --input.
-    assert "(beside --input)" in proc.stdout, proc.stdout
+    assert "(beside the input)" in proc.stdout, proc.stdout
     items = read_index(os.path.join(data["out"], "features_index.txt"))
     users = read_index(os.path.join(data["out"], "samples_index.txt"))
     assert [line.split("\t")[0] for line in lines] == sorted(users, key=users.get)

@@ -200,7 +200,7 @@ def run_training(model, data, steps=STEPS, checkpoint_path=None, optimizer=None,
     optimizer = optimizer or make_optimizer(model, model.config.optimizer)
     dataset = CsrDataset(data)
     cfg = TrainConfig(batch_size=BATCH, epochs=2, seed=7, shuffle=True, max_steps=steps, log_every_steps=1,
-                      checkpoint_path=checkpoint_path)
+                      save_checkpoint_path=checkpoint_path)
     losses = []
 
     class Capture(RunLogger):

@@ -280,13 +280,13 @@ def test_an_error_mid_run_saves_the_last_whole_step_and_the_fixed_data_resumes_e
     indices.tofile(indices_path)
     network = parse_network(NETWORK).resolve(source.n_features, source.n_features)
     cfg = TrainConfig(batch_size=2, epochs=1, seed=3, shuffle=False, log_every_steps=1, max_steps=8,
-                      checkpoint_path=str(tmp_path / "ck"))
+                      save_checkpoint_path=str(tmp_path / "ck"))
 
     def run(data: str, cfg: TrainConfig, log: str, state=None) -> dict:
         model = SparseAutoencoder(network, seed=4)
         optimizer = make_optimizer(model, network.optimizer)
         if state == "resume":
-            state = checkpoint.load(cfg.checkpoint_path, model, optimizer)
+            state = checkpoint.load(cfg.save_checkpoint_path, model, optimizer)
         # check=False: the opening check would refuse the bad index before any step; the loop's
         # handling of an error raised mid-run is what is tested here.
         with RunLogger(log, stream=open(os.devnull, "w")) as logger:
@@ -302,7 +302,7 @@ def test_an_error_mid_run_saves_the_last_whole_step_and_the_fixed_data_resumes_e
     resumed = run(os.path.join(dataset, "all"), dataclasses.replace(cfg, max_steps=5), str(tmp_path / "r.json"),
                   "resume")
     assert resumed["steps"] == 8
-    straight_cfg = dataclasses.replace(cfg, checkpoint_path=str(tmp_path / "straight"))
+    straight_cfg = dataclasses.replace(cfg, save_checkpoint_path=str(tmp_path / "straight"))
     run(os.path.join(dataset, "all"), straight_cfg, str(tmp_path / "s.json"))
     assert ([r["loss"] for r in _records(str(tmp_path / "r.json"), "train")]
             == [r["loss"] for r in _records(str(tmp_path / "s.json"), "train")][3:])

@@ -41,7 +41,7 @@ class TrainConfig:
     negatives: int | None = None  # sampled negatives per step (an approximation); None scores every item
     amp_dtype: torch.dtype | None = None  # autocast dtype (bf16 on CPU, bf16/fp16 on GPU), None for fp32
     log_every_steps: int = 100
-    checkpoint_path: str | None = None
+    save_checkpoint_path: str | None = None
     checkpoint_every_steps: int = 0  # 0: at the end of every epoch only
     max_steps: int | None = None  # stop early (benchmarks, tests); the checkpoint still resumes
     best_checkpoint_path: str | None = None  # where the best validation's checkpoint goes
@@ -49,13 +49,13 @@ class TrainConfig:
     # ... and at least this many steps since the best: on a few hundred users an epoch is a few
     # steps, and patience counted in epochs alone stops a run that is still improving.
     patience_steps: int = 0
-    validate_every_steps: int = 0  # 0: validate at the end of every epoch
+    eval_every_steps: int = 0  # validate every this many steps; 0: at the end of every epoch
 
     @property
     def loop(self) -> LoopSettings:
         """The run loop's schedule: a line every ``log_every_steps``, validation and checkpoints
         every so many steps or at the end of each epoch."""
-        return LoopSettings(log_every=self.log_every_steps, eval_every=self.validate_every_steps,
+        return LoopSettings(log_every=self.log_every_steps, eval_every=self.eval_every_steps,
                             checkpoint_every=self.checkpoint_every_steps,
                             checkpoint_each_epoch=not self.checkpoint_every_steps)
 
@@ -165,7 +165,7 @@ class _AutoencoderRun:
             batches=self.batches, step=self.step, progress=self.progress,
             steps_left=lambda: self.total_steps - self.state.step, summary=self.summary,
             evaluate=self.evaluate if self.validate is not None else None, save=self.save,
-            save_path=self.cfg.checkpoint_path, loss_dtype=torch.float64, state_tensors=self.state_tensors,
+            save_path=self.cfg.save_checkpoint_path, loss_dtype=torch.float64, state_tensors=self.state_tensors,
             non_finite_hint="lower `alpha`" + (", or train without `amp`" if self.cfg.amp_dtype is not None else ""))
 
     def ended(self) -> str | None:
@@ -249,7 +249,7 @@ class _AutoencoderRun:
                                             for value in state.values() if torch.is_tensor(value))]
 
     def save(self) -> None:
-        checkpoint.save(self.cfg.checkpoint_path, self.model, self.optimizer, self.state, self.run_config)
+        checkpoint.save(self.cfg.save_checkpoint_path, self.model, self.optimizer, self.state, self.run_config)
 
     def summary(self, meter: Meter) -> dict:
         state = self.state
@@ -270,7 +270,7 @@ def train(model: SparseAutoencoder, optimizer: torch.optim.Optimizer, inputs: Cs
 
     ``should_stop()`` is asked between steps (a signal: the run saves and ends "interrupted").
     ``validate()`` ranks a validation split (``dlrm.recommender.validation``) after every epoch
-    (or every ``validate_every_steps``); the best NDCG@K's checkpoint goes to
+    (or every ``eval_every_steps``); the best NDCG@K's checkpoint goes to
     ``best_checkpoint_path`` and ``patience`` validations without a better one end the run
     ("early_stopped"). ``train_mask`` (bool per stored entry) leaves the validation entries out
     of every batch. The loop's guarantees (the summary record, the save on a stop or an error,
@@ -284,9 +284,9 @@ def train(model: SparseAutoencoder, optimizer: torch.optim.Optimizer, inputs: Cs
         raise ValueError(f"`batch_size` must be >= 1, got {cfg.batch_size}")
     run = _AutoencoderRun(model, optimizer, inputs, targets, cfg, logger, device, state or AutoencoderState(),
                           run_config, validate, train_mask)
-    saves = cfg.checkpoint_path and model.parallel.rank == 0
-    with CheckpointLock(cfg.checkpoint_path) if saves else contextlib.nullcontext():
+    saves = cfg.save_checkpoint_path and model.parallel.rank == 0
+    with CheckpointLock(cfg.save_checkpoint_path) if saves else contextlib.nullcontext():
         if saves and len(inputs):
-            store.check_can_save(cfg.checkpoint_path, store.state_bytes(model))  # before the first step, not at the first save
+            store.check_can_save(cfg.save_checkpoint_path, store.state_bytes(model))  # before the first step, not at the first save
         model.train()
         return run_loop(run.parts(), cfg.loop, device, logger, model.parallel.collectives(device), should_stop)

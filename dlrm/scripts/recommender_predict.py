@@ -25,18 +25,14 @@ An existing --output or --scores_path is replaced only with --overwrite, and onl
 what this command writes (a file of anything else is refused, whatever the flags say).
 
 --load_checkpoint_path and --base_device are dlrm.scripts.main's names; --checkpoint and
---device are kept as aliases.
+--device are kept as aliases. The run is dlrm.recommender.api.predict, whose arguments are
+these flags: the same from Python.
 """
 
 from __future__ import annotations
 
-import os
-import time
-
 from absl import app, flags
 
-from dlrm.engine.outputs import OutputKind
-from dlrm.recommender.prediction_file import PREDICTIONS
 from dlrm.scripts import cli
 from dlrm.scripts import recommender_common as common
 
@@ -67,168 +63,36 @@ common.define_device("Automatic mixed precision (torch.autocast, see --amp_dtype
 flags.mark_flags_as_required(["load_checkpoint_path", "input", "output"])
 
 
-
-def _names(flag: str, count: int, exact: bool) -> list[str]:
-    """``count`` names from the index file of ``flag``: the one given, else recommender_generate's
-    beside --input; row/column numbers without one, said in a line."""
-    from dlrm.recommender.dsstne_text import NameIndex
-
-    name = f"{flag}.txt"
-    if FLAGS[flag].present and not FLAGS[flag].value:  # --features_index= : numbers, as asked
-        return [str(i) for i in range(count)]
-    path, found = common.index_beside(FLAGS[flag].value, FLAGS.input, name)
-    what = "users of --input" if flag == "samples_index" else "items of the checkpoint's network"
-    numbers = "row numbers for users" if flag == "samples_index" else "column numbers for items"
-    if not path:
-        print(f"note: writing {numbers}: no --{flag}, and no {name} beside --input", flush=True)
-        return [str(i) for i in range(count)]
-    if not os.path.isfile(path):
-        raise app.UsageError(f"--{flag} {path}: no such file")
-    index = NameIndex.load(path)
-    if index.size < count or (exact and index.size != count):
-        if found:
-            print(f"note: writing {numbers}: {path} beside --input names {index.size:,} entries, not the "
-                  f"{count:,} {what}; give --{flag}", flush=True)
-            return [str(i) for i in range(count)]
-        raise app.UsageError(f"--{flag} {path} names {index.size:,} entries for the {count:,} {what}; give the index "
-                             f"written with that dataset")
-    if found:
-        print(f"names of the {what.split(' of ')[0]} from {path} (beside --input)", flush=True)
-    return index.labels(count)
-
-
-
-
-def is_scores(path: str) -> bool:
-    """Whether file ``path`` is a float32 .npy of [samples, items], as --scores_path is written."""
-    import numpy as np
-
-    try:
-        with open(path, "rb") as f:
-            version = np.lib.format.read_magic(f)
-            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-            shape, _, dtype = read(f)
-    except (OSError, ValueError):
-        return False
-    return dtype == np.float32 and len(shape) == 2
-
-
-SCORES = OutputKind("scores file", directory=False, recognise=is_scores)
-
-
-def _claim_outputs() -> None:
-    """Before any work (dlrm.engine.outputs): each output file is new, or this program's own of
-    its kind and --overwrite given; none is an input of the run or the other output."""
-    from dlrm.engine.outputs import claim_output
-
-    inputs = {"load_checkpoint_path": FLAGS.load_checkpoint_path, "input": FLAGS.input, "filter": FLAGS.filter,
-              "features_index": FLAGS.features_index, "samples_index": FLAGS.samples_index}
-    output = claim_output(FLAGS.output, PREDICTIONS, "output", inputs=inputs, replace=FLAGS.overwrite)
-    if FLAGS.scores_path:
-        scores = claim_output(FLAGS.scores_path, SCORES, "scores_path", inputs=inputs, replace=FLAGS.overwrite)
-        if os.path.realpath(scores) == os.path.realpath(output):
-            raise app.UsageError(f"--scores_path {FLAGS.scores_path} and --output {FLAGS.output} name the same "
-                                 f"file; give each its own")
+ERRORS = (*cli.DEFAULT_ERRORS, "dlrm.recommender.run_config.ConfigError",
+          "dlrm.engine.checkpoint_store.CheckpointError")
 
 
 def main(argv: list[str]) -> int:
-    return cli.run_processes(_main, argv)
+    return cli.run_processes(_main, argv, ERRORS)
 
 
 def _main(argv: list[str], env) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    if FLAGS.scores_path and env is not None and env.world_size > 1:
-        raise app.UsageError("--scores_path writes one file from one process; run without torchrun to dump the "
-                             "scores, or drop --scores_path")
-    for flag, path in [("input", FLAGS.input)] + [("filter", p) for p in FLAGS.filter]:
-        common.check_dataset_dir(flag, path)  # before torch loads: a mistyped path fails at once
-    _claim_outputs()
-    from dlrm.engine.atomic import check_can_create, check_free_space, write_atomically
+    from dlrm.recommender import api
 
-    if env is None or env.rank == 0:  # the first process writes: a read-only or missing file system fails now
-        check_can_create(FLAGS.output, "the predictions")
-        if FLAGS.scores_path:
-            check_can_create(FLAGS.scores_path, "the scores")
-    import numpy as np
-
-    from dlrm.recommender import checkpoint
-    from dlrm.recommender.item_parallel import ItemParallel
-    from dlrm.recommender.predict import recommend, write_predictions
-
-    score_format = common.score_format(FLAGS.score_format)
-
-    device = common.device(FLAGS.base_device, env)
-    amp_dtype = common.amp_dtype(FLAGS.amp, FLAGS.amp_dtype, device)
-    path = checkpoint.model_path(FLAGS.load_checkpoint_path, FLAGS.best)
-    n_input, n_output = checkpoint.sizes_of(path)
-    inputs = common.dataset("input", FLAGS.input)
-    if inputs.n_features != n_input:
-        raise app.UsageError(f"--input {FLAGS.input} has {inputs.n_features:,} items, the checkpoint's model "
-                             f"{n_input:,} inputs; give the dataset (and features index) it was trained on")
-    filters = [common.dataset("filter", p) for p in FLAGS.filter]
-    for f in filters:
-        if len(f) != len(inputs):
-            raise app.UsageError(f"--filter {f.path} has {len(f):,} users, --input {len(inputs):,}: they must hold the "
-                                 f"same users in the same order")
-    item_names = _names("features_index", n_output, exact=False)
-    user_names = _names("samples_index", len(inputs), exact=True)
-
-    common.start_processes(env, device, FLAGS.dist_timeout)
-    parallel = ItemParallel.from_process_group()
-    score, item_start = checkpoint.load_scorer(path, parallel, device, amp_dtype)
-    if parallel.rank == 0:
-        print(f"model: {checkpoint.describe(path)}", flush=True)
-    first = parallel.rank == 0
-
-    def batches(scores=None):
-        done = 0
-
-        def scored(csr):
-            nonlocal done
-            values = score(csr)
-            if scores is not None:  # before recommend() writes -inf over the excluded items
-                scores[done:done + values.shape[0]] = values.float().cpu().numpy()
-                done += values.shape[0]
-            return values
-
-        return recommend(scored, inputs, FLAGS.k, FLAGS.batch_size, item_start=item_start,
-                         exclude=filters, exclude_inputs=FLAGS.exclude_inputs, parallel=parallel)
-
-    started = time.perf_counter()
-    lines = 0
-    if not first:
-        for _ in batches():  # the collectives of the merge, in step with the first process
-            pass
-    elif FLAGS.scores_path:
-        check_free_space(FLAGS.scores_path, len(inputs) * n_output * 4, "the scores")
-
-        def write_scores(tmp: str) -> None:
-            nonlocal lines
-            scores = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32,
-                                               shape=(len(inputs), n_output))
-            with open(tmp, "rb+") as f:  # claim the blocks: a full disk is an error now, not a SIGBUS in the memmap
-                os.posix_fallocate(f.fileno(), 0, os.path.getsize(tmp))
-            lines = write_predictions(FLAGS.output, batches(scores), user_names, item_names, score_format)
-            scores.flush()
-            del scores
-
-        write_atomically(FLAGS.scores_path, write_scores, "the scores")
-    else:
-        lines = write_predictions(FLAGS.output, batches(), user_names, item_names, score_format)
-    seconds = time.perf_counter() - started
-    if first:
-        print(f"wrote {FLAGS.output}: {lines:,} users, top {FLAGS.k} items each from {n_output:,} "
+    done = api.predict(FLAGS.load_checkpoint_path, FLAGS.input, FLAGS.output, k=FLAGS.k, best=FLAGS.best,
+                       features_index=FLAGS.features_index, samples_index=FLAGS.samples_index, filter=FLAGS.filter,
+                       exclude_inputs=FLAGS.exclude_inputs, score_format=FLAGS.score_format,
+                       batch_size=FLAGS.batch_size, scores_path=FLAGS.scores_path, overwrite=FLAGS.overwrite,
+                       base_device=FLAGS.base_device, amp=FLAGS.amp, amp_dtype=FLAGS.amp_dtype,
+                       dist_timeout=FLAGS.dist_timeout)
+    if done["first"]:
+        lines, seconds, processes = done["users"], done["seconds"], done["processes"]
+        print(f"wrote {FLAGS.output}: {lines:,} users, top {FLAGS.k} items each from {done['items']:,} "
               f"(inputs {'excluded' if FLAGS.exclude_inputs else 'allowed'}"
-              f"{', ' + str(len(filters)) + ' filter(s)' if filters else ''}), {parallel.world_size} "
-              f"process{'es' if parallel.world_size > 1 else ''}")
+              f"{', ' + str(done['filters']) + ' filter(s)' if done['filters'] else ''}), {processes} "
+              f"process{'es' if processes > 1 else ''}")
         if FLAGS.scores_path:
-            print(f"wrote {FLAGS.scores_path}: float32 [{len(inputs):,}, {n_output:,}] scores")
-        # Scoring, exclusion, top K and writing; loading the model and the data is not counted.
+            print(f"wrote {FLAGS.scores_path}: float32 [{lines:,}, {done['items']:,}] scores")
         print(f"predicted {lines:,} users in {seconds:.2f} s ({lines / max(seconds, 1e-9):,.0f} users/s)")
-    common.end_processes(env)
     return 0
 
 
 if __name__ == "__main__":
-    cli.run(main, prefix=cli.rank_prefix)
+    cli.run(main, ERRORS, prefix=cli.rank_prefix)

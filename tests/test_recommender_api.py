@@ -1,0 +1,298 @@
+"""The recommender's typed config and Python API (dlrm/recommender/run_config.py, api.py):
+every flag of recommender_train lands in the config; docs/recommender.md's "From Python" example
+runs and writes what its command-line twin writes; the API keeps the commands' guarantees
+(claims, errors as exceptions, a checkpoint and the handlers back on SIGTERM)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import REPO, run_cli
+
+from dlrm.recommender import api
+
+# recommender_train's flags -> (a value on the command line, the setting it sets, its value there).
+# Each value differs from the flag's default, so a flag that set nothing would show.
+FLAG_VALUES = {
+    "model": ("autoencoder", "model", "autoencoder"),
+    "linear_max_memory_gb": ("3.5", "linear_max_memory_gb", 3.5),
+    "network": ("other.json", "network", "other.json"),
+    "input": ("in2", "input", "in2"),
+    "output": ("out2", "output", "out2"),
+    "batch_size": ("7", "batch_size", 7),
+    "epochs": ("5", "epochs", 5),
+    "max_epochs": ("9", "max_epochs", 9),
+    "validation_users": ("0.3", "validation_users", 0.3),
+    "validation_max_users": ("17", "validation_max_users", 17),
+    "validation_items": ("0.4", "validation_items", 0.4),
+    "validation_k": ("4", "validation_k", 4),
+    "patience": ("2", "patience", 2),
+    "patience_steps": ("11", "patience_steps", 11),
+    "validate_every_steps": ("13", "eval_every_steps", 13),  # DLRM's name for the setting
+    "seed": ("19", "seed", 19),
+    "save_checkpoint_path": ("ck2", "save_checkpoint_path", "ck2"),
+    "resume": ("true", "resume", True),
+    "overwrite": ("true", "overwrite", True),
+    "checkpoint_every_steps": ("23", "checkpoint_every_steps", 23),
+    "max_steps": ("29", "max_steps", 29),
+    "base_device": ("cpu", "base_device", "cpu"),
+    "amp": ("true", "amp", True),
+    "amp_dtype": ("bf16", "amp_dtype", "bf16"),
+    "dist_timeout": ("31", "dist_timeout", 31.0),
+    "negatives": ("37", "negatives", 37),
+    "optimizer": ("adam", "optimizer", "adam"),
+    "alpha": ("0.5", "alpha", 0.5),
+    "mu": ("0.25", "mu", 0.25),
+    "lambda": ("0.125", "lambda_", 0.125),  # a Python keyword
+    "log_path": ("l.jsonl", "log_path", "l.jsonl"),
+    "tensorboard_dir": ("tb", "tensorboard_dir", "tb"),
+    "print_freq": ("41", "log_every_steps", 41),  # DLRM's name for the setting
+}
+# Flags of the script that deliberately set no config setting, with why: none.
+NOT_IN_CONFIG: dict[str, str] = {}
+# The other names of flags (kept earlier names, DLRM's names) set what their flag sets.
+ALIASES = {"checkpoint_path": "save_checkpoint_path", "log_every_steps": "print_freq", "device": "base_device",
+           "eval_every_steps": "validate_every_steps"}
+
+_PROBE = r"""
+import json, re, sys
+from absl import flags
+from dlrm.scripts import cli, recommender_train as script
+from dlrm.recommender.run_config import leaves
+
+FLAGS = flags.FLAGS
+own = sorted(f.name for f in FLAGS.flags_by_module_dict()[script.__name__] if not cli.is_alias(f))
+aliases = {f.name: re.match(r"Alias of --(\w+)", f.help).group(1) for f in FLAGS.flags_by_module_dict()[script.__name__] if cli.is_alias(f)}
+base = json.loads(sys.argv[1])
+out = {"own": own, "aliases": aliases, "base": None, "set": {}}
+def config(args):
+    FLAGS.unparse_flags()
+    FLAGS(["prog", *base, *args])
+    return {k: v for k, v in leaves(script.config_from_flags()).items()}
+out["base"] = config([])
+for name, value in json.loads(sys.argv[2]).items():
+    out["set"][name] = config([f"--{name}={value}"])
+print(json.dumps(out))
+"""
+
+
+def _probe(base: list[str], settings: dict[str, str]) -> dict:
+    proc = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(base), json.dumps(settings)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": REPO})
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_every_flag_of_recommender_train_lands_in_its_setting_of_the_config():
+    base = ["--network=net.json", "--input=in", "--save_checkpoint_path=ck", "--epochs=2"]
+    values = {name: value for name, (value, _, _) in FLAG_VALUES.items()}
+    values["epochs"] = "5"
+    found = _probe(base, {**values, **{alias: values[flag] for alias, flag in ALIASES.items()}})
+    assert sorted(found["own"]) == sorted([*FLAG_VALUES, *NOT_IN_CONFIG]), "a flag is not mapped (or gone)"
+    assert found["aliases"] == ALIASES
+    for flag, (_, setting, expected) in FLAG_VALUES.items():
+        got = found["set"][flag]
+        assert got[setting] == expected, (flag, setting, got[setting])
+        assert found["base"][setting] != expected, f"--{flag}'s value is the default: the test shows nothing"
+        changed = {k for k in got if got[k] != found["base"][k]}
+        assert changed == {setting}, (flag, changed)  # it sets its setting and nothing else
+    for alias, flag in ALIASES.items():
+        assert found["set"][alias] == found["set"][flag], alias
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda: dict(model=api.ModelConfig(network="n.json", optimizer=api.OptimizerOverrides(alpha=0))),
+     "`alpha` 0: the learning rate must be > 0"),
+    (lambda: dict(train=api.TrainSettings(epochs=3)), "`epochs` applies to the autoencoder"),
+    (lambda: dict(checkpoint=api.CheckpointConfig("ck", resume=True, overwrite=True)), "pass one of them"),
+    (lambda: dict(model=api.ModelConfig(network="n.json"), data=api.DataConfig("in", output="out")),
+     "give `epochs` (and `validation_users` 0)"),
+    (lambda: dict(model=api.ModelConfig(network="n.json"), validation=api.ValidationSettings(validation_users=0)),
+     "`validation_users` 0: without validation, give `epochs`"),
+    (lambda: dict(model=api.ModelConfig(model="autoencoder")), "`model` autoencoder needs `network`"),
+    (lambda: dict(batch_size=0), "`batch_size` 0: must be >= 1"),
+    (lambda: dict(batch_size="64"), "`batch_size` '64': must be a number"),
+])
+def test_a_config_refuses_what_no_run_can_do_naming_the_setting(make, says):
+    with pytest.raises(api.ConfigError) as refused:
+        api.RecommenderConfig(**{"data": api.DataConfig("in"), "checkpoint": api.CheckpointConfig("ck"), **make()})
+    assert says in str(refused.value) and isinstance(refused.value, ValueError)
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    root = tmp_path_factory.mktemp("api")
+    run_cli("dlrm.scripts.recommender_generate", "--synthetic", "--users", "300", "--items", "60", "--interactions",
+            "9000", "--output", str(root / "data"), "--heldout_fraction", "0.2")
+    return root
+
+
+def _from_python_section() -> tuple[str, list[list[str]]]:
+    """docs/recommender.md's "From Python": its Python example and its command-line twin."""
+    text = open(os.path.join(REPO, "docs", "recommender.md"), encoding="utf-8").read()
+    section = text.split("### From Python\n", 1)[1].split("\n### ", 1)[0]
+    python = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    bash = re.search(r"```bash\n(.*?)```", section, re.S).group(1).replace("\\\n", " ")
+    return python, [shlex.split(line) for line in bash.splitlines() if line.strip()]
+
+
+def _workdir(root, name: str):
+    work = root / name
+    work.mkdir()
+    (work / "data").symlink_to(root / "data")
+    (work / "configs").symlink_to(os.path.join(REPO, "configs"))
+    return work
+
+
+def _weights(path: str) -> dict[str, torch.Tensor]:
+    out = {}
+    for name in sorted(os.listdir(path)):
+        if name.endswith(".pt"):
+            loaded = torch.load(os.path.join(path, name), weights_only=True)
+            out.update({f"{name}/{k}": v for k, v in _flat(loaded).items()})
+    return out
+
+
+def _flat(obj, prefix: str = "") -> dict:
+    if torch.is_tensor(obj):
+        return {prefix: obj}
+    if isinstance(obj, dict):
+        return {k: v for key, value in obj.items() for k, v in _flat(value, f"{prefix}/{key}").items()}
+    if isinstance(obj, (list, tuple)):
+        return {k: v for i, value in enumerate(obj) for k, v in _flat(value, f"{prefix}/{i}").items()}
+    return {prefix: obj}
+
+
+def test_the_documented_python_example_writes_what_its_commands_write(generated):
+    python, commands = _from_python_section()
+    assert [c[:3] for c in commands] == [["python", "-m", f"dlrm.scripts.recommender_{s}"] for s in
+                                         ("train", "train", "predict", "evaluate")]
+    by_python, by_cli = _workdir(generated, "python"), _workdir(generated, "cli")
+    env = {**os.environ, "PYTHONPATH": REPO, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run([sys.executable, "-c", python], cwd=by_python, capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "chose lambda" in proc.stdout and "NDCG@10" in proc.stdout, proc.stdout
+    for command in commands:
+        done = subprocess.run([sys.executable, *command[1:]], cwd=by_cli, capture_output=True, text=True,
+                              timeout=300, env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+    for ckpt in ("ckpt/rec", "ckpt/ae", "ckpt/ae.best"):
+        ours, theirs = _weights(str(by_python / ckpt)), _weights(str(by_cli / ckpt))
+        assert ours.keys() == theirs.keys() and ours, ckpt
+        for key, value in theirs.items():
+            assert torch.equal(ours[key], value) if torch.is_tensor(value) else ours[key] == value, (ckpt, key)
+    assert (by_python / "recs.txt").read_text() == (by_cli / "recs.txt").read_text()
+    metrics = [json.loads((work / "metrics.json").read_text())["results"] for work in (by_python, by_cli)]
+    for results in metrics:
+        for row in results.values():
+            row.pop("seconds", None), row.pop("fit_seconds", None)
+    assert metrics[0] == metrics[1]
+
+
+_LONG_RUN = r"""
+import json, signal, sys
+from dlrm.recommender import api
+
+before = signal.getsignal(signal.SIGTERM)
+cfg = api.RecommenderConfig(data=api.DataConfig(input=sys.argv[1]),
+                            model=api.ModelConfig(network="configs/recommender/mult_dae.json"),
+                            train=api.TrainSettings(epochs=100000, log_every_steps=1), batch_size=8,
+                            validation=api.ValidationSettings(validation_users=0),
+                            checkpoint=api.CheckpointConfig(save_checkpoint_path=sys.argv[2]))
+summary = api.train(cfg)
+print(json.dumps({"summary": summary, "handler_restored": signal.getsignal(signal.SIGTERM) is before}))
+"""
+
+
+def test_sigterm_stops_an_api_run_with_a_checkpoint_and_gives_the_handlers_back(generated, tmp_path):
+    ckpt = str(tmp_path / "ck")
+    proc = subprocess.Popen([sys.executable, "-c", _LONG_RUN, str(generated / "data" / "input"), ckpt], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": REPO, "PYTHONUNBUFFERED": "1"})
+    lines = []
+    for line in proc.stdout:  # the first step's line: training is under way
+        lines.append(line)
+        if line.startswith("epoch "):
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, "".join(lines) + out + err  # the API returns; only a script exits 143
+    result = json.loads(out.strip().splitlines()[-1])
+    summary = result["summary"]
+    assert summary["stop_reason"] == "interrupted" and summary["signal"] == signal.SIGTERM, summary
+    assert result["handler_restored"]
+    meta = json.load(open(os.path.join(ckpt, "meta.json")))
+    assert meta["train_state"]["step"] == summary["steps"] >= 1
+
+
+def test_api_refusals_are_the_librarys_exceptions_and_change_nothing(generated, tmp_path):
+    from dlrm.engine.checkpoint_store import CheckpointError, CheckpointLock
+    from dlrm.engine.outputs import OutputError
+
+    data = str(generated / "data" / "input")
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine")
+    cfg = api.RecommenderConfig(data=api.DataConfig(data), checkpoint=api.CheckpointConfig(str(taken)))
+    with pytest.raises(OutputError, match="save_checkpoint_path"):
+        api.train(cfg)
+    assert os.listdir(taken) == ["notes.txt"]
+    with pytest.raises(api.ConfigError, match="`input` .* does not exist"):
+        api.train(api.RecommenderConfig(data=api.DataConfig(str(tmp_path / "missing")),
+                                        checkpoint=api.CheckpointConfig(str(tmp_path / "ck"))))
+    # A second run saving to the same path while one holds it is refused (the checkpoint's lock).
+    ckpt = str(tmp_path / "locked")
+    with CheckpointLock(ckpt):
+        with pytest.raises(CheckpointError, match="another run"):
+            api.train(api.RecommenderConfig(data=api.DataConfig(data), checkpoint=api.CheckpointConfig(ckpt)))
+    assert not os.path.exists(os.path.join(ckpt, "meta.json"))
+    with pytest.raises(api.ConfigError, match="nothing to evaluate"):
+        api.evaluate(data, str(generated / "data" / "heldout"), baselines=[])
+
+
+def test_a_checkpoint_of_the_earlier_flag_names_resumes(generated, tmp_path):
+    """A checkpoint whose run_config holds the earlier record (our_flags(): print_freq,
+    validate_every_steps: the flags' names) resumes, and a different seed in it is
+    still refused."""
+    from dlrm.recommender import checkpoint
+
+    data = str(generated / "data" / "input")
+    cfg = dict(data=api.DataConfig(data), model=api.ModelConfig(network="configs/recommender/mult_dae.json"),
+               validation=api.ValidationSettings(validation_users=0), batch_size=64, seed=2)
+    whole = str(tmp_path / "whole")
+    api.train(api.RecommenderConfig(**cfg, train=api.TrainSettings(epochs=2, log_every_steps=0),
+                                    checkpoint=api.CheckpointConfig(whole)))
+    half = str(tmp_path / "half")
+    first = api.train(api.RecommenderConfig(**cfg, train=api.TrainSettings(epochs=2, max_steps=3, log_every_steps=0),
+                                            checkpoint=api.CheckpointConfig(half)))
+    assert first["stop_reason"] == "max_steps"
+    meta_path = os.path.join(half, "meta.json")
+    meta = json.load(open(meta_path))
+    run_id = meta["run_config"][checkpoint.RUN_ID]
+    meta["run_config"] = {"network": "configs/recommender/mult_dae.json", "input": data, "batch_size": 64,
+                          "epochs": 2, "validation_users": 0.0, "validation_max_users": 10000,
+                          "validation_items": 0.2, "seed": 2, "print_freq": 0, "validate_every_steps": 0,
+                          "save_checkpoint_path": half, "run_id": run_id}
+    json.dump(meta, open(meta_path, "w"))
+    resumed = api.RecommenderConfig(**cfg, train=api.TrainSettings(epochs=2, log_every_steps=0),
+                                    checkpoint=api.CheckpointConfig(half, resume=True))
+    assert api.train(resumed)["stop_reason"] == "completed"
+    ours, theirs = _weights(half), _weights(whole)
+    assert ours.keys() == theirs.keys()
+    for key, value in theirs.items():
+        assert torch.equal(ours[key], value) if torch.is_tensor(value) else ours[key] == value, key
+    meta["run_config"]["seed"] = 3
+    json.dump(meta, open(meta_path, "w"))
+    with pytest.raises(api.ConfigError, match="trained with `seed` 3"):
+        api.train(resumed)
