@@ -158,8 +158,11 @@ class InferenceBenchmarkConfig:
 
     def __post_init__(self) -> None:
         sizes = self.inference_benchmark_batch_sizes
-        if not sizes or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes):
-            raise ValueError(f"`inference_benchmark_batch_sizes` must be positive integers, got {sizes!r}")
+        if not sizes:
+            raise ValueError("`inference_benchmark_batch_sizes` is empty: give one batch size or more")
+        for n in sizes:
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"`inference_benchmark_batch_sizes`: {n!r} is not a batch size (a positive integer)")
         check_count(1, inference_benchmark_steps=self.inference_benchmark_steps)
         check_count(0, inference_benchmark_threads=self.inference_benchmark_threads)
         if self.inference_benchmark_backend not in BENCHMARK_BACKENDS:
