@@ -230,7 +230,9 @@ class RunConfig:
     data: DataConfig = field(default_factory=lambda: DataConfig(dataset_type="synthetic"))
     model: ModelSettings = field(default_factory=ModelSettings)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(LRSchedule(lr=24.0)))
+    # NVIDIA's schedule, as dlrm.scripts.main's flags default to it
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(LRSchedule(
+        lr=24.0, warmup_steps=8000, decay_start_step=48000, decay_steps=24000)))
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
