@@ -58,6 +58,7 @@ flags.disclaim_key_flags()
 DEFAULT_ERRORS: tuple[type[BaseException] | str, ...] = (
     "dlrm.engine.errors.DatasetError",
     "dlrm.training.checkpoint.CheckpointError",
+    "dlrm.engine.checkpoint_store.CheckpointError",  # the same class, where a script that never loads DLRM's meets it
     "dlrm.distributed.planner.PlanError",
     "dlrm.engine.atomic.StorageError",
     "dlrm.engine.outputs.OutputError",
