@@ -116,3 +116,24 @@ def test_the_flags_main_read_directly_are_settings_of_the_config(args, setting):
     value = next(getattr(h, setting) for h in holders if hasattr(h, setting))
     flag_value = check_args(args)[setting].value
     assert value == ([int(v) for v in flag_value] if isinstance(flag_value, list) else flag_value)
+
+
+def test_the_loops_schedule_is_named_as_the_recommenders_and_shown_as_nvidias_flags(cli):
+    """TrainConfig's log_every_steps, eval_every_steps, checkpoint_every_steps: the library's
+    messages name them so, and main shows its flags (--print_freq, --test_freq, --checkpoint_freq);
+    a script whose flag has the setting's own name (the recommender's) shows that one."""
+    from dlrm.scripts.cli import flag_terms
+    from dlrm.training.lr_schedule import LRSchedule
+    from dlrm.training.run_config import RunConfig
+    from dlrm.training.train import TrainConfig
+
+    for setting, flag in (("log_every_steps", "print_freq"), ("eval_every_steps", "test_freq"),
+                          ("checkpoint_every_steps", "checkpoint_freq")):
+        with pytest.raises(ValueError, match=f"`{setting}` must be positive, got 0"):
+            RunConfig(train=TrainConfig(LRSchedule(1.0), **{setting: 0}))
+        assert flag_terms(f"`{setting}` must be positive") == f"--{flag} must be positive"  # main's flags
+        own = flags.FlagValues()
+        flags.DEFINE_integer(setting, 0, "", flag_values=own)
+        assert flag_terms(f"raise `{setting}`", own) == f"raise --{setting}"
+    proc = cli("dlrm.scripts.main", "--test_freq=0", "--log_path=/dev/null", check=False)
+    assert proc.returncode == 2 and proc.stderr.strip() == "error: --test_freq must be positive, got 0", proc.stderr
