@@ -295,7 +295,8 @@ def _run_config(v: flags.FlagValues) -> RunConfig:
         schedule=schedule, epochs=v.epochs, max_steps=v.max_steps, eval_every_steps=v.test_freq,
         test_after=v.test_after, log_every_steps=v.print_freq, benchmark_warmup_steps=v.benchmark_warmup_steps,
         auc_threshold=v.auc_threshold, shuffle_batch_order=v.shuffle_batch_order,
-        save_checkpoint_path=v.save_checkpoint_path, checkpoint_every_steps=v.checkpoint_freq, cuda_graphs=v.cuda_graphs, auc_device=nvidia_flags.auc_device(v),
+        save_checkpoint_path=v.save_checkpoint_path, checkpoint_every_steps=v.checkpoint_freq, cuda_graphs=v.cuda_graphs,
+        auc_device=nvidia_flags.auc_device(v),
         checkpoint_format=v.checkpoint_format,
     )
     parallel = ParallelConfig(

@@ -109,18 +109,16 @@ def evaluate(cfg: RunConfig, env: DistEnv | None = _FROM_ENVIRONMENT) -> dict[st
 def benchmark_inference(cfg: RunConfig) -> dict[str, Any]:
     """Latency and throughput per batch size (``mode="inference_benchmark"``, ``cfg.benchmark``),
     of ``checkpoint.load_checkpoint_path`` or fresh weights: ``precision``, ``device``,
-    ``threads`` and ``inference``, one dict per batch size (and host-copy variant on a GPU)."""
-    return run(_in_mode(cfg, "inference_benchmark"), None)
+    ``threads`` and ``inference``, one dict per batch size (and host-copy variant on a GPU). One
+    process: under torchrun it raises ``SettingError``, as ``--mode inference_benchmark`` does."""
+    return run(_in_mode(cfg, "inference_benchmark"))
 
 
 def plan(cfg: RunConfig) -> dict[str, Any]:
     """The memory per process for 1, 2, 4, ... processes (up to ``plan_max_processes``) and the
     fewest that fit on devices of ``parallel.device_memory_gb`` (``mode="plan"``; nothing built):
     ``processes`` (None when none fits) and ``report``, the text ``--mode plan`` prints."""
-    cfg = _in_mode(cfg, "plan")
-    with _setting_errors():
-        device = resolve_device(cfg.base_device)
-    return _plan(cfg, device)
+    return run(_in_mode(cfg, "plan"))
 
 
 def run(cfg: RunConfig, env: DistEnv | None = _FROM_ENVIRONMENT, *, log_flags: dict[str, Any] | None = None,

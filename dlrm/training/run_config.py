@@ -271,7 +271,8 @@ class RunConfig:
         if self.checkpoint.resume and not (self.mode == "train" and (self.train.save_checkpoint_path
                                                                      or self.checkpoint.load_checkpoint_path)):
             raise ValueError("`resume` continues a training run from a checkpoint: pass `save_checkpoint_path` (its "
-                             "own, with `checkpoint_every_steps` to lose at most that many steps) or `load_checkpoint_path`")
+                             "own, with `checkpoint_every_steps` to lose at most that many steps) or "
+                             "`load_checkpoint_path`")
         if self.checkpoint.resume and self.checkpoint.overwrite:
             raise ValueError("`resume` continues the checkpoint at `save_checkpoint_path` and `overwrite` starts over "
                              "in its place: pass one of them")
