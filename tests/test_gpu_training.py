@@ -57,7 +57,7 @@ def test_cuda_training_learns_and_auc_matches_sklearn(amp_dtype):
     test_src = SyntheticDataset(13, TABLES, 32 * 1024, 8192, device=cuda, seed=3, split="test")
     model = small_model(cuda)
     precision = Precision("cuda", amp_dtype)
-    cfg = TrainConfig(schedule=LRSchedule(lr=0.5, warmup_steps=20), print_freq=100)
+    cfg = TrainConfig(schedule=LRSchedule(lr=0.5, warmup_steps=20), log_every_steps=100)
     summary = train(model, make_optimizer(model, 0.5), precision.grad_scaler(), precision, train_src, test_src, cfg,
                     cuda, RunLogger(None, stream=io.StringIO()))
     assert summary["best_auc"] > 0.70

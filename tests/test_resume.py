@@ -60,7 +60,7 @@ def _train(dataset, batch_size, state, save, reads, epochs=2, max_steps=None, sh
     if state == "resume":
         state = load_checkpoint(save, model, opt, scaler)
     cfg = TrainConfig(schedule=LRSchedule(lr=0.1), epochs=epochs, max_steps=max_steps, save_checkpoint_path=save,
-                      print_freq=1000, shuffle_batch_order=shuffle)
+                      log_every_steps=1000, shuffle_batch_order=shuffle)
     source = RecordingReader(spec, "train", batch_size, reads=reads)
     return train(model, opt, scaler, Precision("cpu"), source, None, cfg, CPU, RunLogger(None, stream=io.StringIO()),
                  state=state)
@@ -124,7 +124,7 @@ def test_position_past_the_end_of_a_smaller_split_ends_the_epoch(dataset, tmp_pa
     spec = FeatureSpec.from_yaml(os.path.join(dataset, "feature_spec.yaml"))
     model = DLRM(DLRMConfig(num_numerical_features=4, table_sizes=TABLES, embedding_dim=8,
                             bottom_mlp_sizes=[16, 8], top_mlp_sizes=[16, 1]))
-    cfg = TrainConfig(schedule=LRSchedule(lr=0.1), epochs=2, print_freq=1000)
+    cfg = TrainConfig(schedule=LRSchedule(lr=0.1), epochs=2, log_every_steps=1000)
     summary = train(model, make_optimizer(model, 0.1), Precision("cpu").grad_scaler(), Precision("cpu"),
                     RecordingReader(spec, "train", 4096, reads=reads), None, cfg, CPU,
                     RunLogger(None, stream=io.StringIO()), state=state)

@@ -33,17 +33,18 @@ def test_a_python_run_is_the_command_lines_run(cli, tmp_path):
     cfg = RunConfig(
         seed=11, base_device="cpu", batch_size=256, test_batch_size=1024,
         data=DataConfig(dataset_type="synthetic", synthetic_num_entries=4096, synthetic_num_test_entries=1024,
-                        synthetic_table_sizes=TABLES, synthetic_num_numerical=5, seed=11),
+                        synthetic_table_sizes=TABLES, synthetic_num_numerical=5),
         model=ModelSettings(embedding_dim=8, bottom_mlp_sizes=[16, 8], top_mlp_sizes=[32, 16, 1]),
         optimizer=OptimizerConfig(embedding="rowwise_adagrad"),
-        train=TrainConfig(LRSchedule(0.5, warmup_steps=2), max_steps=7, seed=11, save_checkpoint_path=by_python),
+        train=TrainConfig(LRSchedule(0.5, warmup_steps=2), max_steps=7, save_checkpoint_path=by_python),
     )
     # dlrm/training/build.py's recipe, line for line
     device = resolve_device(cfg.base_device)
     run = build_run(cfg, device, collectives=start_processes(cfg, None, device))
-    optimizer, scaler, state = start_training(run)  # state: what --resume continues, else None
+    optimizer, scaler, state = start_training(run)  # state: what `resume` continues, else None
     summary = train(run.model, optimizer, scaler, run.precision, run.source("train", cfg.batch_size),
-                    run.source("test", cfg.test_batch_size), cfg.train, run.device, run.logger, state)
+                    run.source("test", cfg.test_batch_size), cfg.train, run.device, run.logger, state,
+                    run_config=cfg.to_dict(), seed=cfg.seed)  # what the checkpoint records; the one seed
     assert summary["steps"] == 7 and state is None
 
     expected, got = read_checkpoint(by_flags), read_checkpoint(by_python)

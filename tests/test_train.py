@@ -80,7 +80,7 @@ def test_training_learns_the_synthetic_signal(tmp_path):
     train_src, test_src = sources(train_rows=256 * 1024)
     model = small_model()
     before = evaluate(model, test_src, CPU, Precision("cpu")).auc
-    cfg = TrainConfig(schedule=LRSchedule(lr=0.5, warmup_steps=20), print_freq=50, test_freq=128)
+    cfg = TrainConfig(schedule=LRSchedule(lr=0.5, warmup_steps=20), log_every_steps=50, eval_every_steps=128)
     summary = run(model, cfg, train_src, test_src, log=str(tmp_path / "log.json"))
     assert abs(before - 0.5) < 0.05
     assert summary["best_auc"] > 0.70, summary
@@ -91,7 +91,7 @@ def test_training_learns_the_synthetic_signal(tmp_path):
 
 def test_bf16_autocast_trains_close_to_fp32():
     train_src, test_src = sources(train_rows=64 * 1024)
-    cfg = TrainConfig(schedule=LRSchedule(lr=0.5, warmup_steps=10), print_freq=1000)
+    cfg = TrainConfig(schedule=LRSchedule(lr=0.5, warmup_steps=10), log_every_steps=1000)
     fp32 = run(small_model(), cfg, train_src, test_src)
     bf16 = run(small_model(), cfg, train_src, test_src, precision=Precision("cpu", torch.bfloat16))
     assert abs(fp32["best_auc"] - bf16["best_auc"]) < 0.02
@@ -126,7 +126,7 @@ def before_table(state, model, i):
 def test_resume_reproduces_the_uninterrupted_run(tmp_path, shuffle):
     train_src, test_src = sources(train_rows=24 * 1024)  # 24 batches per epoch
     schedule = LRSchedule(lr=0.8, warmup_steps=5, decay_start_step=20, decay_steps=30)
-    common = dict(schedule=schedule, epochs=3, print_freq=1, test_freq=16, shuffle_batch_order=shuffle)
+    common = dict(schedule=schedule, epochs=3, log_every_steps=1, eval_every_steps=16, shuffle_batch_order=shuffle)
 
     full_log = str(tmp_path / "full.json")
     run(small_model(), TrainConfig(**common), train_src, test_src, log=full_log)
@@ -149,7 +149,7 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, shuffle):
 def test_max_steps_auc_threshold_and_summary(tmp_path):
     train_src, test_src = sources(train_rows=64 * 1024)
     log = str(tmp_path / "log.json")
-    cfg = TrainConfig(schedule=LRSchedule(lr=0.5), epochs=5, test_freq=8, print_freq=4, auc_threshold=0.55,
+    cfg = TrainConfig(schedule=LRSchedule(lr=0.5), epochs=5, eval_every_steps=8, log_every_steps=4, auc_threshold=0.55,
                       benchmark_warmup_steps=2)
     summary = run(small_model(), cfg, train_src, test_src, log=log)
     assert summary["stop_reason"] == "auc_threshold"
@@ -159,7 +159,7 @@ def test_max_steps_auc_threshold_and_summary(tmp_path):
     for key in ("best_auc", "average_train_throughput", "average_test_throughput"):
         assert final[key] > 0 and math.isfinite(final[key])
 
-    cfg = TrainConfig(schedule=LRSchedule(lr=0.5), epochs=5, max_steps=10, print_freq=3, test_after=100)
+    cfg = TrainConfig(schedule=LRSchedule(lr=0.5), epochs=5, max_steps=10, log_every_steps=3, test_after=100)
     summary = run(small_model(), cfg, train_src, test_src)
     assert summary["steps"] == 10 and math.isnan(summary["best_auc"])  # test_after never reached
 
@@ -174,7 +174,7 @@ def test_should_stop_ends_between_steps_and_checkpoints(tmp_path):
 
     model = small_model()
     opt = make_optimizer(model, 0.1)
-    cfg = TrainConfig(schedule=LRSchedule(lr=0.1), save_checkpoint_path=str(tmp_path / "c"), print_freq=100)
+    cfg = TrainConfig(schedule=LRSchedule(lr=0.1), save_checkpoint_path=str(tmp_path / "c"), log_every_steps=100)
     summary = train(model, opt, Precision("cpu").grad_scaler(), Precision("cpu"), train_src, None, cfg, CPU,
                     RunLogger(None, stream=io.StringIO()), should_stop=stop_after_five)
     assert summary["stop_reason"] == "interrupted" and summary["steps"] == 5

@@ -33,7 +33,6 @@ class DataConfig:
     synthetic_bag_sizes: list[int] | None = None
     synthetic_pooling: str = "sum"
     synthetic_zipf_exponent: float = ZIPF_EXPONENT  # P(id) ~ (id + 1) ** -exponent in every table
-    seed: int = 12345
 
     @property
     def synthetic(self) -> bool:
@@ -62,13 +61,15 @@ def make_source(
     batch_size: int,
     device: torch.device,
     categorical_features: Sequence[int] | None = None,
+    seed: int = 12345,
 ) -> Any | None:
-    """A source with ``len()`` and ``read_batch(i)``; None when the dataset lacks the split."""
+    """A source with ``len()`` and ``read_batch(i)``; None when the dataset lacks the split.
+    ``seed``: synthetic data's (a run's one seed, ``RunConfig.seed``)."""
     if cfg.synthetic:
         entries = cfg.synthetic_num_entries if split == "train" else cfg.synthetic_num_test_entries
         return SyntheticDataset(
             cfg.synthetic_num_numerical, cfg.synthetic_table_sizes, entries, batch_size,
-            device=device, seed=cfg.seed, split=split,
+            device=device, seed=seed, split=split,
             bag_sizes=cfg.synthetic_bag_sizes, pooling=cfg.synthetic_pooling,
             zipf_exponent=cfg.synthetic_zipf_exponent,
         )
@@ -81,7 +82,7 @@ def make_source(
 
 def make_rank_source(
     cfg: DataConfig, spec: FeatureSpec, split: str, batch_size: int, device: torch.device,
-    tables: Sequence[int], rank: int, world_size: int,
+    tables: Sequence[int], rank: int, world_size: int, seed: int = 12345,
 ) -> Any | None:
     """One process's share of a split in hybrid-parallel training (see ``RankSource``)."""
     if not cfg.synthetic and split not in spec.splits:
@@ -89,7 +90,7 @@ def make_rank_source(
 
     def make_reader(categorical_features: Sequence[int], read_numerical: bool, read_label: bool) -> Any:
         if cfg.synthetic:
-            return make_source(cfg, spec, split, batch_size, device)
+            return make_source(cfg, spec, split, batch_size, device, seed=seed)
         return SplitBinaryReader(spec, split, batch_size, categorical_features=categorical_features,
                                  read_numerical=read_numerical, read_label=read_label,
                                  check_ids=not cfg.hash_indices)

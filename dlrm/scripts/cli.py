@@ -58,6 +58,7 @@ flags.disclaim_key_flags()
 DEFAULT_ERRORS: tuple[type[BaseException] | str, ...] = (
     "dlrm.engine.errors.DatasetError",
     "dlrm.training.checkpoint.CheckpointError",
+    "dlrm.engine.checkpoint_store.CheckpointError",  # the same class, where a script that never loads DLRM's meets it
     "dlrm.distributed.planner.PlanError",
     "dlrm.engine.atomic.StorageError",
     "dlrm.engine.outputs.OutputError",
@@ -79,6 +80,11 @@ LIBRARY_FLAGS = {
     "synthetic_table_sizes": "synthetic_dataset_table_sizes",
     "synthetic_num_numerical": "synthetic_dataset_numerical_features",
     "synthetic_bag_sizes": "synthetic_multi_hot_sizes",
+    # dlrm.training.train.TrainConfig's schedule, named as the recommender's loop names it; the
+    # flags keep NVIDIA's names (a script with a flag of the setting's own name shows that one)
+    "log_every_steps": "print_freq",
+    "eval_every_steps": "test_freq",
+    "checkpoint_every_steps": "checkpoint_freq",
 }
 _SETTING = re.compile(r"`(\w+)(?:=([^`\s]*))?`")
 # " (or <something> `setting`)": a hint at another way, dropped where the script offers no flag for it.
@@ -111,7 +117,7 @@ def flag_terms(message: str, flag_values: flags.FlagValues = FLAGS) -> str:
     """``message`` with its `setting` names shown as the flags of ``flag_values`` (module docstring)."""
     def unoffered(setting: str) -> bool:  # an escape hatch this script has no flag for
         flag = LIBRARY_FLAGS.get(setting)
-        return flag is not None and flag not in flag_values
+        return flag is not None and flag not in flag_values and setting not in flag_values
 
     def as_flag(match: re.Match) -> str:
         name, value = match.group(1), match.group(2)
@@ -120,6 +126,8 @@ def flag_terms(message: str, flag_values: flags.FlagValues = FLAGS) -> str:
             value = None  # the flag says it all: verify=False -> --skip_checkpoint_verify
         else:
             flag = LIBRARY_FLAGS.get(name, name)
+            if flag not in flag_values and name in flag_values:
+                flag = name  # this script's flag has the setting's own name
         if flag not in flag_values:
             return match.group(0)[1:-1]
         if value is None:

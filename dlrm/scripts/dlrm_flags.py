@@ -20,7 +20,9 @@ from dlrm.engine.collectives import GRADIENT_SYNC
 from dlrm.scripts import cli, nvidia_flags, serving_flags
 from dlrm.training.lr_schedule import LRSchedule
 from dlrm.training.optimizers import DENSE_OPTIMIZERS, EMBEDDING_OPTIMIZERS, OptimizerConfig
-from dlrm.training.run_config import CheckpointConfig, ModelSettings, ParallelConfig, RunConfig
+from dlrm.training.run_config import (
+    CheckpointConfig, InferenceBenchmarkConfig, ModelSettings, OutputConfig, ParallelConfig, RunConfig, ServingConfig,
+)
 from dlrm.training.train import TrainConfig
 
 FLAGS = flags.FLAGS
@@ -279,7 +281,7 @@ def _run_config(v: flags.FlagValues) -> RunConfig:
         synthetic_num_test_entries=v.synthetic_dataset_num_test_entries,
         synthetic_table_sizes=_ints(v.synthetic_dataset_table_sizes, "synthetic_dataset_table_sizes"),
         synthetic_num_numerical=v.synthetic_dataset_numerical_features, synthetic_bag_sizes=_multi_hot_sizes(v),
-        synthetic_pooling=v.synthetic_pooling, synthetic_zipf_exponent=v.synthetic_zipf_exponent, seed=v.seed,
+        synthetic_pooling=v.synthetic_pooling, synthetic_zipf_exponent=v.synthetic_zipf_exponent,
     )
     model = ModelSettings(
         embedding_dim=v.embedding_dim, bottom_mlp_sizes=_ints(v.bottom_mlp_sizes, "bottom_mlp_sizes"),
@@ -290,10 +292,11 @@ def _run_config(v: flags.FlagValues) -> RunConfig:
     schedule = LRSchedule(v.lr, v.warmup_steps, v.warmup_factor, v.decay_start_step, v.decay_steps, v.decay_power,
                           v.decay_end_lr)
     train = TrainConfig(
-        schedule=schedule, epochs=v.epochs, max_steps=v.max_steps, test_freq=v.test_freq, test_after=v.test_after,
-        print_freq=v.print_freq, benchmark_warmup_steps=v.benchmark_warmup_steps, auc_threshold=v.auc_threshold,
-        shuffle_batch_order=v.shuffle_batch_order, seed=v.seed, save_checkpoint_path=v.save_checkpoint_path,
-        checkpoint_freq=v.checkpoint_freq, cuda_graphs=v.cuda_graphs, auc_device=nvidia_flags.auc_device(v),
+        schedule=schedule, epochs=v.epochs, max_steps=v.max_steps, eval_every_steps=v.test_freq,
+        test_after=v.test_after, log_every_steps=v.print_freq, benchmark_warmup_steps=v.benchmark_warmup_steps,
+        auc_threshold=v.auc_threshold, shuffle_batch_order=v.shuffle_batch_order,
+        save_checkpoint_path=v.save_checkpoint_path, checkpoint_every_steps=v.checkpoint_freq, cuda_graphs=v.cuda_graphs,
+        auc_device=nvidia_flags.auc_device(v),
         checkpoint_format=v.checkpoint_format,
     )
     parallel = ParallelConfig(
@@ -303,19 +306,26 @@ def _run_config(v: flags.FlagValues) -> RunConfig:
     )
     checkpoint = CheckpointConfig(load_checkpoint_path=v.load_checkpoint_path, resume=v.resume,
                                   overwrite=v.overwrite, verify=not v.skip_checkpoint_verify)
+    output = OutputConfig(log_path=v.log_path or None, log_format=v.log_format, tensorboard_dir=v.tensorboard_dir)
+    benchmark = InferenceBenchmarkConfig(
+        inference_benchmark_batch_sizes=_ints(v.inference_benchmark_batch_sizes, "inference_benchmark_batch_sizes"),
+        inference_benchmark_steps=v.inference_benchmark_steps,
+        inference_benchmark_backend=v.inference_benchmark_backend,
+        inference_benchmark_threads=v.inference_benchmark_threads,
+    )
+    serving = ServingConfig(quantize_tables=serving_flags.quantize_tables(v, mode=v.mode),
+                            quantize_min_rows=v.quantize_min_rows)
     return RunConfig(mode=v.mode, seed=v.seed, base_device=v.base_device, amp=v.amp, amp_dtype=v.amp_dtype,
                      allow_tf32=v.allow_tf32, batch_size=v.batch_size, test_batch_size=v.test_batch_size,
                      validate_dataset=v.validate_dataset, data=data, model=model, optimizer=optimizer_config(v),
-                     train=train, checkpoint=checkpoint, parallel=parallel)
+                     train=train, checkpoint=checkpoint, parallel=parallel, output=output, benchmark=benchmark,
+                     serving=serving, plan_max_processes=v.plan_max_processes)
 
 
 def run_config(values: flags.FlagValues = FLAGS) -> RunConfig:
-    """The run the flags describe, checked (``RunConfig``); ``app.UsageError`` naming the flags.
-    Call after ``apply_preset`` and ``nvidia_flags.apply``."""
-    if values.inference_benchmark_steps is not None and not values.inference_benchmark_steps > 0:
-        raise app.UsageError(f"--inference_benchmark_steps must be positive, got {values.inference_benchmark_steps}")
-    _ints(values.inference_benchmark_batch_sizes, "inference_benchmark_batch_sizes")
-    serving_flags.quantize_tables(values, mode=values.mode)
+    """The run the flags describe, checked (``RunConfig``: every flag of ``dlrm.scripts.main`` is
+    in it, but for those that change nothing here, ``nvidia_flags``' notes); ``app.UsageError``
+    naming the flags. Call after ``apply_preset`` and ``nvidia_flags.apply``."""
     try:
         return _run_config(values)
     except ValueError as e:

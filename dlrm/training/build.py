@@ -1,12 +1,15 @@
 """A DLRM run built from its ``RunConfig``: device, precision, data, the planned model, optimizer.
 
-What ``dlrm.scripts.main`` does between its flags and the loop, for Python users and tests:
+What ``dlrm.training.api`` (and through it ``dlrm.scripts.main``) does between a ``RunConfig``
+and the loop, for Python users who want the parts; ``api.train(cfg)`` is the whole job, with
+the checkpoint lock, the output claims and the stop on a signal:
 
     device = resolve_device(cfg.base_device)  # dlrm.engine.devices
     run = build_run(cfg, device, collectives=start_processes(cfg, None, device))
-    optimizer, scaler, state = start_training(run)  # state: what --resume continues, else None
+    optimizer, scaler, state = start_training(run)  # state: what `resume` continues, else None
     summary = train(run.model, optimizer, scaler, run.precision, run.source("train", cfg.batch_size),
-                    run.source("test", cfg.test_batch_size), cfg.train, run.device, run.logger, state)
+                    run.source("test", cfg.test_batch_size), cfg.train, run.device, run.logger, state,
+                    run_config=cfg.to_dict(), seed=cfg.seed)  # what the checkpoint records; the one seed
 
 (``tests/test_run_config.py`` runs these lines and checks them against the command line's run.)
 
@@ -176,23 +179,24 @@ def build_run(cfg: RunConfig, device: torch.device, env: DistEnv | None = None,
     if env is None:
         plan = plan_one_device(cfg, model_cfg, device, logger)
         model = DLRM(model_cfg, device=device, host_tables=plan.host, host_cache_rows=plan.host_cache_rows)
-        source = lambda split, batch_size: make_source(cfg.data, spec, split, batch_size, device)  # noqa: E731
+        source = lambda split, batch_size: make_source(cfg.data, spec, split, batch_size, device,  # noqa: E731
+                                                       seed=cfg.seed)
     else:
         model, parallel = parallelize(model_cfg, plan_ranks(cfg, model_cfg, env, device, logger), device,
                                       collectives, EXCHANGE_DTYPES[cfg.parallel.exchange_dtype])
         source = lambda split, batch_size: make_rank_source(  # noqa: E731
-            cfg.data, spec, split, batch_size, device, parallel.tables, parallel.rank, parallel.world_size)
+            cfg.data, spec, split, batch_size, device, parallel.tables, parallel.rank, parallel.world_size, cfg.seed)
     if cfg.train.cuda_graphs:  # before any data is read; the training step checks again as a library guard
         check_cuda_graphs_supported(model, device, collectives.world_size, training=cfg.mode == "train")
     return Run(cfg, device, precision, collectives, spec, model_cfg, model, source, logger)
 
 
-def claim_outputs(cfg: RunConfig, log_path: str | None, tensorboard_dir: str | None,
-                  log_format: str = "json") -> None:
+def claim_outputs(cfg: RunConfig) -> None:
     """Before anything runs, every path the run writes obeys the output rule
     (``dlrm.engine.outputs``): the checkpoint at ``save_checkpoint_path`` (refused when another
     checkpoint is there, unless `resume` continues it or `overwrite` replaces it), the log it
-    appends to, the TensorBoard folder; none is the dataset or a checkpoint it loads."""
+    appends to, the TensorBoard folder (``cfg.output``); none is the dataset or a checkpoint it loads."""
+    log_path, tensorboard_dir, log_format = cfg.output.log_path, cfg.output.tensorboard_dir, cfg.output.log_format
     load_path = cfg.checkpoint.load_checkpoint_path
     inputs = {"dataset": cfg.data.dataset if not cfg.data.synthetic else None, "load_checkpoint_path": load_path}
     save_path = cfg.train.save_checkpoint_path if cfg.mode == "train" else None

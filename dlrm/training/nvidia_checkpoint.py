@@ -428,9 +428,20 @@ def _plain(value: Any) -> bool:
 
 
 def _config(cfg: DLRMConfig, run_config: dict[str, Any] | None) -> dict[str, Any]:
-    """metadata.pt's config: the run's flags (NVIDIA's names where NVIDIA has the flag) with the
-    model's shape as NVIDIA's flags give it."""
-    config = {k: v for k, v in (run_config or {}).items() if _plain(v)}
+    """metadata.pt's config: the run's settings (a flags dict, or a ``RunConfig.to_dict()`` by
+    its settings' names, which are NVIDIA's flags' for most) with the model's shape as NVIDIA's
+    flags give it."""
+    flat: dict[str, Any] = {}
+
+    def leaves(values: dict[str, Any]) -> None:  # a RunConfig.to_dict() nests its settings
+        for k, v in values.items():
+            if isinstance(v, dict):
+                leaves(v)
+            else:
+                flat.setdefault(k, v)
+
+    leaves(run_config or {})
+    config = {k: v for k, v in flat.items() if _plain(v)}
     config.update(embedding_dim=cfg.embedding_dim, bottom_mlp_sizes=list(cfg.bottom_mlp_sizes),
                   top_mlp_sizes=list(cfg.top_mlp_sizes), hash_indices=cfg.hash_indices,
                   interaction_op="cat" if cfg.interaction_op == "cat" else "dot",

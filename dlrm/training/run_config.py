@@ -6,16 +6,24 @@
 ``RunConfig`` composes the library's own configs (``DataConfig``, ``OptimizerConfig``, the loop's
 ``TrainConfig`` with its ``LRSchedule``) with the settings no other config holds: the model's
 shape before the data fixes its tables (``ModelSettings``), where the tables go
-(``ParallelConfig``) and what to load (``CheckpointConfig``). Constructing one validates it
+(``ParallelConfig``), what to load (``CheckpointConfig``), where the run logs (``OutputConfig``),
+what ``mode="inference_benchmark"`` times (``InferenceBenchmarkConfig``) and the tables' serving
+precision (``ServingConfig``). It is everything a run of ``dlrm.scripts.main`` uses: every flag
+of that script maps onto it (``dlrm.scripts.dlrm_flags.run_config``), and ``RunConfig.seed`` is
+the run's one seed (weights, batch order, synthetic data). Constructing one validates it
 (``__post_init__``) and raises ``ValueError`` naming each setting in backquotes as it is spelled
 here, so a script shows the message in its flags' names (``dlrm.scripts.cli.flag_terms``).
-``dlrm.training.build`` turns a ``RunConfig`` into a model, optimizer, data sources and plan.
+``dlrm.training.api`` runs one (``train``, ``evaluate``, ``benchmark_inference``, ``plan``);
+``dlrm.training.build`` turns it into a model, optimizer, data sources and plan. ``to_dict`` and
+``from_dict``: the config as plain data (what a checkpoint's meta.json records) and back.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from dlrm.data.sources import SPLIT_BINARY_TYPES, SYNTHETIC_TYPES, DataConfig
 from dlrm.engine.collectives import GRADIENT_SYNC
@@ -26,6 +34,13 @@ from dlrm.training.train import TrainConfig
 
 MODES = ("train", "test", "inference_benchmark", "plan")
 EXCHANGE_DTYPES = ("auto", "fp32", "fp16", "bf16")
+LOG_FORMATS = ("json", "dllogger")
+BENCHMARK_BACKENDS = ("eager", "onnxruntime", "torchscript")
+SERVING_MODES = ("test", "inference_benchmark", "plan")
+# The key that marks a dict as ``RunConfig.to_dict``'s (a checkpoint's ``run_config`` before it
+# was a flags dict); its value is the layout's version.
+VERSION_KEY = "run_config_version"
+VERSION = 1
 
 
 def check_positive(**settings: float | None) -> None:
@@ -33,6 +48,13 @@ def check_positive(**settings: float | None) -> None:
     for name, value in settings.items():
         if value is not None and not value > 0:
             raise ValueError(f"`{name}` must be positive, got {value}")
+
+
+def check_count(minimum: int, **settings: int | None) -> None:
+    """Each setting given (not None) must be an integer >= ``minimum``."""
+    for name, value in settings.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
+            raise ValueError(f"`{name}` must be an integer >= {minimum}, got {value!r}")
 
 
 def check_non_negative(**settings: float) -> None:
@@ -106,8 +128,95 @@ class CheckpointConfig:
 
 
 @dataclass
+class OutputConfig:
+    """What a run writes besides its checkpoint (each claimed before any work, ``dlrm.engine.outputs``).
+
+    ``log_path``: the JSON-lines log the run appends to (None: none; ``dlrm.scripts.main``'s
+    default is ./log.json); ``log_format``: json (this program's records) or dllogger (NVIDIA's
+    DLLL lines); ``tensorboard_dir``: also the logged metrics as TensorBoard scalars."""
+
+    log_path: str | None = None
+    log_format: str = "json"
+    tensorboard_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.log_format not in LOG_FORMATS:
+            raise ValueError(f"`log_format` must be one of {LOG_FORMATS}, got {self.log_format!r}")
+
+
+@dataclass
+class InferenceBenchmarkConfig:
+    """What ``mode="inference_benchmark"`` times: latency and throughput of each batch size over
+    ``inference_benchmark_steps`` passes, of the eager model (its CUDA graphs with ``cuda_graphs``)
+    or an export loaded as a server would (``inference_benchmark_backend``), on
+    ``inference_benchmark_threads`` CPU threads (0: the libraries' defaults)."""
+
+    inference_benchmark_batch_sizes: list[int] = field(default_factory=lambda: [1, 64, 4096])
+    inference_benchmark_steps: int = 200
+    inference_benchmark_backend: str = "eager"
+    inference_benchmark_threads: int = 0
+
+    def __post_init__(self) -> None:
+        sizes = self.inference_benchmark_batch_sizes
+        if not sizes:
+            raise ValueError("`inference_benchmark_batch_sizes` is empty: give one batch size or more")
+        for n in sizes:
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"`inference_benchmark_batch_sizes`: {n!r} is not a batch size (a positive integer)")
+        check_count(1, inference_benchmark_steps=self.inference_benchmark_steps)
+        check_count(0, inference_benchmark_threads=self.inference_benchmark_threads)
+        if self.inference_benchmark_backend not in BENCHMARK_BACKENDS:
+            raise ValueError(f"`inference_benchmark_backend` must be one of {BENCHMARK_BACKENDS}, got "
+                             f"{self.inference_benchmark_backend!r}")
+
+
+@dataclass
+class ServingConfig:
+    """The tables' precision when a trained model is served (``mode`` test, inference_benchmark,
+    plan): ``quantize_tables`` one of ``dlrm.kernels.quantized_rows.PRECISION_BITS`` for every
+    table, or a list with one per table; tables under ``quantize_min_rows`` rows stay fp32."""
+
+    quantize_tables: str | list[str] = "fp32"
+    quantize_min_rows: int = 0
+
+    def __post_init__(self) -> None:
+        from dlrm.kernels.quantized_rows import PRECISION_BITS
+
+        chosen = [self.quantize_tables] if isinstance(self.quantize_tables, str) else list(self.quantize_tables)
+        bad = [p for p in chosen if p not in PRECISION_BITS] or ([] if chosen else ["(none)"])
+        if bad:
+            raise ValueError(f"`quantize_tables`: unknown precision {bad[0]!r}; choose from {list(PRECISION_BITS)}, "
+                             "one for all tables or one per table")
+        check_count(0, quantize_min_rows=self.quantize_min_rows)
+
+    @property
+    def quantizing(self) -> bool:
+        chosen = [self.quantize_tables] if isinstance(self.quantize_tables, str) else self.quantize_tables
+        return set(chosen) != {"fp32"} or bool(self.quantize_min_rows)
+
+
+# RunConfig's fields that are configs themselves, and theirs (``from_dict``).
+def _nested() -> dict[type, dict[str, type]]:
+    return {RunConfig: {"data": DataConfig, "model": ModelSettings, "optimizer": OptimizerConfig,
+                        "train": TrainConfig, "checkpoint": CheckpointConfig, "parallel": ParallelConfig,
+                        "output": OutputConfig, "benchmark": InferenceBenchmarkConfig, "serving": ServingConfig},
+            TrainConfig: {"schedule": LRSchedule}}
+
+
+def _build(cls: type, values: dict[str, Any]) -> Any:
+    nested = _nested().get(cls, {})
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"{cls.__name__} has no setting {', '.join(f'`{name}`' for name in unknown)}")
+    return cls(**{name: _build(nested[name], value) if name in nested and isinstance(value, dict) else value
+                  for name, value in values.items()})
+
+
+@dataclass
 class RunConfig:
-    """One DLRM run: its mode and every setting it uses (module docstring)."""
+    """One DLRM run: its mode and every setting it uses (module docstring). ``seed`` seeds
+    everything random in the run: the weights, the shuffled batch order and synthetic data."""
 
     mode: str = "train"
     seed: int = 12345
@@ -121,13 +230,40 @@ class RunConfig:
     data: DataConfig = field(default_factory=lambda: DataConfig(dataset_type="synthetic"))
     model: ModelSettings = field(default_factory=ModelSettings)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(LRSchedule(lr=24.0)))
+    # NVIDIA's schedule, as dlrm.scripts.main's flags default to it
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(LRSchedule(
+        lr=24.0, warmup_steps=8000, decay_start_step=48000, decay_steps=24000)))
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    benchmark: InferenceBenchmarkConfig = field(default_factory=InferenceBenchmarkConfig)
+    serving: ServingConfig = field(default_factory=ServingConfig)
+    plan_max_processes: int = 64  # mode plan: the most processes considered
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as plain data (JSON), marked as a ``RunConfig``'s (``VERSION_KEY``)."""
+        return {VERSION_KEY: VERSION, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "RunConfig":
+        """The config ``to_dict`` gave (checked again); ``ValueError`` for anything else."""
+        values = dict(values)
+        if values.pop(VERSION_KEY, None) != VERSION:
+            raise ValueError(f"not a RunConfig's settings (no `{VERSION_KEY}`={VERSION})")
+        return _build(cls, values)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"`mode` must be one of {MODES}, got {self.mode!r}")
+        check_count(0, seed=self.seed)
+        check_count(1, plan_max_processes=self.plan_max_processes)
+        if self.serving.quantizing and self.mode not in SERVING_MODES:
+            raise ValueError(f"`quantize_tables` stores a trained model's tables for serving: use it with `mode` "
+                             f"{', '.join(SERVING_MODES)} (training keeps float tables; see `embedding_dtype`)")
+        backend = self.benchmark.inference_benchmark_backend
+        if self.mode == "inference_benchmark" and backend != "eager" and (self.amp or self.train.cuda_graphs):
+            raise ValueError(f"`inference_benchmark_backend={backend}` runs the exported float32 graph: drop `amp` "
+                             "and `cuda_graphs`")
         if self.model.max_table_size is not None and not self.data.hash_indices:
             raise ValueError("`max_table_size` needs `hash_indices=True` (ids above the cap must be mapped somewhere)")
         if self.mode == "test" and not self.checkpoint.load_checkpoint_path:
@@ -135,7 +271,8 @@ class RunConfig:
         if self.checkpoint.resume and not (self.mode == "train" and (self.train.save_checkpoint_path
                                                                      or self.checkpoint.load_checkpoint_path)):
             raise ValueError("`resume` continues a training run from a checkpoint: pass `save_checkpoint_path` (its "
-                             "own, with `checkpoint_freq` to lose at most that many steps) or `load_checkpoint_path`")
+                             "own, with `checkpoint_every_steps` to lose at most that many steps) or "
+                             "`load_checkpoint_path`")
         if self.checkpoint.resume and self.checkpoint.overwrite:
             raise ValueError("`resume` continues the checkpoint at `save_checkpoint_path` and `overwrite` starts over "
                              "in its place: pass one of them")
@@ -169,8 +306,8 @@ def _check_host_cache(cfg: RunConfig) -> None:
 
 
 def _check_train(cfg: TrainConfig) -> None:
-    check_positive(epochs=cfg.epochs, print_freq=cfg.print_freq, max_steps=cfg.max_steps, test_freq=cfg.test_freq,
-                   checkpoint_freq=cfg.checkpoint_freq)
+    check_positive(epochs=cfg.epochs, log_every_steps=cfg.log_every_steps, max_steps=cfg.max_steps,
+                   eval_every_steps=cfg.eval_every_steps, checkpoint_every_steps=cfg.checkpoint_every_steps)
     schedule = cfg.schedule
     check_non_negative(lr=schedule.lr, decay_end_lr=schedule.decay_end_lr, test_after=cfg.test_after,
                        benchmark_warmup_steps=cfg.benchmark_warmup_steps)

@@ -35,15 +35,14 @@ class TrainConfig:
     schedule: LRSchedule
     epochs: int = 1
     max_steps: int | None = None
-    test_freq: int | None = None  # steps between tests; None tests at the end of each epoch
+    eval_every_steps: int | None = None  # steps between tests; None tests at the end of each epoch
     test_after: float = 0.0  # no test before this many epochs are done
-    print_freq: int = 200
+    log_every_steps: int = 200  # steps between progress lines
     benchmark_warmup_steps: int = 0  # steps left out of the throughput figures
     auc_threshold: float | None = None  # stop once a test reaches this AUC
-    shuffle_batch_order: bool = False
-    seed: int = 12345
+    shuffle_batch_order: bool = False  # a seeded order each epoch (``train``'s ``seed``)
     save_checkpoint_path: str | None = None
-    checkpoint_freq: int | None = None  # steps between checkpoints (besides the final one)
+    checkpoint_every_steps: int | None = None  # steps between checkpoints (besides the final one)
     prefetch: int = 2
     cuda_graphs: bool = False  # capture the training step and the test forward (CUDA, joint_fused)
     auc_device: str | None = None  # where tests compute the AUC (None: the device holding the scores)
@@ -52,11 +51,11 @@ class TrainConfig:
 
     @property
     def loop(self) -> LoopSettings:
-        """The run loop's schedule: a line every ``print_freq`` steps, tests every ``test_freq``
-        steps (or at each epoch's end), checkpoints every ``checkpoint_freq``, and the last step
-        reported and tested."""
-        return LoopSettings(log_every=self.print_freq, eval_every=self.test_freq or 0,
-                            checkpoint_every=self.checkpoint_freq or 0, report_last_step=True,
+        """The run loop's schedule: a line every ``log_every_steps``, tests every
+        ``eval_every_steps`` (or at each epoch's end), checkpoints every ``checkpoint_every_steps``,
+        and the last step reported and tested."""
+        return LoopSettings(log_every=self.log_every_steps, eval_every=self.eval_every_steps or 0,
+                            checkpoint_every=self.checkpoint_every_steps or 0, report_last_step=True,
                             warmup_steps=self.benchmark_warmup_steps)
 
 
@@ -285,10 +284,11 @@ class _DlrmRun:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
                  precision: Precision, train_source: Any, test_source: Any | None, cfg: TrainConfig,
                  device: torch.device, logger: RunLogger, state: TrainState, run_config: dict[str, Any] | None,
-                 collectives: Collectives):
+                 collectives: Collectives, seed: int):
         self.model, self.optimizer, self.scaler, self.precision = model, optimizer, scaler, precision
         self.train_source, self.test_source, self.cfg, self.device = train_source, test_source, cfg, device
         self.logger, self.state, self.run_config, self.collectives = logger, state, run_config, collectives
+        self.seed = seed
         self.batch_size, self.num_samples = train_source.batch_size, train_source.num_samples
         self.steps_per_epoch = len(train_source)
         self.max_steps = cfg.max_steps if cfg.max_steps is not None else math.inf
@@ -337,7 +337,7 @@ class _DlrmRun:
     def batches(self) -> Iterable[Batch]:
         state, cfg = self.state, self.cfg
         source, order, state.sample_in_epoch = remaining_batches(
-            self.train_source, state.epoch, state.sample_in_epoch, cfg.seed, cfg.shuffle_batch_order)
+            self.train_source, state.epoch, state.sample_in_epoch, self.seed, cfg.shuffle_batch_order)
         order = order[: int(min(len(order), self.max_steps - state.step))]
         if len(order) == 0:
             if state.sample_in_epoch >= self.num_samples:  # nothing was left of the epoch
@@ -418,16 +418,18 @@ def train(
     run_config: dict[str, Any] | None = None,
     should_stop: Callable[[], bool] = lambda: False,
     collectives: Collectives = Collectives(),
+    seed: int = 12345,
 ) -> dict[str, Any]:
     """Trains until ``epochs`` or ``max_steps`` are done, the AUC threshold is reached, or
     ``should_stop()`` turns true (checked between steps, so a stop never splits an update).
     Continues from ``state`` (step, epoch, sample position in the epoch) when resuming, also with
     another batch size. The loop's guarantees (the summary record, the save on a stop or an
     error, ``NonFiniteLoss`` when the loss turns non-finite, with the last finite checkpoint
-    kept) are ``run_loop``'s."""
+    kept) are ``run_loop``'s. ``seed``: the shuffled batch order's (``shuffle_batch_order``), a
+    run's one seed (``RunConfig.seed``); ``run_config``: what the checkpoints record of the run."""
     state = state or TrainState()
     run = _DlrmRun(model, optimizer, scaler, precision, train_source, test_source, cfg, device, logger, state,
-                   run_config, collectives)
+                   run_config, collectives, seed)
     if run.steps_per_epoch:  # an empty split: run_loop refuses it
         _check_resumable(state, run.batch_size, cfg)
         if cfg.save_checkpoint_path and cfg.checkpoint_format == "nvidia":
