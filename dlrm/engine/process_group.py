@@ -41,6 +41,22 @@ def init_process_group(env: DistEnv, device: torch.device, timeout_s: float) -> 
     )
 
 
+def join_processes(env: DistEnv | None, device: torch.device, timeout_s: float) -> None:
+    """How every product's process starts: under a launcher (``env``), joins the process group;
+    on CUDA, selects this process's GPU."""
+    if env is not None:
+        init_process_group(env, device, timeout_s)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+
+
+def leave_processes(env: DistEnv | None) -> None:
+    """Under a launcher: waits for every process, then leaves the process group."""
+    if env is not None:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def device_memory_bytes(device: torch.device, local_world_size: int) -> int:
     """Memory one process may use: the GPU's, or an equal share of the host's RAM."""
     if device.type == "cuda":

@@ -93,25 +93,6 @@ def _amp_dtype(amp: bool, dtype_name: str, device):
     return torch.float16 if dtype_name == "fp16" else torch.bfloat16
 
 
-def _start_processes(env, device, timeout_s: float) -> None:
-    import torch
-
-    from dlrm.engine.process_group import init_process_group
-
-    if env is not None:
-        init_process_group(env, device, timeout_s)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-
-
-def _end_processes(env) -> None:
-    if env is not None:
-        import torch.distributed as dist
-
-        dist.barrier()
-        dist.destroy_process_group()
-
-
 def _dist_env():
     if "WORLD_SIZE" not in os.environ:
         return None
@@ -237,7 +218,9 @@ def _train_autoencoder(cfg: RecommenderConfig, env) -> dict[str, Any]:
     except NetworkConfigError as e:
         raise ConfigError(f"`network` {_plain(e)}") from None
 
-    _start_processes(env, device, cfg.dist_timeout)
+    from dlrm.engine.process_group import join_processes  # torch: imported when a run starts
+
+    join_processes(env, device, cfg.dist_timeout)
     parallel = ItemParallel.from_process_group()
     try:
         model = SparseAutoencoder(network, parallel, seed=cfg.seed, device=device)
@@ -284,7 +267,9 @@ def _train_autoencoder(cfg: RecommenderConfig, env) -> dict[str, Any]:
         logger.print(f"Finished ({summary['stop_reason']}) after {summary['steps']} steps, {summary['epochs']} "
                      f"epochs: {summary['users_per_s']:,.0f} users/s over {summary['seconds']:.1f} s; checkpoint "
                      f"{path}{best}")
-    _end_processes(env)
+    from dlrm.engine.process_group import leave_processes  # torch: imported when a run starts
+
+    leave_processes(env)
     if summary["stop_reason"] == "interrupted" and stop is not None and stop.signum is not None:
         summary["signal"] = stop.signum
     return summary
@@ -513,7 +498,9 @@ def predict(load_checkpoint_path: str, input: str, output: str, *, k: int = 10, 
     item_names = _names("features_index", features_index, input, n_output, exact=False)
     user_names = _names("samples_index", samples_index, input, len(inputs), exact=True)
 
-    _start_processes(env, device, dist_timeout)
+    from dlrm.engine.process_group import join_processes  # torch: imported when a run starts
+
+    join_processes(env, device, dist_timeout)
     parallel = ItemParallel.from_process_group()
     score, item_start = checkpoint.load_scorer(path, parallel, device, amp_dtype)
     first = parallel.rank == 0
@@ -557,7 +544,9 @@ def predict(load_checkpoint_path: str, input: str, output: str, *, k: int = 10, 
     # Scoring, exclusion, top K and writing; loading the model and the data is not counted.
     seconds = time.perf_counter() - started
     processes = parallel.world_size
-    _end_processes(env)
+    from dlrm.engine.process_group import leave_processes  # torch: imported when a run starts
+
+    leave_processes(env)
     return {"users": lines, "items": n_output, "k": k, "seconds": seconds, "filters": len(filters),
             "exclude_inputs": exclude_inputs, "processes": processes, "first": first}
 
@@ -656,7 +645,9 @@ def evaluate(input: str, heldout: str, *, load_checkpoint_path: str | None = Non
             raise ConfigError(f"`load_checkpoint_path` {load_checkpoint_path} has {n_input:,} inputs and "
                               f"{n_output:,} outputs, `input` and `heldout` {inputs.n_features:,} and "
                               f"{held.n_features:,} items; evaluate on the datasets it was trained for")
-        _start_processes(env, device, dist_timeout)
+        from dlrm.engine.process_group import join_processes  # torch: imported when a run starts
+
+        join_processes(env, device, dist_timeout)
         parallel = ItemParallel.from_process_group()
         score, item_start = checkpoint.load_scorer(path, parallel, device, dtype)
         if parallel.rank == 0:

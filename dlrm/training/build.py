@@ -34,7 +34,7 @@ from dlrm.engine.collectives import Collectives, process_group_collectives
 from dlrm.engine.errors import DatasetError
 from dlrm.engine.logger import RunLogger, check_log_form, log_kind
 from dlrm.engine.outputs import TENSORBOARD, check_not_input, claim_output
-from dlrm.engine.process_group import DistEnv, device_memory_bytes, init_process_group
+from dlrm.engine.process_group import DistEnv, device_memory_bytes, join_processes
 from dlrm.model.dlrm import DLRM, EMBEDDING_DTYPES, DLRMConfig
 from dlrm.model.precision import Precision
 from dlrm.nn.cached_embedding import CachedEmbedding
@@ -51,13 +51,12 @@ EXCHANGE_DTYPES = {"auto": None, "fp32": torch.float32, "fp16": torch.float16, "
 def start_processes(cfg: RunConfig, env: DistEnv | None, device: torch.device) -> Collectives:
     """Joins the process group under a launcher and selects the GPU; seeds torch. Returns the
     collectives of the run (one process: the null ones)."""
+    join_processes(env, device, cfg.parallel.dist_timeout)
     collectives = Collectives()
     if env is not None:
-        init_process_group(env, device, cfg.parallel.dist_timeout)
         collectives = process_group_collectives(device, gradient_sync=cfg.parallel.gradient_sync,
                                                 bucket_bytes=int(cfg.parallel.gradient_bucket_mb * 2**20))
     if device.type == "cuda":
-        torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = cfg.allow_tf32
         torch.backends.cudnn.allow_tf32 = cfg.allow_tf32
     torch.manual_seed(cfg.seed)
