@@ -93,14 +93,14 @@ def test_multi_hot_synthetic_data_is_learned(cli, tmp_path, pooling):
     # the logged AUC is sklearn's on the model's own predictions of the test split
     cfg = DataConfig(dataset_type="synthetic", synthetic_num_entries=76800, synthetic_num_test_entries=8192,
                      synthetic_table_sizes=[int(t) for t in tables], synthetic_num_numerical=4,
-                     synthetic_bag_sizes=[3, 1, 4, 2, 2], synthetic_pooling=pooling, seed=12345)
+                     synthetic_bag_sizes=[3, 1, 4, 2, 2], synthetic_pooling=pooling)
     spec = load_feature_spec(cfg)
     model = DLRM(json_config(ckpt))
     load_checkpoint(ckpt, model)
     model.eval()
     labels, scores = [], []
     with torch.no_grad():
-        source = make_source(cfg, spec, "test", 8192, torch.device("cpu"))
+        source = make_source(cfg, spec, "test", 8192, torch.device("cpu"), seed=12345)  # the run's --seed
         for batch in map(source.read_batch, range(len(source))):
             scores.append(torch.sigmoid(model(batch.numerical.float(), batch.categorical)).numpy())
             labels.append(batch.label.numpy())

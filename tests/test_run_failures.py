@@ -113,12 +113,13 @@ def test_hash_indices_other_than_the_checkpoints_is_refused(trained, tmp_path):
     _one_clear_line(proc, "trained without --hash_indices", "drop --hash_indices")
 
 
-@pytest.mark.parametrize("sizes", ["0", "1,64,4096"])
-def test_inference_benchmark_batch_size_outside_the_split_is_a_usage_error(trained, tmp_path, sizes):
+@pytest.mark.parametrize("sizes, why", [("0", "0 is not a batch size (a positive integer)"),
+                                        ("1,64,4096", "1000 samples of the test split")])
+def test_inference_benchmark_batch_size_outside_the_split_is_a_usage_error(trained, tmp_path, sizes, why):
     data, ck = trained
     proc = _main("--mode", "inference_benchmark", "--dataset", data, "--load_checkpoint_path", ck,
                  "--inference_benchmark_batch_sizes", sizes, "--log_path", str(tmp_path / "log.json"), *SMALL)
-    _one_clear_line(proc, "--inference_benchmark_batch_sizes", "1000 samples of the test split")
+    _one_clear_line(proc, "--inference_benchmark_batch_sizes", why)
 
 
 def _flip_table_byte(ck: str, dst: str) -> None:

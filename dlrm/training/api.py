@@ -49,7 +49,7 @@ from dlrm.engine.checkpoint_store import CheckpointLock
 from dlrm.engine.devices import resolve_device
 from dlrm.engine.errors import DatasetError
 from dlrm.engine.logger import RunLogger
-from dlrm.engine.process_group import DistEnv, device_memory_bytes, dist_env
+from dlrm.engine.process_group import DistEnv, device_memory_bytes, dist_env, leave_processes
 from dlrm.engine.signals import StopOnSignals
 from dlrm.training.build import (
     Run, build_run, claim_outputs, host_cache_hit_rate, model_config, start_processes, start_training, table_bytes,
@@ -154,9 +154,7 @@ def run(cfg: RunConfig, env: DistEnv | None = _FROM_ENVIRONMENT, *, log_flags: d
                 job = build_run(cfg, device, env, collectives, logger, shape)
             logger.print(terms(_header(job, env)))
             result = _JOBS[cfg.mode](job)
-        if env is not None:
-            torch.distributed.barrier()  # tear down together: gloo aborts if peers vanish mid-teardown
-            torch.distributed.destroy_process_group()
+        leave_processes(env)  # tear down together: gloo aborts if peers vanish mid-teardown
     return result
 
 
