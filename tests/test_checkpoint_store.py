@@ -237,3 +237,38 @@ def test_space_check_counts_the_checkpoint_already_there(tmp_path):
     open(tmp_path / "file", "w").close()
     with pytest.raises(store.CheckpointError, match="exists and is not a directory"):
         store.check_can_save(str(tmp_path / "file"), 10)
+
+
+def _failing_read(calls: list):
+    def read():
+        calls.append(1)
+        raise store.CheckpointError("no checkpoint here")
+    return read
+
+
+def test_a_save_cut_off_is_refused_at_once_and_only_a_live_save_is_waited_for(tmp_path):
+    """A load of a checkpoint that is missing retries only while a save may be under way: a
+    staging directory of a run that holds the lock (or of a writer without one). What a dead run
+    left (a moved-aside ``.old``, a staging directory beside a lock nobody holds) fails on the
+    first read instead of waiting out the timeout."""
+    path = str(tmp_path / "c")
+    os.makedirs(path + ".old")
+    calls: list = []
+    with pytest.raises(store.CheckpointError):
+        store.read_consistently(path, _failing_read(calls), timeout=60)
+    assert len(calls) == 1  # .old alone: cut off between the renames, nothing to wait for
+    os.makedirs(path + ".tmp")
+    calls = []
+    with pytest.raises(store.CheckpointError):
+        store.read_consistently(path, _failing_read(calls), timeout=0.3)
+    assert len(calls) > 1  # staging without a lock file: a writer may be at work, so it waits
+    with store.CheckpointLock(path):
+        calls = []
+        with pytest.raises(store.CheckpointError):
+            store.read_consistently(path, _failing_read(calls), timeout=0.3)
+        assert len(calls) > 1  # a live run holds the lock: its save is waited for
+    open(path + ".lock", "w").close()  # what a run killed with -9 leaves: the file, no lock
+    calls = []
+    with pytest.raises(store.CheckpointError):
+        store.read_consistently(path, _failing_read(calls), timeout=60)
+    assert len(calls) == 1

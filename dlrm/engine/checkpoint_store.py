@@ -347,10 +347,33 @@ def _identity(path: str) -> tuple[int, ...] | None:
     return d.st_dev, d.st_ino, m.st_ino, m.st_mtime_ns, m.st_size
 
 
+def _lock_held(lock: str) -> bool | None:
+    """Whether a live process holds the ``CheckpointLock`` file ``lock`` (None: there is none).
+    Tried with a shared ``flock``, which needs read access only; the kernel dropped the lock of a
+    run that died, so its leftover file reads as not held."""
+    try:
+        fd = os.open(lock, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return False
+
+
 def _save_under_way(path: str) -> bool:
-    """Whether a save to ``path`` looks under way: its staging or its moved-aside previous."""
+    """Whether a save to ``path`` may be under way: its staging directory exists and no run that
+    died left it (a run that saves holds the lock; a writer without one is given the benefit of
+    the doubt). A moved-aside previous (``.old``) without staging is what a save cut off between
+    its two renames leaves, never a save in progress: a commit renames the staging into place
+    before the previous goes away."""
     base = path.rstrip(os.sep)
-    return os.path.isdir(f"{base}.tmp") or os.path.isdir(f"{base}.old")
+    return os.path.isdir(f"{base}.tmp") and _lock_held(f"{base}.lock") is not False
 
 
 def read_consistently(path: str, read: Callable[[], Any], timeout: float = 60.0) -> Any:
