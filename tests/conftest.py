@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+import warm_python
 
 # Without a GPU, Triton kernels run in Triton's interpreter on CPU tensors, so CI checks every
 # kernel against its torch reference. Set before anything imports triton: the interpreter is
@@ -31,7 +32,7 @@ def run_cli(module: str, *args: str, timeout: float = 300, check: bool = True,
     make a command-line run of a fused table a hundred times slower)."""
     if env is None:
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run(
+    proc = warm_python.run(
         [sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
         env={**env, "PYTHONUNBUFFERED": "1"},
     )
@@ -76,7 +77,7 @@ def fetch_movielens_100k(out: str, root: pathlib.Path, env: dict[str, str]) -> s
     proc = run_cli("dlrm.scripts.recommender_generate", "--dataset", "movielens-100k", "--output", out,
                    "--heldout_fraction", "0.2", env=env, check=False)
     if proc.returncode == 2 and "cannot download" in proc.stderr:
-        probe = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "recbole==1.2.1", "-d",
+        probe = warm_python.run([sys.executable, "-m", "pip", "download", "--no-deps", "recbole==1.2.1", "-d",
                                 str(root / "probe")], capture_output=True, text=True, timeout=600)
         if probe.returncode != 0:
             pytest.skip(f"pip cannot download recbole==1.2.1 here: {(probe.stderr.strip().splitlines() or [''])[-1]}")

@@ -10,6 +10,7 @@ from dlrm.training.checkpoint import (
     CheckpointError, CheckpointLock, TrainState, file_crc32, load_checkpoint, read_meta, save_checkpoint,
 )
 from dlrm.training.optimizers import make_optimizer
+import warm_python
 
 
 def small_config(**overrides) -> DLRMConfig:
@@ -273,7 +274,7 @@ def test_lock_refuses_a_second_holder_and_dies_with_its_process(tmp_path):
     import sys
 
     path = str(tmp_path / "c")
-    holder = subprocess.Popen(
+    holder = warm_python.Popen(
         [sys.executable, "-c", "import sys, time; from dlrm.training.checkpoint import CheckpointLock; "
          f"CheckpointLock({path!r}).acquire(); print('held', flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE, text=True,

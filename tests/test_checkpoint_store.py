@@ -18,6 +18,7 @@ from conftest import REPO
 from dlrm.engine import checkpoint_store as store
 from dlrm.engine.collectives import Collectives
 from test_checkpoint import _Exploit, _flip_byte
+import warm_python
 
 FORMAT = store.Format("test checkpoint", ("version", 3), {"step": int}, marks={"kind": "test"},
                       foreign="written by another program")
@@ -164,7 +165,7 @@ def test_a_save_killed_before_its_commit_leaves_the_previous_checkpoint(tmp_path
     path = str(tmp_path / "ck")
     _save(path, [("a.pt", torch.zeros(1000, 8))], step=1)
     before = {name: open(os.path.join(path, name), "rb").read() for name in os.listdir(path)}
-    proc = subprocess.Popen([sys.executable, "-c", _KILLED_SAVE, path], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    proc = warm_python.Popen([sys.executable, "-c", _KILLED_SAVE, path], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "written"
         assert os.path.isfile(os.path.join(f"{path}.tmp", "a.pt"))

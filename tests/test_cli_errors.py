@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import pytest
 import yaml
+import warm_python
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARALLEL = 2
@@ -277,7 +278,7 @@ def paths(tmp_path_factory) -> dict[str, str]:
 
 def _run(case: Case, paths: dict[str, str], out: str) -> subprocess.CompletedProcess:
     args = [piece.format(**paths, out=out) for piece in case.args.split()]
-    return subprocess.run(
+    return warm_python.run(
         [sys.executable, *CLIS[case.cli], *args], cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )

@@ -13,6 +13,7 @@ import torch
 from conftest import REPO
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.training.checkpoint import TrainState, load_checkpoint, save_checkpoint
+import warm_python
 
 CONFIG = dict(num_numerical_features=3, table_sizes=[4000, 3000, 2], embedding_dim=16,
               bottom_mlp_sizes=[32, 16], top_mlp_sizes=[32, 1])
@@ -40,7 +41,7 @@ def test_loads_during_50_saves_each_come_from_one_save(tmp_path, verify):
             p.zero_()
     save_checkpoint(path, model, None, None, TrainState(step=0))  # a first one to read from the start
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    saver = subprocess.Popen([sys.executable, "-c", SAVER, path], cwd=REPO, env=env,
+    saver = warm_python.Popen([sys.executable, "-c", SAVER, path], cwd=REPO, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     loads, steps = 0, set()
     try:
@@ -76,7 +77,7 @@ def test_the_recommender_loads_one_save_while_a_real_run_saves_every_step(tmp_pa
          "Activation": "Sigmoid", "Sparse": True, "Source": "Hidden"}]}))
     path = str(tmp_path / "ckpt")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    trainer = subprocess.Popen(
+    trainer = warm_python.Popen(
         [sys.executable, "-m", "dlrm.scripts.recommender_train", "--network", str(network), "--input",
          str(tmp_path / "data" / "all"), "--save_checkpoint_path", path, "--batch_size", "8", "--epochs", "7",
          "--max_steps", "50", "--checkpoint_every_steps", "1", "--validation_users", "0", "--base_device", "cpu"],

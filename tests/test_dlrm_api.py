@@ -21,6 +21,7 @@ from dlrm.scripts.main import check_args
 from dlrm.training import api
 from dlrm.training.checkpoint import read_meta
 from test_recommender_cli import read_checkpoint
+import warm_python
 
 DOC = os.path.join(REPO, "docs", "training.md")
 
@@ -191,7 +192,7 @@ print("SUMMARY", summary["stop_reason"], summary["signal"], summary["steps"], fl
 print("HANDLER", signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, flush=True)
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = warm_python.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**env, "PYTHONPATH": REPO, "PYTHONUNBUFFERED": "1"})
     for line in proc.stdout:
         if line.startswith("Epoch:"):

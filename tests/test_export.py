@@ -22,6 +22,7 @@ from dlrm.inference.export import (  # noqa: E402
 )
 from dlrm.model.dlrm import DLRM, DLRMConfig  # noqa: E402
 from dlrm.training.checkpoint import CheckpointError, TrainState, save_checkpoint  # noqa: E402
+import warm_python
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -185,7 +186,7 @@ def test_export_killed_mid_write_leaves_a_temporary_the_next_export_removes(tmp_
     model = trained_model(make_config("joint", "dot"))
     save_checkpoint(str(tmp_path / "ckpt"), model, None, None, TrainState())
     out = tmp_path / "out"
-    child = subprocess.Popen(
+    child = warm_python.Popen(
         [sys.executable, "-m", "dlrm.scripts.export", f"--checkpoint={tmp_path / 'ckpt'}", f"--output={out}",
          "--format=onnx"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )

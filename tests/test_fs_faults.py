@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+import warm_python
 
 PAGE = resource.getpagesize()  # tmpfs gives every file whole pages
 DLRM = ["dlrm.scripts.main", "--synthetic_dataset_table_sizes", "100,100", "--synthetic_dataset_num_entries", "2000",
@@ -105,7 +106,7 @@ READ_ONLY = ("read-only file system", "write to a writable file system")
 def dlrm_checkpoint(tmp_path_factory) -> Path:
     """A good checkpoint of the DLRM of ``DLRM``, on the real disk: ``<root>/ck``."""
     root = tmp_path_factory.mktemp("dlrm")
-    proc = subprocess.run([sys.executable, "-m", *DLRM, "--max_steps", "1", "--save_checkpoint_path", str(root / "ck")],
+    proc = warm_python.run([sys.executable, "-m", *DLRM, "--max_steps", "1", "--save_checkpoint_path", str(root / "ck")],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return root
@@ -120,7 +121,7 @@ def test_checkpoint_on_a_read_only_file_system_fails_before_training(tmpfs_ok, d
 
 
 def test_checkpoint_under_proc_fails_before_training(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", *DLRM, "--max_steps", "2", "--save_checkpoint_path",
+    proc = warm_python.run([sys.executable, "-m", *DLRM, "--max_steps", "2", "--save_checkpoint_path",
                            "/proc/dlrm/ck"], cwd=REPO, capture_output=True, text=True, timeout=300)
     one_line(proc, "/proc/dlrm/ck", "nothing can be created there", "ordinary writable file system")
     assert "Epoch:" not in proc.stdout
@@ -173,7 +174,7 @@ def recommender(tmp_path_factory) -> dict[str, Path]:
     histories = generate_user_histories(HistoryConfig(n_users=100, n_items=60, n_interactions=2500), seed=0)
     write_csr(root / "input", histories.rows)
     (root / "network.json").write_text(json.dumps(NETWORK))
-    proc = subprocess.run([sys.executable, "-m", "dlrm.scripts.recommender_train", "--network",
+    proc = warm_python.run([sys.executable, "-m", "dlrm.scripts.recommender_train", "--network",
                            str(root / "network.json"), "--input", str(root / "input"), "--checkpoint_path",
                            str(root / "ck"), "--device", "cpu", "--batch_size", "50", "--max_steps", "1"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -256,7 +257,7 @@ def test_preprocessing_on_a_full_disk_keeps_the_old_dataset(tmpfs_ok, tmp_path):
     seed, old = tmp_path / "seed", [tmp_path / "old_train.tsv", tmp_path / "old_test.tsv"]
     for path in old:
         path.write_text(tsv_line("1", {0: "3"}, {0: "0123abcd"}) + "\n")
-    assert subprocess.run([sys.executable, "-m", "preproc", "--train", str(old[0]), "--test", str(old[1]),
+    assert warm_python.run([sys.executable, "-m", "preproc", "--train", str(old[0]), "--test", str(old[1]),
                            "--output", str(seed / "out"), "--workers", "1", "--progress", "off"], cwd=REPO,
                           capture_output=True).returncode == 0
     proc, after = on_tmpfs(tmp_path, pages(seed) + 32 * PAGE, "preproc", "--train", str(train), "--test", str(test),

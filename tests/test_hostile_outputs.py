@@ -30,6 +30,7 @@ from typing import Callable
 import pytest
 
 from conftest import REPO, run_cli
+import warm_python
 
 CASES = ("foreign", "input", "dot", "file", "symlink", "readonly")
 DLRM_SMALL = ["--synthetic_dataset_table_sizes", "50,60", "--embedding_dim", "4", "--bottom_mlp_sizes", "8,4",
@@ -266,7 +267,7 @@ def test_a_hostile_destination_is_refused_in_one_line_and_nothing_changes(tmp_pa
         runner = ["unshare", "-m", "sh", "-c", _UNDER_READ_ONLY_MOUNT, "sh", *runner]
     env = {**os.environ, "PYTHONPATH": REPO, "PYTHONUNBUFFERED": "1", "RO_MOUNT": str(read_only),
            "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(runner, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    proc = warm_python.run(runner, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     *refusals, control = json.loads(results.read_text())
     assert writer.control(control), f"the command itself fails:\n{control['stdout']}\n{control['stderr']}"

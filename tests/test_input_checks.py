@@ -23,6 +23,7 @@ from dlrm.recommender.csr_dataset import CsrDataset
 from dlrm.recommender.dsstne_text import NameIndex, parse_lines
 from dlrm.recommender.network import NetworkConfigError, parse_network
 from dlrm.recommender.topk import check_score_format
+import warm_python
 
 NETWORK = {
     "Kind": "AutoEncoder",
@@ -38,7 +39,7 @@ NETWORK = {
 
 def start(*args: str, cwd: str = REPO) -> subprocess.Popen:
     """``python args`` as a user runs it, started (commands run side by side: each mostly imports torch)."""
-    return subprocess.Popen([sys.executable, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    return warm_python.Popen([sys.executable, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 

@@ -7,6 +7,7 @@ that the script runs end to end, times every phase of every kernel, and reports 
 import os
 import subprocess
 import sys
+import warm_python
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPES = ["4x3x8", "2x5x16"]
@@ -15,7 +16,7 @@ DTYPES = ["fp32", "bf16"]
 
 def run_benchmark(*args: str, script: str = "kernels.py", **env: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": REPO, "PYTHONUNBUFFERED": "1", **env}
-    return subprocess.run([sys.executable, os.path.join("benchmarks", script), *args], cwd=REPO, env=env,
+    return warm_python.run([sys.executable, os.path.join("benchmarks", script), *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
 
 

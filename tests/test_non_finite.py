@@ -24,12 +24,13 @@ from dlrm.engine.loop import PERSISTENT_NON_FINITE, LoopParts, LoopSettings, Non
 from dlrm.training.grad_scaler import DeviceScalerState
 
 from conftest import REPO
+import warm_python
 
 NON_FINITE_EXIT = 3  # what the flags' help promises
 
 
 def _run(module: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
+    return warm_python.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
                           timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 

@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import numpy as np
@@ -25,6 +24,7 @@ import torch
 from dlrm.data.synthetic import write_synthetic_dataset
 
 from conftest import REPO, run_cli
+import warm_python
 
 TABLES = [30, 300, 4, 100, 7]
 NUMERICAL = 3
@@ -498,7 +498,7 @@ def torchrun(nproc, *args):
            "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "-m", "dlrm.scripts.main", *args]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = warm_python.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"{cmd}\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout
 

@@ -29,6 +29,7 @@ from dlrm.scripts.main import check_args
 from dlrm.training.checkpoint import read_meta
 
 from conftest import REPO, log_records
+import warm_python
 
 FLAGS = flags.FLAGS
 DATA = "/data/dlrm/binary_dataset/"  # NVIDIA's path in the commands; replaced by the tiny dataset
@@ -342,7 +343,7 @@ def test_nvidias_multi_gpu_evaluation_command_on_two_cpu_processes(dataset, tmp_
     command = command[:-1] + f" {shlex.join([*SMALL, '--log_path', log])}'"  # inside bash -c '...'
     words = shlex.split(command)
     assert words[:3] == ["python", "-m", "torch.distributed.launch"]
-    proc = subprocess.run([sys.executable, *words[1:]], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = warm_python.run([sys.executable, *words[1:]], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"Weights from {ckpt}; training starts at step 0" in proc.stdout
     summary = log_records(log, "summary")[-1]

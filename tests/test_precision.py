@@ -2,7 +2,6 @@
 run header) on a CPU without them, where bf16 autocast is slower than no autocast at all."""
 
 import os
-import subprocess
 import sys
 
 import pytest
@@ -11,6 +10,7 @@ import torch
 from conftest import REPO
 from dlrm.engine.devices import cpu_has_native_bf16
 from dlrm.model.precision import Precision
+import warm_python
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -37,7 +37,7 @@ def _header(*args: str, isa: str | None) -> str:
     env.pop("ONEDNN_MAX_CPU_ISA", None)
     if isa:
         env["ONEDNN_MAX_CPU_ISA"] = isa
-    proc = subprocess.run([sys.executable, "-m", "dlrm.scripts.main", "--amp", "--batch_size", "256", "--max_steps", "1",
+    proc = warm_python.run([sys.executable, "-m", "dlrm.scripts.main", "--amp", "--batch_size", "256", "--max_steps", "1",
                            "--synthetic_dataset_table_sizes", "50,60", "--synthetic_dataset_num_entries", "1024",
                            "--synthetic_dataset_num_test_entries", "512", "--log_path", os.devnull, *args],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
@@ -62,7 +62,7 @@ def test_run_header_on_a_cpu_with_bf16_instructions_says_bfloat16():
 def test_recommender_amp_on_a_cpu_capped_below_bf16_trains_in_float32(tmp_path):
     data = tmp_path / "data"
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"}
-    run = lambda *a: subprocess.run([sys.executable, "-m", *a], cwd=REPO, env=env, capture_output=True, text=True,  # noqa: E731
+    run = lambda *a: warm_python.run([sys.executable, "-m", *a], cwd=REPO, env=env, capture_output=True, text=True,  # noqa: E731
                                     timeout=300)
     gen = run("dlrm.scripts.recommender_generate", "--synthetic", "--users", "60", "--items", "40", "--interactions",
               "900", "--output", str(data))

@@ -24,6 +24,7 @@ import pytest
 from dlrm.data.feature_spec import FeatureSpec
 from preproc.cli import main
 from preproc.generate import generate_criteo_tsv, tsv_line
+import warm_python
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ["preproc/prepare_dataset.sh", "preproc/run_spark_cpu.sh", "preproc/run_spark_gpu.sh"]
@@ -195,7 +196,7 @@ def test_killed_run_resumes_to_the_same_dataset(tmp_path):
     args = ["--input_dir", str(days), "--frequency_threshold", "2", "--shuffle_seed", "5", "--workers", "1", "--progress", "off"]
     assert main(args + ["--output", str(tmp_path / "whole")]) == 0
     out = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "preproc", *args, "--output", str(out)], cwd=REPO,
+    proc = warm_python.Popen([sys.executable, "-m", "preproc", *args, "--output", str(out)], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     marker = out / ".preproc_work" / "rows" / "f3.json"
     deadline = time.monotonic() + 120

@@ -12,7 +12,6 @@ import gzip
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 
@@ -30,6 +29,7 @@ from preproc.order import position, shuffle_key
 from preproc.reference import column_thresholds, criteo_day_split, parse_threshold, reference_preprocess, split_day_23
 from preproc.spark_engine import preprocess_spark, spark_session
 from preproc.workdir import WorkDir
+import warm_python
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -458,7 +458,7 @@ def test_a_run_killed_mid_scan_leaves_partial_files_the_next_run_removes(days, t
     """``kill -9`` in the middle of a file's scan leaves its partial count runs; the next run
     removes them as soon as it opens the work directory, then finishes the job."""
     out, ready = tmp_path / "out", tmp_path / "ready"
-    child = subprocess.Popen([sys.executable, "-c", _SLOW_SCAN, str(days), str(out), str(ready)], cwd=REPO)
+    child = warm_python.Popen([sys.executable, "-c", _SLOW_SCAN, str(days), str(out), str(ready)], cwd=REPO)
     try:
         deadline = time.monotonic() + 120
         while not ready.exists():

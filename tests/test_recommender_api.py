@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from conftest import REPO, run_cli
+import warm_python
 
 from dlrm.recommender import api
 
@@ -87,7 +88,7 @@ print(json.dumps(out))
 
 
 def _probe(base: list[str], settings: dict[str, str]) -> dict:
-    proc = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(base), json.dumps(settings)], cwd=REPO,
+    proc = warm_python.run([sys.executable, "-c", _PROBE, json.dumps(base), json.dumps(settings)], cwd=REPO,
                           capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": REPO})
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
@@ -179,12 +180,12 @@ def test_the_documented_python_example_writes_what_its_commands_write(generated)
                                          ("train", "train", "predict", "evaluate")]
     by_python, by_cli = _workdir(generated, "python"), _workdir(generated, "cli")
     env = {**os.environ, "PYTHONPATH": REPO, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run([sys.executable, "-c", python], cwd=by_python, capture_output=True, text=True, timeout=300,
+    proc = warm_python.run([sys.executable, "-c", python], cwd=by_python, capture_output=True, text=True, timeout=300,
                           env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "chose lambda" in proc.stdout and "NDCG@10" in proc.stdout, proc.stdout
     for command in commands:
-        done = subprocess.run([sys.executable, *command[1:]], cwd=by_cli, capture_output=True, text=True,
+        done = warm_python.run([sys.executable, *command[1:]], cwd=by_cli, capture_output=True, text=True,
                               timeout=300, env=env)
         assert done.returncode == 0, done.stdout + done.stderr
     for ckpt in ("ckpt/rec", "ckpt/ae", "ckpt/ae.best"):
@@ -217,7 +218,7 @@ print(json.dumps({"summary": summary, "handler_restored": signal.getsignal(signa
 
 def test_sigterm_stops_an_api_run_with_a_checkpoint_and_gives_the_handlers_back(generated, tmp_path):
     ckpt = str(tmp_path / "ck")
-    proc = subprocess.Popen([sys.executable, "-c", _LONG_RUN, str(generated / "data" / "input"), ckpt], cwd=REPO,
+    proc = warm_python.Popen([sys.executable, "-c", _LONG_RUN, str(generated / "data" / "input"), ckpt], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": REPO, "PYTHONUNBUFFERED": "1"})
     lines = []

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import REPO, logged_scalars, run_cli, tensorboard_scalars
+import warm_python
 
 NETWORK = {
     "Kind": "AutoEncoder",
@@ -81,7 +82,7 @@ def data(tmp_path_factory):
 def run_together(*commands: tuple[str, ...]) -> list[subprocess.CompletedProcess]:
     """``python -m`` commands run side by side (each mostly imports torch on one core), as run_cli runs one."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    procs = [subprocess.Popen([sys.executable, "-m", *c], cwd=REPO, env=env, stdout=subprocess.PIPE,
+    procs = [warm_python.Popen([sys.executable, "-m", *c], cwd=REPO, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for c in commands]
     done = []
     for command, proc in zip(commands, procs):

@@ -26,6 +26,7 @@ from dlrm.recommender.network import parse_network
 from dlrm.recommender.train import take_rows
 from dlrm.recommender.user_histories import HistoryConfig, generate_user_histories
 from dlrm.recommender.validation import ValidationConfig, make_split, validate
+import warm_python
 
 NETWORK = {
     "Kind": "AutoEncoder",
@@ -188,7 +189,7 @@ def test_resume_with_validation_continues_exactly(dataset, tmp_path):
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_saves_and_exits_128_plus_it_and_the_run_resumes_exactly(dataset, tmp_path, sig, code):
     ckpt, log = str(tmp_path / "ck"), str(tmp_path / "log.json")
-    proc = subprocess.Popen(
+    proc = warm_python.Popen(
         [sys.executable, "-m", "dlrm.scripts.recommender_train", "--network", os.path.join(dataset, "network.json"),
          "--input", os.path.join(dataset, "all"), "--checkpoint_path", ckpt, "--batch_size", "2", "--epochs", "50",
          "--validation_users", "0", "--log_every_steps", "1", "--device", "cpu", "--log_path", log],
@@ -237,7 +238,7 @@ def test_an_empty_dataset_is_refused_in_one_line(tmp_path):
 def test_kill_9_then_resume_from_the_last_checkpoint_equals_the_uninterrupted_run(dataset, tmp_path):
     ckpt = str(tmp_path / "ck")
     args = ("--batch_size", "2", "--epochs", "50", "--validation_users", "0", "--checkpoint_every_steps", "3")
-    proc = subprocess.Popen(
+    proc = warm_python.Popen(
         [sys.executable, "-m", "dlrm.scripts.recommender_train", "--network", os.path.join(dataset, "network.json"),
          "--input", os.path.join(dataset, "all"), "--checkpoint_path", ckpt, *args, "--log_every_steps", "1",
          "--device", "cpu"],

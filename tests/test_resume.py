@@ -24,6 +24,7 @@ from dlrm.training.optimizers import make_optimizer
 from dlrm.training.train import TrainConfig, train
 
 from conftest import REPO
+import warm_python
 
 CPU = torch.device("cpu")
 TABLES = [30, 300, 4, 1000, 70]
@@ -132,7 +133,7 @@ def test_position_past_the_end_of_a_smaller_split_ends_the_epoch(dataset, tmp_pa
 
 
 def _main(*args, **kwargs):
-    return subprocess.run([sys.executable, "-m", "dlrm.scripts.main", *args], cwd=REPO, capture_output=True,
+    return warm_python.run([sys.executable, "-m", "dlrm.scripts.main", *args], cwd=REPO, capture_output=True,
                           text=True, **kwargs)
 
 
@@ -153,7 +154,7 @@ def test_cli_repro_resume_with_a_larger_batch_size_finishes(dataset, tmp_path):
 
 def test_sigterm_saves_and_exits_143(dataset, tmp_path):
     ck, log = str(tmp_path / "ck"), str(tmp_path / "log.json")
-    proc = subprocess.Popen(
+    proc = warm_python.Popen(
         [sys.executable, "-m", "dlrm.scripts.main", "--dataset", dataset, "--batch_size", "64", "--epochs", "50",
          "--print_freq", "1", "--save_checkpoint_path", ck, "--log_path", log, *SMALL],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},

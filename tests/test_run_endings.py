@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 from conftest import REPO
+import warm_python
 
 TINY = ["--synthetic_dataset_table_sizes", "30,40", "--synthetic_dataset_num_entries", "4096",
         "--synthetic_dataset_num_test_entries", "1024", "--batch_size", "256", "--embedding_dim", "8",
@@ -17,7 +18,7 @@ TINY = ["--synthetic_dataset_table_sizes", "30,40", "--synthetic_dataset_num_ent
 
 
 def _main(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dlrm.scripts.main", *args], cwd=REPO, capture_output=True,
+    return warm_python.run([sys.executable, "-m", "dlrm.scripts.main", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -42,7 +43,7 @@ def test_a_signal_after_the_last_step_changes_nothing():
         "os.kill(os.getpid(), signal.SIGINT)\n"
         "print('exit code', stop.exit_code)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = warm_python.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "exit code 0", proc.stdout
 
@@ -56,7 +57,7 @@ def test_a_signal_during_training_still_stops_it_with_128_plus_the_signal():
         "stop.over()\n"
         "print('exit code', stop.exit_code, stop.event.is_set())\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = warm_python.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "stopping after this step" in proc.stdout and proc.stdout.strip().endswith("exit code 143 True")
 
@@ -64,7 +65,7 @@ def test_a_signal_during_training_still_stops_it_with_128_plus_the_signal():
 def test_torchrun_on_sigterm_saves_on_every_process_and_exits_as_documented(tmp_path):
     ck, log = str(tmp_path / "ck"), str(tmp_path / "log.json")
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    proc = subprocess.Popen(
+    proc = warm_python.Popen(
         [torchrun, "--standalone", "--nproc_per_node", "2", "-m", "dlrm.scripts.main", *TINY, "--base_device", "cpu",
          "--synthetic_dataset_num_entries", str(1 << 24), "--print_freq", "1", "--save_checkpoint_path", ck,
          "--log_path", log],
@@ -97,7 +98,7 @@ def test_a_damaged_checkpoint_hints_only_at_flags_the_script_has(tmp_path):
         f.write(b"\x00\x01\x02\x03")
     main = _main(*TINY, "--mode", "test", "--load_checkpoint_path", ck, "--log_path", str(tmp_path / "log2"))
     assert main.returncode == 2 and "--skip_checkpoint_verify" in main.stderr, main.stderr
-    export = subprocess.run([sys.executable, "-m", "dlrm.scripts.export", "--checkpoint", ck, "--output",
+    export = warm_python.run([sys.executable, "-m", "dlrm.scripts.export", "--checkpoint", ck, "--output",
                              str(tmp_path / "out"), "--format", "torchscript"], cwd=REPO, capture_output=True,
                             text=True, timeout=180)
     lines = [line for line in export.stderr.splitlines() if line.strip()]

@@ -15,6 +15,7 @@ from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.training.checkpoint import load_checkpoint
 
 from conftest import REPO
+import warm_python
 
 TABLES = [30, 300, 4, 1000, 70]
 SMALL = ["--embedding_dim", "8", "--bottom_mlp_sizes", "16,8", "--top_mlp_sizes", "16,1", "--base_device", "cpu",
@@ -27,7 +28,7 @@ def _model() -> DLRM:
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=180)
+    return warm_python.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=180)
 
 
 def _main(*args: str) -> subprocess.CompletedProcess:
@@ -156,7 +157,7 @@ def test_flipped_checkpoint_bytes_are_refused_by_every_reader(trained, tmp_path,
 def test_second_run_saving_to_the_same_path_fails_at_its_start(trained, tmp_path):
     data, _ = trained
     ck = str(tmp_path / "ck")
-    holder = subprocess.Popen(
+    holder = warm_python.Popen(
         [sys.executable, "-m", "dlrm.scripts.main", "--dataset", data, "--batch_size", "32", "--epochs", "100",
          "--print_freq", "1", "--save_checkpoint_path", ck, "--log_path", str(tmp_path / "a.json"), *SMALL],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},

@@ -5,7 +5,6 @@ checkpoint and ends where the uninterrupted run ends."""
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -16,6 +15,7 @@ from dlrm.spark.launch import flag_args, local_session, parse_flag_args, train
 
 from conftest import REPO, env_without_this_python, log_records
 from test_torchrun import MODEL, dataset, launch  # noqa: F401 (a fixture)
+import warm_python
 
 pytest.importorskip("pyspark")
 
@@ -119,9 +119,9 @@ def test_bad_launches_are_refused_before_spark_starts(tmp_path):
 
 def test_the_command_line_needs_training_flags_and_shared_paths():
     base = [sys.executable, "-m", "dlrm.scripts.spark_train", "--num_processes", "2"]
-    proc = subprocess.run(base, capture_output=True, text=True, timeout=120)
+    proc = warm_python.run(base, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "give dlrm.scripts.main's flags after --" in proc.stderr
-    proc = subprocess.run([*base, "--", "--log_path", "/tmp/x.json"], capture_output=True, text=True, timeout=120)
+    proc = warm_python.run([*base, "--", "--log_path", "/tmp/x.json"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--save_checkpoint_path is needed" in proc.stderr
 
 
@@ -135,7 +135,7 @@ def test_the_tasks_run_this_python_and_an_input_error_ends_the_run_at_once(tmp_p
     """Started by a python not on PATH, the tasks still run it (they get as far as main's
     dataset check), and that error, the user's, is not retried: exit 2, its line last."""
     missing = str(tmp_path / "missing")
-    proc = subprocess.run(
+    proc = warm_python.run(
         [sys.executable, "-m", "dlrm.scripts.spark_train", "--num_processes", "1", "--", "--dataset", missing,
          *MODEL, "--base_device", "cpu", "--save_checkpoint_path", str(tmp_path / "ckpt"),
          "--log_path", str(tmp_path / "log.json")],

@@ -21,6 +21,7 @@ from dlrm.data.synthetic import (
     write_synthetic_dataset,
 )
 from dlrm.engine.outputs import OutputError
+import warm_python
 
 SIZES = [3, 10, 50, 200, 1000, 100_000]
 ZIPF = 1.2  # the documented id law: P(id < k) = (1 - (k+1)^-0.2) / (1 - (size+1)^-0.2)
@@ -369,7 +370,6 @@ def test_generates_on_the_gpu_with_the_same_hidden_model():
 
 def test_staging_left_by_a_killed_writer_is_removed_by_the_next_write(tmp_path):
     """``kill -9`` mid-write leaves the staging directory; the next write to the same place removes it."""
-    import subprocess
     import sys
 
     out = str(tmp_path / "data")
@@ -380,7 +380,7 @@ def test_staging_left_by_a_killed_writer_is_removed_by_the_next_write(tmp_path):
         "    os.kill(os.getpid(), signal.SIGKILL)\n"
         f"write_synthetic_dataset({out!r}, 2, [10, 20], {{'train': 100}}, batch_size=10, progress=die)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", script])
+    proc = warm_python.run([sys.executable, "-c", script])
     assert proc.returncode == -9
     assert [n for n in os.listdir(tmp_path) if n.startswith(".data.")], "the killed writer left nothing to clean"
     write_synthetic_dataset(out, 2, [10, 20], {"train": 100}, batch_size=10)

@@ -11,6 +11,7 @@ import pytest
 from dlrm.data.synthetic import write_synthetic_dataset
 
 from conftest import REPO, log_records
+import warm_python
 
 TABLES = [30, 3000, 4, 1000, 70, 9, 500]
 MODEL = ["--embedding_dim", "8", "--bottom_mlp_sizes", "16,8", "--top_mlp_sizes", "32,16,1"]
@@ -28,7 +29,7 @@ def launch(nproc, *args, launcher="torchrun", timeout=300):
     else:  # NVIDIA's users start with the legacy launcher
         cmd = [sys.executable, "-m", "torch.distributed.launch", "--use_env", "--standalone",
                f"--nproc_per_node={nproc}", "-m", "dlrm.scripts.main", *args]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = warm_python.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{cmd}\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout
 
@@ -99,7 +100,7 @@ def test_a_table_too_large_for_a_rank_is_split_row_wise_and_its_checkpoint_moves
 
 
 def test_plan_error_names_the_table(dataset):
-    proc = subprocess.run(
+    proc = warm_python.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "dlrm.scripts.main",
          "--dataset", dataset, *MODEL, *TRAIN, "--device_memory_gb", "0.00005"],
         cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"},
@@ -113,7 +114,7 @@ def test_a_killed_rank_ends_the_job(tmp_path):
     args = ["--synthetic_dataset_table_sizes", ",".join(map(str, TABLES)), "--synthetic_dataset_numerical_features",
             "6", "--synthetic_dataset_num_entries", str(10**8), *MODEL, *TRAIN, "--dist_timeout", "20",
             "--log_path", str(tmp_path / "log.json"), "--print_freq", "5"]
-    proc = subprocess.Popen(
+    proc = warm_python.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
          "dlrm.scripts.main", *args],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -153,7 +154,7 @@ def test_bad_data_of_one_rank_stops_every_rank_before_training(tmp_path):
     ids[999] = 3000  # cardinality 3000
     ids.tofile(path)
     start = time.monotonic()
-    proc = subprocess.run(
+    proc = warm_python.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "dlrm.scripts.main",
          "--dataset", root, *MODEL, *TRAIN, "--table_placement", '{"0": [0, 2, 3, 4], "1": [1, 5, 6]}',
          "--dist_timeout", "120", "--log_path", str(tmp_path / "log.json")],

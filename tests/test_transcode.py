@@ -1,6 +1,5 @@
 import io
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -12,6 +11,7 @@ from dlrm.data.feature_spec import FeatureSpec
 from dlrm.data.split_binary import SplitBinaryReader
 from dlrm.data.transcode import transcode
 from dlrm.engine.errors import DatasetError
+import warm_python
 
 # label, 2 numerical, 3 categorical; empty fields mean 0
 TRAIN_LINES = [
@@ -132,7 +132,7 @@ def test_script(tmp_path):
     cmd = [sys.executable, "-m", "dlrm.scripts.transcode", "--train", train, "--test", test, "--output", str(out),
            "--num_numerical", "2", "--num_categorical", "3", "--delimiter", "tab", "--cardinalities", "10,40001,9",
            "--chunk_rows", "2"]  # the project's name of --chunk_size
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    proc = warm_python.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     spec = FeatureSpec.from_yaml(str(out))
     assert spec.cardinalities == [10, 40001, 9]
@@ -140,7 +140,7 @@ def test_script(tmp_path):
         np.testing.assert_array_equal(got, expected)
 
     bad = write(tmp_path, "bad.tsv", ["1\t2"])
-    proc = subprocess.run(cmd[:4] + [bad] + cmd[5:] + ["--overwrite"], capture_output=True, text=True, timeout=120)
+    proc = warm_python.run(cmd[:4] + [bad] + cmd[5:] + ["--overwrite"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert f"{bad}, line 1" in proc.stderr and "Traceback" not in proc.stderr
 

@@ -3,7 +3,6 @@ protobuf (tritonclient's copy of model_config.proto) and says what the deployer 
 the files next to it run and match the eager model."""
 
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -19,6 +18,7 @@ from dlrm.inference import triton_python_model  # noqa: E402
 from dlrm.inference.triton_repository import TritonModelConfig, deploy_model, render_config  # noqa: E402
 from dlrm.model.dlrm import DLRM, DLRMConfig  # noqa: E402
 from dlrm.training.checkpoint import TrainState, save_checkpoint  # noqa: E402
+import warm_python
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -167,7 +167,7 @@ def test_deployer_script(model, tmp_path):
     """``python triton/deployer.py`` as a user runs it: a python-backend repository from a checkpoint."""
     save_checkpoint(str(tmp_path / "ckpt"), model, None, None, TrainState())
     repo = tmp_path / "models"
-    proc = subprocess.run(
+    proc = warm_python.run(
         [sys.executable, os.path.join(REPO, "triton", "deployer.py"), f"--checkpoint={tmp_path / 'ckpt'}",
          f"--model_repository={repo}", "--model_name=ctr", "--python_backend", "--instance_kind=cpu",
          "--numerical_type=fp16", "--preferred_batch_sizes=64,1024", "--check_batch_sizes=1,64"],

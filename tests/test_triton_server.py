@@ -32,6 +32,7 @@ from dlrm.inference.quantize import quantize_model  # noqa: E402
 from dlrm.inference.triton_server import LocalTritonServer, ServerEnv, TritonServerError, free_port  # noqa: E402
 from dlrm.model.dlrm import DLRM, DLRMConfig  # noqa: E402
 from dlrm.training.checkpoint import TrainState, save_checkpoint  # noqa: E402
+import warm_python
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERVER_ENV = os.environ.get("DLRM_TRITON_SERVER_ENV", os.path.join(REPO, ".venv-tritonserver"))
@@ -45,7 +46,7 @@ SOAK_SECONDS = 3.0
 
 def run_script(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """``python triton/<name> args`` from the repository root, as the README shows."""
-    return subprocess.run(
+    return warm_python.run(
         [sys.executable, os.path.join(REPO, "triton", name), *args], cwd=REPO, capture_output=True, text=True,
         timeout=timeout, env={**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])},
     )

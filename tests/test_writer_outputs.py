@@ -26,6 +26,7 @@ from typing import Callable
 import pytest
 
 from conftest import REPO, tree
+import warm_python
 
 TIMEOUT_S = 300
 PARALLEL = 2  # runs at a time (most import torch, on one core each)
@@ -65,7 +66,7 @@ def run(argv: list[str], cwd: Path | str = REPO, read_only: Path | None = None) 
     if read_only is not None and AS_ROOT:
         command = ["unshare", "-m", "sh", "-c", _RO, "sh", *command]
         env["RO"] = str(read_only)
-    return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return warm_python.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def finish(proc: subprocess.Popen) -> subprocess.CompletedProcess:
