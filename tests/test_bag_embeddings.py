@@ -10,7 +10,6 @@ import random
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from dlrm.data.batch import Bags, Batch
@@ -24,6 +23,7 @@ from dlrm.nn.embeddings import JointEmbedding, JointFusedEmbedding, MultiTableEm
 from dlrm.training.optimizers import OptimizerConfig, make_optimizer
 from dlrm.training.train import evaluate, fused_train_step, make_train_step
 from test_distributed import free_port
+from conftest import spawn
 
 LAYOUTS = {"joint": JointEmbedding, "multi_table": MultiTableEmbedding, "joint_fused": JointFusedEmbedding}
 SIZES = [6, 40, 3, 25]
@@ -431,7 +431,7 @@ def test_two_processes_equal_one_on_multi_hot_data(tmp_path, embedding_type):
     """float64: 2 gloo processes holding tables [1, 3] and [0, 2, 4] against one process with
     all of them (``joint``, torch's sparse SGD), step by step on multi-hot synthetic batches."""
     plan = [[1, 3], [0, 2, 4]]
-    mp.spawn(_dist_worker, args=(2, free_port(), plan, str(tmp_path), embedding_type), nprocs=2, join=True)
+    spawn(_dist_worker, args=(2, free_port(), plan, str(tmp_path), embedding_type), nprocs=2)
     torch.manual_seed(0)
     reference = DLRM(_dist_config("joint")).double()
     precision = Precision("cpu")

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from dlrm.data.rank_source import RankSource
 from dlrm.data.synthetic import SyntheticDataset
@@ -23,7 +22,7 @@ from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.model.precision import Precision
 from dlrm.training.checkpoint import CheckpointError, TrainState, load_checkpoint, save_checkpoint
 from dlrm.training.train import evaluate, make_train_step, train_step
-from conftest import log_records
+from conftest import log_records, spawn
 
 CPU = torch.device("cpu")
 TABLES = [3, 1000, 17, 250, 5, 40]
@@ -281,7 +280,7 @@ def test_hybrid_parallel_steps_equal_single_process_steps(tmp_path, plan):
     replicated and all-reduced) equal the single-process run step by step, every loss and every
     dense weight after every step, and the tables at the end."""
     world = len(plan)
-    mp.spawn(_worker, args=(world, _free_port(), plan, str(tmp_path)), nprocs=world, join=True)
+    spawn(_worker, args=(world, _free_port(), plan, str(tmp_path)), nprocs=world)
     torch.manual_seed(0)
     reference = DLRM(dcn_config()).double()
     optimizer = torch.optim.SGD(reference.parameters(), lr=LR)

@@ -8,7 +8,6 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from dlrm.data.rank_source import RankSource
 from dlrm.data.rank_source import local_batch_sizes
@@ -19,6 +18,7 @@ from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.model.precision import Precision
 from dlrm.training.optimizers import make_optimizer
 from dlrm.training.train import evaluate, make_train_step, train_step
+from conftest import spawn
 
 CPU = torch.device("cpu")
 STEPS, BATCH, LR = 6, 250, 0.5  # 250 does not divide by 3 or 4: uneven local batches
@@ -99,7 +99,7 @@ def test_distributed_fused_embeddings_equal_single_device_sparse_sgd(tmp_path):
 
 def check_against_single_device(tmp_path, tables, plan, embedding_type):
     world = len(plan)
-    mp.spawn(worker, args=(world, free_port(), tables, plan, str(tmp_path), embedding_type), nprocs=world, join=True)
+    spawn(worker, args=(world, free_port(), tables, plan, str(tmp_path), embedding_type), nprocs=world)
     reference, ref_losses, ref_auc = single_device_run(tables)
     results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]
     for result in results:
@@ -237,7 +237,7 @@ def test_an_overflow_on_one_process_skips_the_step_on_every_process(tmp_path, em
     for rank, held in enumerate([[0, 1], [2]]):
         torch.manual_seed(0)
         initial[rank] = {k: v.clone() for k, v in DLRM(config(tables, embedding_type), tables=held).state_dict().items()}
-    mp.spawn(_overflow_worker, args=(2, free_port(), str(tmp_path), embedding_type, True), nprocs=2, join=True)
+    spawn(_overflow_worker, args=(2, free_port(), str(tmp_path), embedding_type, True), nprocs=2)
     results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
     for rank, result in enumerate(results):
         for name, value in result["weights"][0].items():  # the overflowing step changed nothing

@@ -6,10 +6,10 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from dlrm.distributed.exchange import EmbeddingExchange
 from test_distributed import free_port
+from conftest import spawn
 
 PLAN = [[1, 3], [0], [2, 4]]  # 5 tables on 3 ranks
 GLOBAL_BATCH, DIM = 7, 4  # 7 samples: local batches of 3, 2, 2
@@ -46,7 +46,7 @@ def _worker(rank, world, port, out_dir, wire):
 
 
 def test_autocast_exchange_sends_bf16_both_ways_and_equals_the_rounded_fp32_exchange(tmp_path):
-    mp.spawn(_worker, args=(3, free_port(), str(tmp_path), "all"), nprocs=3, join=True)
+    spawn(_worker, args=(3, free_port(), str(tmp_path), "all"), nprocs=3)
     for rank in range(3):
         r = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
         fp32, amp, amp_fp32 = r["fp32"], r["amp"], r["amp_fp32"]

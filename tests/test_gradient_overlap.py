@@ -7,7 +7,6 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from dlrm.data.rank_source import RankSource
 from dlrm.data.synthetic import SyntheticDataset
@@ -20,6 +19,7 @@ from dlrm.model.precision import Precision
 from dlrm.training.optimizers import make_optimizer
 from dlrm.training.train import make_train_step
 from test_distributed import BATCH, CPU, LR, STEPS, config, free_port, single_device_run
+from conftest import spawn
 
 SMALL, LARGE = 1024, 25 * 2**20  # several buckets; one bucket
 TABLES = [3, 1000, 17, 250, 5, 40]
@@ -84,7 +84,7 @@ def test_overlapped_steps_equal_after_backward_and_single_device(tmp_path, embed
     tables equal the after-backward all-reduce's bit for bit (on 3 processes with several buckets
     to the last bits: gloo's order of addition follows the buffer layout) and one process's."""
     world = len(plan)
-    mp.spawn(_training_worker, args=(world, free_port(), plan, embedding_type, str(tmp_path)), nprocs=world, join=True)
+    spawn(_training_worker, args=(world, free_port(), plan, embedding_type, str(tmp_path)), nprocs=world)
     reference, ref_losses, _ = single_device_run(TABLES)  # joint_fused on one process: tests/test_distributed.py
     results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]
     for result in results:
@@ -202,7 +202,7 @@ def test_unused_and_rank_dependent_parameters_stray_backwards_and_dtypes(tmp_pat
     finish without deadlock with the reference sums (zeros where no process had a gradient), in
     float64, float32, bfloat16 and float16; a backward not followed by ``sync_gradients`` is not
     counted twice and one inside ``no_sync`` issues no collective."""
-    mp.spawn(_unused_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    spawn(_unused_worker, args=(2, free_port(), str(tmp_path)), nprocs=2)
     results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
     for dtype, steps in results[0].items():
         for step, pairs in enumerate(steps):

@@ -10,7 +10,6 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from dlrm.data.rank_source import RankSource
 from dlrm.data.synthetic import SyntheticDataset
@@ -26,6 +25,7 @@ from dlrm.training.optimizers import EmbeddingSGD, OptimizerConfig, RowWiseAdagr
 from dlrm.training.train import make_train_step, train_step
 from test_distributed import free_port
 from test_optimizers import rowwise_adagrad_cli_args
+from conftest import spawn
 
 CPU = torch.device("cpu")
 HALF = [torch.float16, torch.bfloat16]
@@ -227,7 +227,7 @@ def test_two_processes_train_bf16_tables_as_one_process_does(tmp_path):
     processes, against one process: the same losses and the same bf16 tables (the dense
     gradients are summed in another order, so a rounding may flip by one unit)."""
     plan = [[1, 2], [3, 0]]
-    mp.spawn(_rank_worker, args=(2, free_port(), plan, str(tmp_path)), nprocs=2, join=True)
+    spawn(_rank_worker, args=(2, free_port(), plan, str(tmp_path)), nprocs=2)
     torch.manual_seed(0)
     single = DLRM(model_config())
     losses = train(single, make_optimizer(single, LR, OptimizerConfig("rowwise_adagrad", "adagrad")), 0, STEPS)

@@ -7,7 +7,6 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from dlrm.data.rank_source import RankSource
 from dlrm.data.synthetic import SyntheticDataset
@@ -20,6 +19,7 @@ from dlrm.training.checkpoint import CheckpointError, TrainState, load_checkpoin
 from dlrm.training.optimizers import EmbeddingAdam, OptimizerConfig, RowWiseAdagrad, make_optimizer
 from dlrm.training.train import fused_train_step, train_step
 from test_distributed import free_port
+from conftest import spawn
 
 CPU = torch.device("cpu")
 TABLES = [3, 200, 17, 50]
@@ -284,7 +284,7 @@ def test_distributed_training_equals_one_process_and_its_checkpoint_resumes_on_o
     checkpoint (optimizer state per table) then continues on one process exactly as the
     one-process run continues."""
     plan = [[1], [3, 0], [2]]
-    mp.spawn(_rank_worker, args=(3, free_port(), plan, str(tmp_path), embedding, dense), nprocs=3, join=True)
+    spawn(_rank_worker, args=(3, free_port(), plan, str(tmp_path), embedding, dense), nprocs=3)
     cfg = OptimizerConfig(embedding, dense)
     torch.manual_seed(0)
     single = DLRM(model_config()).double()

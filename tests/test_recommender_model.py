@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from dlrm.engine.logger import RunLogger
 from dlrm.engine.partition import split_bounds
@@ -25,6 +24,7 @@ from dlrm.recommender.network import parse_network
 from dlrm.recommender.train import TrainConfig, make_optimizer, take_rows, train
 from dlrm.recommender.user_histories import HistoryConfig, generate_user_histories
 from test_distributed import free_port
+from conftest import spawn
 
 N_ITEMS = 37
 
@@ -241,7 +241,7 @@ def test_item_parallel_training_equals_one_process(tmp_path, histories, world, n
     reference = SparseAutoencoder(NETWORKS[name](), seed=3, dtype=torch.float64)
     ref_losses, ref_optimizer = run_training(reference, histories, checkpoint_path=str(tmp_path / "one"))
     ckpt = str(tmp_path / "many")
-    mp.spawn(_worker, args=(world, free_port(), histories, str(tmp_path), ckpt, name), nprocs=world)
+    spawn(_worker, args=(world, free_port(), histories, str(tmp_path), ckpt, name), nprocs=world)
     bounds = split_bounds(N_ITEMS, world)
     for rank in range(world):
         got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)

@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from conftest import REPO
+from conftest import REPO, spawn
 from dlrm.engine.logger import RunLogger
 from dlrm.recommender.baselines import fit_baseline
 from dlrm.recommender.csr_dataset import CsrDataset, split_holdout, write_csr
@@ -99,8 +98,8 @@ def test_item_parallel_predict_equals_one_process(tmp_path, split, trained):
              "output_bias": one.output_bias.detach(), "input_bias": one.input_bias.detach(),
              "hidden": [p.detach() for p in one.hidden.parameters()]}
     world = 3
-    mp.spawn(_predict_worker, args=(world, free_port(), trained.config, state, inputs.path, str(tmp_path)),
-             nprocs=world)
+    spawn(_predict_worker, args=(world, free_port(), trained.config, state, inputs.path, str(tmp_path)),
+          nprocs=world)
     for rank in range(world):
         got = torch.load(tmp_path / f"lists{rank}.pt", weights_only=True)
         assert [f for f, _, _ in got] == [f for f, _, _ in expected]

@@ -10,7 +10,6 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from dlrm.data.batch import Bags
 from dlrm.data.rank_source import RankSource
@@ -26,6 +25,7 @@ from dlrm.training.checkpoint import TrainState, load_checkpoint, save_checkpoin
 from dlrm.training.optimizers import OptimizerConfig, make_optimizer
 from dlrm.training.train import evaluate, make_train_step
 from test_distributed import free_port
+from conftest import spawn
 
 CPU = torch.device("cpu")
 LAYOUTS = ["joint", "multi_table", "joint_fused"]
@@ -182,7 +182,7 @@ def _reference(job, first=0, last=None, load=None, save=None):
 def _spawn(tmp_path, entries, job):
     out = tmp_path / f"out{len(list(tmp_path.glob('out*')))}"
     out.mkdir()
-    mp.spawn(_worker, args=(len(entries), free_port(), entries, str(out), job), nprocs=len(entries), join=True)
+    spawn(_worker, args=(len(entries), free_port(), entries, str(out), job), nprocs=len(entries))
     return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(len(entries))]
 
 

@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from conftest import REPO
+from conftest import REPO, spawn
 from dlrm.engine.collectives import ProcessGroupCollectives
 from dlrm.wide import checkpoint
 from dlrm.wide.data import epoch_order, make_data
@@ -75,7 +74,7 @@ def _worker(rank: int, world: int, port: int, root: str) -> None:
 
 def test_two_gloo_processes_train_as_one_resume_exactly_and_move_between_process_counts(tmp_path):
     one, _ = train(WideConfig(**SMALL, save_checkpoint_path=str(tmp_path / "one")))
-    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2)
     meta = checkpoint.FORMAT.read_meta(str(tmp_path / "two_whole"))
     assert meta["world_size"] == 2 and sorted(n for n in meta["files"] if n.startswith("weight_rows")) == \
         ["weight_rows_0_174.pt", "weight_rows_174_347.pt"]
