@@ -5,8 +5,8 @@
 #
 # 1. installs the project with its test extra (torch pinned to the CPU build, so pip never pulls
 #    a CUDA build onto a machine without a GPU; on a GPU machine install torch first);
-# 2. builds the local Triton Inference Server's own environment, .venv-tritonserver (its python
-#    backend needs numpy < 2), unless a working one is already there;
+# 2. builds the local Triton Inference Server's own environment (its python backend needs
+#    numpy < 2) in the user's cache, once per machine, unless a working one is already there;
 # 3. starts the bare-install check (.ci/bare_install.sh: a fresh venv with the README's install
 #    line alone, then the README's commands from the repository root) beside pytest, since the
 #    prepared test environment cannot see what a new user's machine lacks; BARE_CHECK=0 skips it;
@@ -18,9 +18,30 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 python=${PYTHON:-$(command -v python || command -v python3)}
 "$python" -m pip install torch==2.13.0 -e ".[test]"
-if ! .venv-tritonserver/bin/python -c 'import numpy, onnxruntime, pytriton, torch' 2>/dev/null; then
-    rm -rf .venv-tritonserver
-    PYTHON="$python" bash triton/setup_server_env.sh .venv-tritonserver --with-torch
+# The server's environment is built once per machine, not once per clone: it lives in the user's
+# cache, named by a hash of the script that builds it (a changed package list builds a new one).
+# DLRM_TRITON_SERVER_ENV, or a .venv-tritonserver built in this clone, is used as it is.
+server_check=(-c 'import numpy, onnxruntime, pytriton, torch')
+if [ -n "${DLRM_TRITON_SERVER_ENV:-}" ]; then
+    "$DLRM_TRITON_SERVER_ENV/bin/python" "${server_check[@]}" || {
+        echo "test.sh: DLRM_TRITON_SERVER_ENV=$DLRM_TRITON_SERVER_ENV is not a working server environment;" \
+             "unset it, or build one there: bash triton/setup_server_env.sh DIR --with-torch" >&2
+        exit 2
+    }
+elif [ -x .venv-tritonserver/bin/python ] && .venv-tritonserver/bin/python "${server_check[@]}" 2>/dev/null; then
+    export DLRM_TRITON_SERVER_ENV=$PWD/.venv-tritonserver
+else
+    key=$("$python" -c 'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest()[:12])' \
+          <triton/setup_server_env.sh)
+    export DLRM_TRITON_SERVER_ENV=${XDG_CACHE_HOME:-$HOME/.cache}/dlrm/tritonserver-$key
+    mkdir -p "$(dirname "$DLRM_TRITON_SERVER_ENV")"
+    exec 9>"$DLRM_TRITON_SERVER_ENV.lock"
+    flock 9  # two clones testing at once build it once
+    if ! "$DLRM_TRITON_SERVER_ENV/bin/python" "${server_check[@]}" 2>/dev/null; then
+        rm -rf "$DLRM_TRITON_SERVER_ENV"  # ours: only this script writes under that name
+        PYTHON="$python" bash triton/setup_server_env.sh "$DLRM_TRITON_SERVER_ENV" --with-torch
+    fi
+    exec 9>&-
 fi
 bare_pid=
 if [ "${BARE_CHECK:-1}" != 0 ]; then
