@@ -58,14 +58,15 @@ def bags_from_lengths(lengths, num_rows: int, g: torch.Generator, hot: float = 0
     return values, offsets
 
 
-def bag_case(kind: str, num_rows: int, g: torch.Generator):
-    """``(values, offsets, num_features, batch)`` of a named pattern, on the CPU."""
-    if kind == "mixed":  # 3 features x 5 samples: empty bags, bags of one, one of 130 ids, a dup run
+def bag_case(kind: str, num_rows: int, g: torch.Generator, long_bag: int = 130):
+    """``(values, offsets, num_features, batch)`` of a named pattern, on the CPU. The updates'
+    tests give "mixed" a shorter long bag (``LONG_BAG``): still longer than a small program."""
+    if kind == "mixed":  # 3 features x 5 samples: empty bags, bags of one, one long bag, a dup run
         features, batch = 3, 5
         lengths = torch.randint(0, 7, (features * batch,), generator=g)
         lengths[[0, 6, 14]] = 0
         lengths[[1, 9]] = 1
-        lengths[7] = 130
+        lengths[7] = long_bag
         values, offsets = bags_from_lengths(lengths, num_rows, g)
         values[offsets[2]:offsets[3]] = 5  # one id repeated inside a bag ...
         values[offsets[12]] = 5  # ... and again in another feature's bag
@@ -172,6 +173,7 @@ def kernel_adagrad(weight, state, values, offsets, grad, lr, scale, skip, psw=No
 # run that shape.
 SMALL_TILE, SMALL_TILES = 16, 2
 SMALL_SPAN = SMALL_TILE * SMALL_TILES
+LONG_BAG = 40  # "mixed"'s long bag in the update tests: its ids alone fill more than a small program
 
 
 def small_program_sgd(weight, values, offsets, grad, lr, scale, skip, psw=None):
@@ -199,6 +201,7 @@ def assert_case_has_its_property(kind, values):
         assert any(last - first >= 2 for first, last in spans)
     if kind == "mixed":  # more than one program, duplicates
         assert values.numel() > SMALL_SPAN and len(spans) < values.numel()
+        assert LONG_BAG > SMALL_SPAN
 
 
 GATHERS = [pytest.param(kernel_gather, marks=needs_triton, id="kernel"),
@@ -354,10 +357,10 @@ def test_bag_gather_kernel_reads_zeros_for_out_of_range_ids():
 @pytest.mark.parametrize("update", SGDS)
 @pytest.mark.parametrize("kind", ["mixed", "hot", "one_hot", "empty"])
 @pytest.mark.parametrize("weighted", [False, True])
-@pytest.mark.parametrize("dim", [1, 40])
+@pytest.mark.parametrize("dim", [1, 20])  # one column; a ragged block of columns
 def test_bag_sgd_update_equals_torch_sparse_sgd(update, kind, weighted, dim):
     g = torch.Generator().manual_seed(100 + dim + weighted)
-    values, offsets, features, batch = bag_case(kind, 30, g)
+    values, offsets, features, batch = bag_case(kind, 30, g, LONG_BAG)
     weight0 = torch.randn(30, dim, generator=g)
     grad = torch.randn(features * batch, dim, generator=g)
     psw = torch.rand(values.numel(), generator=g) * 2 - 0.5 if weighted else None
@@ -377,9 +380,10 @@ def test_bag_sgd_update_runs_shared_by_many_programs(tile, tiles):
     """Small programs: the hot id's run crosses dozens of them (atomic adds), others cross
     tiles inside one program (carried partial sums)."""
     g = torch.Generator().manual_seed(tile * 10 + tiles)
-    values, offsets = bags_from_lengths(torch.randint(0, 25, (8,), generator=g), 25, g, hot=0.7)
-    weight0 = torch.randn(25, 24, generator=g)
-    grad = torch.randn(8, 24, generator=g)
+    values, offsets = bags_from_lengths(torch.randint(0, 16, (8,), generator=g), 25, g, hot=0.85)
+    assert max(last - first for first, last in run_spans(values, tile * tiles)) >= 2  # whole programs inside
+    weight0 = torch.randn(25, 12, generator=g)
+    grad = torch.randn(8, 12, generator=g)
     psw = torch.rand(values.numel(), generator=g)
     weight0, values, offsets, grad, psw = to_device(weight0, values, offsets, grad, psw)
     weight = weight0.clone()
@@ -392,7 +396,7 @@ def test_bag_sgd_update_gradient_layouts(update):
     """``grad_pooled`` as ``[B, T, D]`` (contiguous, or the per-sample view of ``[T*B, D]``) and
     as a ``[T*B, D]`` view with a row stride: all give the bag-order result."""
     g = torch.Generator().manual_seed(16)
-    values, offsets, features, batch = bag_case("mixed", 30, g)
+    values, offsets, features, batch = bag_case("mixed", 30, g, LONG_BAG)
     weight0 = torch.randn(30, 12, generator=g)
     grad = torch.randn(features * batch, 12, generator=g)
     weight0, values, offsets, grad = to_device(weight0, values, offsets, grad)
@@ -418,7 +422,7 @@ def test_bag_updates_strided_int32_bags():
     """int32 ids and offsets with stride 2, strided per-sample weights and Adagrad state, a
     row-strided weight: both update kernels still match their float64 oracles."""
     g = torch.Generator().manual_seed(24)
-    values, offsets, features, batch = bag_case("mixed", 30, g)
+    values, offsets, features, batch = bag_case("mixed", 30, g, LONG_BAG)
     big = torch.randn(60, 16, generator=g)
     grad = torch.randn(features * batch, 16, generator=g)
     psw = torch.rand(values.numel(), generator=g)
@@ -463,7 +467,7 @@ def test_bag_sgd_update_half_weights_round_each_row_once(weight_dtype):
     """Half-precision master weights (the kernel's two passes, or the reference): sums in fp32
     and rounds each row once, to within half an ulp of the float64 result."""
     g = torch.Generator().manual_seed(18)
-    values, offsets, features, batch = bag_case("mixed", 30, g)
+    values, offsets, features, batch = bag_case("mixed", 30, g, LONG_BAG)
     weight0 = torch.randn(30, 16, generator=g).to(weight_dtype)
     grad = torch.randn(features * batch, 16, generator=g)
     weight0, values, offsets, grad = to_device(weight0, values, offsets, grad)
@@ -477,7 +481,7 @@ def test_bag_sgd_update_half_weights_round_each_row_once(weight_dtype):
 @pytest.mark.parametrize("update", SGDS)
 def test_bag_sgd_update_skip_leaves_weight_bit_identical(update):
     g = torch.Generator().manual_seed(19)
-    values, offsets, features, batch = bag_case("mixed", 30, g)
+    values, offsets, features, batch = bag_case("mixed", 30, g, LONG_BAG)
     weight0 = torch.randn(30, 16, generator=g)
     weight0[5] = -0.0  # a signed zero must keep its sign
     grad = torch.randn(features * batch, 16, generator=g)
@@ -525,10 +529,10 @@ def test_bag_sgd_update_kernel_skips_out_of_range_ids():
 @pytest.mark.parametrize("update", ADAGRADS)
 @pytest.mark.parametrize("kind", ["mixed", "hot", "one_hot"])
 @pytest.mark.parametrize("weighted", [False, True])
-@pytest.mark.parametrize("dim", [1, 40])
+@pytest.mark.parametrize("dim", [1, 20])  # one column; a ragged block of columns
 def test_bag_rowwise_adagrad_matches_float64(update, kind, weighted, dim):
     g = torch.Generator().manual_seed(200 + dim + weighted)
-    values, offsets, features, batch = bag_case(kind, 30, g)
+    values, offsets, features, batch = bag_case(kind, 30, g, LONG_BAG)
     weight0 = torch.randn(30, dim, generator=g)
     state0 = torch.rand(30, generator=g) * (kind != "one_hot")  # one case starts from zeros
     grad = torch.randn(features * batch, dim, generator=g)
@@ -552,10 +556,11 @@ def test_bag_rowwise_adagrad_runs_shared_by_many_programs(tile, tiles):
     into the run's buffer row) before the row-wise step; two steps, so the second one reads the
     state the first wrote."""
     g = torch.Generator().manual_seed(tile * 10 + tiles)
-    values, offsets = bags_from_lengths(torch.randint(0, 25, (8,), generator=g), 25, g, hot=0.7)
-    weight0 = torch.randn(25, 24, generator=g)
+    values, offsets = bags_from_lengths(torch.randint(0, 16, (8,), generator=g), 25, g, hot=0.85)
+    assert max(last - first for first, last in run_spans(values, tile * tiles)) >= 2  # whole programs inside
+    weight0 = torch.randn(25, 12, generator=g)
     state0 = torch.zeros(25)
-    grads = torch.randn(2, 8, 24, generator=g)
+    grads = torch.randn(2, 8, 12, generator=g)
     psw = torch.rand(values.numel(), generator=g)
     weight0, state0, values, offsets, grads, psw = to_device(weight0, state0, values, offsets, grads, psw)
     weight, state = weight0.clone(), state0.clone()
