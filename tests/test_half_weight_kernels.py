@@ -269,7 +269,7 @@ def test_stochastic_rounding_keeps_a_row_learning_over_many_steps():
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_fp16_tables_ignore_the_rounding_step(optimizer):
-    weight0, state0, values, offsets, grad, psw, _ = random_case(torch.float16, seed=13, dim=40)
+    weight0, state0, values, offsets, grad, psw, _ = random_case(torch.float16, seed=13, dim=DIM)
     results = []
     for step in (None, rounding_step(True)):
         weight, state = weight0.clone(), state0.clone()
@@ -316,7 +316,7 @@ def test_public_functions_take_the_kernels_for_half_tables(optimizer):
 @pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "reference"])
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_fp32_tables_ignore_the_rounding_step(kernel, optimizer):
-    weight0, state0, values, offsets, grad, psw, _ = random_case(torch.float32, seed=19, dim=40)
+    weight0, state0, values, offsets, grad, psw, _ = random_case(torch.float32, seed=19, dim=DIM)
     results = []
     for step in (None, rounding_step(True)):
         weight, state = weight0.clone(), state0.clone()

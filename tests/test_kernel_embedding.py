@@ -383,7 +383,7 @@ def test_fused_sgd_steps_equal_sparse_sgd(loss_scale):
     reference, model = TinyModel(joint), TinyModel(fused)
     opt_ref = torch.optim.SGD(reference.parameters(), lr=0.5)
     opt_head = torch.optim.SGD(model.head.parameters(), lr=0.5)
-    for step in range(4):
+    for step in range(2):  # the second step's gradients come from the weights the first one moved
         ids = random_ids(32, seed=10 + step)  # small tables: many duplicate rows per batch
         opt_ref.zero_grad()
         bce(reference, ids, step).backward()
