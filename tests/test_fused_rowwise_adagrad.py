@@ -245,7 +245,7 @@ def test_a_checkpoint_resumes_in_the_other_layout(tmp_path, saved_as, resumed_as
     checkpoint loads into either layout with every weight and every state bit for bit, and the
     resumed run continues as the uninterrupted one (exactly when the layout is the same)."""
     cfg = OptimizerConfig("rowwise_adagrad", "adagrad")
-    data = batches("one_hot", n=3)
+    data = batches("one_hot", n=2)  # one step saved, one resumed: it reads the loaded accumulators
     saver = make_model(saved_as)
     saver_opt = make_optimizer(saver, LR, cfg)
     train(saver, saver_opt, data[:1])
@@ -312,7 +312,7 @@ def test_two_processes_equal_one_and_their_checkpoint_resumes_on_one_as_joint(tm
     load_checkpoint(str(tmp_path / "ck"), resumed, resumed_opt)
     torch.testing.assert_close(resumed_opt.embedding_state(resumed.embeddings.weight)["sum"],
                                single_opt.embedding_state(single.embeddings.weight)["sum"], rtol=1e-5, atol=1e-9)
-    again = [source.read_batch(i) for i in range(STEPS)]  # the same batches again: the state matters
+    again = [source.read_batch(0)]  # the same batch again: the loaded state matters
     assert train(resumed, resumed_opt, again) == pytest.approx(train(single, single_opt, again), rel=1e-5)
     assert_params_close(resumed, single, rtol=1e-5, atol=1e-6)
 
