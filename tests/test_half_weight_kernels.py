@@ -93,10 +93,10 @@ def dyadic_case(dtype: torch.dtype, seed: int, hot: float = 0.5):
     return (*to_device(weight, state, values, offsets, grad, psw), features)
 
 
-def random_case(dtype: torch.dtype, seed: int, dim: int):
+def random_case(dtype: torch.dtype, seed: int, dim: int, batch: int = 8):
     """Random bags (duplicates within and across bags, a hot id), weights and gradients."""
     g = torch.Generator().manual_seed(seed)
-    features, batch = 3, 8
+    features = 3
     lengths = torch.randint(0, 7, (features * batch,), generator=g)
     values, offsets = bags_from_lengths(lengths, ROWS, g, hot=0.3)
     psw = torch.rand(values.numel(), generator=g) + 0.5
@@ -173,7 +173,10 @@ def test_kernel_within_one_ulp_of_reference_for_random_gradients(optimizer, dtyp
     """fp32 sums in another order may differ in their last bits, and so flip a rounding by one
     unit; D = 200 makes SGD's second pass tile columns (the draws key on the whole row's column)."""
     dim = 200 if optimizer == "sgd" else 40
-    weight0, state0, values, offsets, grad, psw, _ = random_case(dtype, seed=7 + stochastic, dim=dim)
+    # Half the samples at D = 200: the cost in the interpreter is ids x columns.
+    weight0, state0, values, offsets, grad, psw, _ = random_case(dtype, seed=7 + stochastic, dim=dim,
+                                                                 batch=4 if optimizer == "sgd" else 8)
+    assert values.unique().numel() < values.numel()  # duplicates: sums the kernel reassociates
     step = rounding_step(stochastic)
     kernel_weight, kernel_state = weight0.clone(), state0.clone()
     run_update(optimizer, True, kernel_weight, kernel_state, values, offsets, grad, psw, step)
@@ -269,7 +272,7 @@ def test_stochastic_rounding_keeps_a_row_learning_over_many_steps():
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_fp16_tables_ignore_the_rounding_step(optimizer):
-    weight0, state0, values, offsets, grad, psw, _ = random_case(torch.float16, seed=13, dim=40)
+    weight0, state0, values, offsets, grad, psw, _ = random_case(torch.float16, seed=13, dim=DIM)
     results = []
     for step in (None, rounding_step(True)):
         weight, state = weight0.clone(), state0.clone()
@@ -316,7 +319,7 @@ def test_public_functions_take_the_kernels_for_half_tables(optimizer):
 @pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "reference"])
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_fp32_tables_ignore_the_rounding_step(kernel, optimizer):
-    weight0, state0, values, offsets, grad, psw, _ = random_case(torch.float32, seed=19, dim=40)
+    weight0, state0, values, offsets, grad, psw, _ = random_case(torch.float32, seed=19, dim=DIM)
     results = []
     for step in (None, rounding_step(True)):
         weight, state = weight0.clone(), state0.clone()

@@ -12,6 +12,8 @@ import torch
 
 from dlrm.kernels import backend
 from dlrm.kernels.embedding import (
+    UPDATE_TILE,
+    UPDATE_TILES,
     _sgd_update_triton,
     gather,
     gather_reference,
@@ -120,14 +122,37 @@ def assert_update_matches(weight0, weight, rows, grad, lr, grad_scale, atol=1e-5
     assert torch.equal(weight[untouched], weight0[untouched])  # bit for bit
 
 
+# The interpreter runs a program's segmented scan one element at a time, so an update costs
+# about (sorted positions, rounded up to whole programs) x (columns, rounded up to a block).
+# Small programs (2 tiles of 16: a run carried from tile to tile and shared between programs)
+# keep every case below to a few dozen ids; test_sgd_update_default_program_shape runs the
+# public function with its own program shape.
+SMALL_TILE, SMALL_TILES = 16, 2
+SMALL_SPAN = SMALL_TILE * SMALL_TILES
+
+
+def small_program_update(weight, rows, grad, lr, grad_scale, skip):
+    """``sgd_update``'s kernel path, with programs of ``SMALL_SPAN`` sorted positions."""
+    assert supports_update(weight, rows, grad, lr, grad_scale, skip)
+    _sgd_update_triton(weight, rows, grad, lr, grad_scale, skip, tile=SMALL_TILE, tiles=SMALL_TILES)
+
+
+def run_spans(rows: torch.Tensor, span: int) -> list[tuple[int, int]]:
+    """``(first program, last program)`` of every run of equal ids in sorted order."""
+    sorted_rows = torch.sort(rows.cpu()).values
+    _, counts = torch.unique_consecutive(sorted_rows, return_counts=True)
+    ends = torch.cumsum(counts, 0)
+    return [(int(e - c) // span, int(e - 1) // span) for e, c in zip(ends, counts)]
+
+
 UPDATES = [
-    pytest.param(sgd_update, marks=needs_triton, id="kernel"),
+    pytest.param(small_program_update, marks=needs_triton, id="kernel"),
     pytest.param(sgd_update_reference, id="reference"),
 ]
 
 
 @pytest.mark.parametrize("update", UPDATES)
-@pytest.mark.parametrize("kind,n,num_rows", [("hot", 700, 90), ("all_same", 300, 9), ("all_distinct", 64, 64),
+@pytest.mark.parametrize("kind,n,num_rows", [("hot", 120, 30), ("all_same", 70, 9), ("all_distinct", 64, 64),
                                              ("random", 41, 30)])
 @pytest.mark.parametrize("dim", [1, 16, 33, 128])
 def test_sgd_update_matches_float64(update, kind, n, num_rows, dim):
@@ -136,22 +161,44 @@ def test_sgd_update_matches_float64(update, kind, n, num_rows, dim):
     rows = id_pattern(kind, n, num_rows, g).to(DEVICE)
     grad = torch.randn(n, dim, generator=g).to(DEVICE)
     lr, scale, skip = scalars(0.1, 0.5)
-    if update is sgd_update:
-        assert supports_update(weight0, rows, grad, lr, scale, skip)
+    assert n > SMALL_SPAN  # more than one program
+    spans = run_spans(rows, SMALL_SPAN)
+    if kind in ("hot", "all_same"):  # a run covers a whole program and shares both its ends
+        assert any(last - first >= 2 for first, last in spans)
+    if kind == "random":  # some duplicates
+        assert len(spans) < n
     weight = weight0.clone()
     update(weight, rows, grad, lr, scale, skip)
     assert_update_matches(weight0, weight, rows, grad, 0.1, 0.5)
 
 
 @needs_triton
+def test_sgd_update_default_program_shape():
+    """The public function at its own program shape: a hot run shared by two programs."""
+    g = torch.Generator().manual_seed(11)
+    weight0 = torch.randn(30, 16, generator=g).to(DEVICE)
+    rows = zipf_rows(300, 30, 0.9, g).to(DEVICE)
+    grad = torch.randn(300, 16, generator=g).to(DEVICE)
+    args = scalars(0.1, 0.5)
+    assert supports_update(weight0, rows, grad, *args)
+    assert any(last > first for first, last in run_spans(rows, UPDATE_TILE * UPDATE_TILES))
+    weight = weight0.clone()
+    sgd_update(weight, rows, grad, *args)
+    assert_update_matches(weight0, weight, rows, grad, 0.1, 0.5)
+
+
+@needs_triton
 @pytest.mark.parametrize("tile,tiles", [(16, 1), (16, 2), (32, 3)])
 def test_sgd_update_runs_shared_by_many_programs(tile, tiles):
-    """Small programs, so a hot run crosses dozens of them (atomics) and others cross tiles
+    """Small programs, so a hot run crosses many of them (atomics) and others cross tiles
     inside one program (carried partial sums)."""
     g = torch.Generator().manual_seed(tile * tiles)
-    weight0 = torch.randn(40, 24, generator=g).to(DEVICE)
-    rows = zipf_rows(1000, 40, 0.6, g).to(DEVICE)
-    grad = torch.randn(1000, 24, generator=g).to(DEVICE)
+    weight0 = torch.randn(40, 12, generator=g).to(DEVICE)
+    rows = zipf_rows(300, 40, 0.6, g).to(DEVICE)
+    grad = torch.randn(300, 12, generator=g).to(DEVICE)
+    spans = run_spans(rows, tile * tiles)
+    assert max(last - first for first, last in spans) >= 2  # the hot run: whole programs inside it
+    assert sum(last > first for first, last in run_spans(rows, tile)) >= 2  # and another run crosses a tile
     weight = weight0.clone()
     _sgd_update_triton(weight, rows, grad, *scalars(0.05, 2.0), tile=tile, tiles=tiles)
     assert_update_matches(weight0, weight, rows, grad, 0.05, 2.0)
@@ -162,11 +209,17 @@ def test_sgd_update_runs_shared_by_many_programs(tile, tiles):
 def test_sgd_update_half_gradients_accumulate_in_fp32(update, grad_dtype):
     g = torch.Generator().manual_seed(5)
     weight0 = torch.randn(20, 16, generator=g).to(DEVICE)
-    rows = zipf_rows(600, 20, 0.8, g).to(DEVICE)
-    grad = torch.randn(600, 16, generator=g).to(grad_dtype).to(DEVICE)
+    rows = zipf_rows(150, 20, 0.8, g).to(DEVICE)
+    grad = torch.randn(150, 16, generator=g).to(grad_dtype).to(DEVICE)
+    # Summing the hot row's ~120 values in half precision would be off by far more than atol.
+    hot = grad[rows == 0].cpu()
+    half_sum = torch.zeros(16, dtype=grad_dtype)
+    for value in hot:
+        half_sum += value
+    assert len(hot) > 100
+    assert (0.01 * (half_sum.double() - hot.double().sum(0))).abs().max() > 1e-5
     weight = weight0.clone()
     update(weight, rows, grad, *scalars(0.01, 1.0))
-    # Summing ~500 half values in half precision would be off by far more than this.
     assert_update_matches(weight0, weight, rows, grad, 0.01, 1.0, atol=2e-6)
 
 
@@ -330,7 +383,7 @@ def test_fused_sgd_steps_equal_sparse_sgd(loss_scale):
     reference, model = TinyModel(joint), TinyModel(fused)
     opt_ref = torch.optim.SGD(reference.parameters(), lr=0.5)
     opt_head = torch.optim.SGD(model.head.parameters(), lr=0.5)
-    for step in range(4):
+    for step in range(2):  # the second step's gradients come from the weights the first one moved
         ids = random_ids(32, seed=10 + step)  # small tables: many duplicate rows per batch
         opt_ref.zero_grad()
         bce(reference, ids, step).backward()

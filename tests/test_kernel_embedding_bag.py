@@ -58,21 +58,22 @@ def bags_from_lengths(lengths, num_rows: int, g: torch.Generator, hot: float = 0
     return values, offsets
 
 
-def bag_case(kind: str, num_rows: int, g: torch.Generator):
-    """``(values, offsets, num_features, batch)`` of a named pattern, on the CPU."""
-    if kind == "mixed":  # 3 features x 5 samples: empty bags, bags of one, one of 130 ids, a dup run
+def bag_case(kind: str, num_rows: int, g: torch.Generator, long_bag: int = 130):
+    """``(values, offsets, num_features, batch)`` of a named pattern, on the CPU. The updates'
+    tests give "mixed" a shorter long bag (``LONG_BAG``): still longer than a small program."""
+    if kind == "mixed":  # 3 features x 5 samples: empty bags, bags of one, one long bag, a dup run
         features, batch = 3, 5
         lengths = torch.randint(0, 7, (features * batch,), generator=g)
         lengths[[0, 6, 14]] = 0
         lengths[[1, 9]] = 1
-        lengths[7] = 130
+        lengths[7] = long_bag
         values, offsets = bags_from_lengths(lengths, num_rows, g)
         values[offsets[2]:offsets[3]] = 5  # one id repeated inside a bag ...
         values[offsets[12]] = 5  # ... and again in another feature's bag
         return values, offsets, features, batch
-    if kind == "hot":  # most ids equal: runs longer than a program's span
+    if kind == "hot":  # most ids equal: runs longer than a (small) program's span
         features, batch = 2, 8
-        lengths = torch.randint(10, 40, (features * batch,), generator=g)
+        lengths = torch.randint(3, 12, (features * batch,), generator=g)
         return (*bags_from_lengths(lengths, num_rows, g, hot=0.7), features, batch)
     if kind == "one_hot":
         features, batch = 4, 6
@@ -164,11 +165,50 @@ def kernel_adagrad(weight, state, values, offsets, grad, lr, scale, skip, psw=No
     bag_rowwise_adagrad_update(weight, state, values, offsets, grad, lr, scale, skip, psw, eps)
 
 
+# The interpreter runs the updates' segmented scan one element at a time: an update costs about
+# (sorted ids, rounded up to whole programs) x (columns, rounded up to a block). The update
+# cases run on programs of 2 tiles of 16 (a run carried between tiles, runs shared between
+# programs) so that a few dozen ids cover what hundreds do at the default program shape;
+# test_bag_updates_default_program_shape and the tests calling kernel_sgd / kernel_adagrad
+# run that shape.
+SMALL_TILE, SMALL_TILES = 16, 2
+SMALL_SPAN = SMALL_TILE * SMALL_TILES
+LONG_BAG = 40  # "mixed"'s long bag in the update tests: its ids alone fill more than a small program
+
+
+def small_program_sgd(weight, values, offsets, grad, lr, scale, skip, psw=None):
+    assert supports_bag_update(weight, values, offsets, grad, psw, lr, scale, skip)
+    _bag_sgd_update_triton(weight, values, offsets, grad, lr, scale, skip, psw, tile=SMALL_TILE, tiles=SMALL_TILES)
+
+
+def small_program_adagrad(weight, state, values, offsets, grad, lr, scale, skip, psw=None, eps=EPS):
+    assert supports_bag_rowwise_adagrad(weight, state, values, offsets, grad, psw, lr, scale, skip)
+    _bag_rowwise_adagrad_triton(weight, state, values, offsets, grad, lr, scale, skip, psw, eps,
+                                tile=SMALL_TILE, tiles=SMALL_TILES)
+
+
+def run_spans(values: torch.Tensor, span: int) -> list[tuple[int, int]]:
+    """``(first program, last program)`` of every run of equal ids in sorted order."""
+    _, counts = torch.unique_consecutive(torch.sort(values.cpu().long()).values, return_counts=True)
+    ends = torch.cumsum(counts, 0)
+    return [(int(e - c) // span, int(e - 1) // span) for e, c in zip(ends, counts)]
+
+
+def assert_case_has_its_property(kind, values):
+    """What each ``bag_case`` exists for, at the small program shape."""
+    spans = run_spans(values, SMALL_SPAN)
+    if kind == "hot":  # a run covers a whole program and is shared at both its ends
+        assert any(last - first >= 2 for first, last in spans)
+    if kind == "mixed":  # more than one program, duplicates
+        assert values.numel() > SMALL_SPAN and len(spans) < values.numel()
+        assert LONG_BAG > SMALL_SPAN
+
+
 GATHERS = [pytest.param(kernel_gather, marks=needs_triton, id="kernel"),
            pytest.param(bag_gather_reference, id="reference")]
-SGDS = [pytest.param(kernel_sgd, marks=needs_triton, id="kernel"),
+SGDS = [pytest.param(small_program_sgd, marks=needs_triton, id="kernel"),
         pytest.param(bag_sgd_update_reference, id="reference")]
-ADAGRADS = [pytest.param(kernel_adagrad, marks=needs_triton, id="kernel"),
+ADAGRADS = [pytest.param(small_program_adagrad, marks=needs_triton, id="kernel"),
             pytest.param(bag_rowwise_adagrad_update_reference, id="reference")]
 
 
@@ -317,13 +357,14 @@ def test_bag_gather_kernel_reads_zeros_for_out_of_range_ids():
 @pytest.mark.parametrize("update", SGDS)
 @pytest.mark.parametrize("kind", ["mixed", "hot", "one_hot", "empty"])
 @pytest.mark.parametrize("weighted", [False, True])
-@pytest.mark.parametrize("dim", [1, 40])
+@pytest.mark.parametrize("dim", [1, 20])  # one column; a ragged block of columns
 def test_bag_sgd_update_equals_torch_sparse_sgd(update, kind, weighted, dim):
     g = torch.Generator().manual_seed(100 + dim + weighted)
-    values, offsets, features, batch = bag_case(kind, 30, g)
+    values, offsets, features, batch = bag_case(kind, 30, g, LONG_BAG)
     weight0 = torch.randn(30, dim, generator=g)
     grad = torch.randn(features * batch, dim, generator=g)
     psw = torch.rand(values.numel(), generator=g) * 2 - 0.5 if weighted else None
+    assert_case_has_its_property(kind, values)
     weight0, values, offsets, grad, psw = to_device(weight0, values, offsets, grad, psw)
     weight = weight0.clone()
     update(weight, values, offsets, grad, *scalars(0.1, 0.5), psw)
@@ -339,9 +380,10 @@ def test_bag_sgd_update_runs_shared_by_many_programs(tile, tiles):
     """Small programs: the hot id's run crosses dozens of them (atomic adds), others cross
     tiles inside one program (carried partial sums)."""
     g = torch.Generator().manual_seed(tile * 10 + tiles)
-    values, offsets = bags_from_lengths(torch.randint(0, 25, (8,), generator=g), 25, g, hot=0.7)
-    weight0 = torch.randn(25, 24, generator=g)
-    grad = torch.randn(8, 24, generator=g)
+    values, offsets = bags_from_lengths(torch.randint(0, 16, (8,), generator=g), 25, g, hot=0.85)
+    assert max(last - first for first, last in run_spans(values, tile * tiles)) >= 2  # whole programs inside
+    weight0 = torch.randn(25, 12, generator=g)
+    grad = torch.randn(8, 12, generator=g)
     psw = torch.rand(values.numel(), generator=g)
     weight0, values, offsets, grad, psw = to_device(weight0, values, offsets, grad, psw)
     weight = weight0.clone()
@@ -354,7 +396,7 @@ def test_bag_sgd_update_gradient_layouts(update):
     """``grad_pooled`` as ``[B, T, D]`` (contiguous, or the per-sample view of ``[T*B, D]``) and
     as a ``[T*B, D]`` view with a row stride: all give the bag-order result."""
     g = torch.Generator().manual_seed(16)
-    values, offsets, features, batch = bag_case("mixed", 30, g)
+    values, offsets, features, batch = bag_case("mixed", 30, g, LONG_BAG)
     weight0 = torch.randn(30, 12, generator=g)
     grad = torch.randn(features * batch, 12, generator=g)
     weight0, values, offsets, grad = to_device(weight0, values, offsets, grad)
@@ -380,7 +422,7 @@ def test_bag_updates_strided_int32_bags():
     """int32 ids and offsets with stride 2, strided per-sample weights and Adagrad state, a
     row-strided weight: both update kernels still match their float64 oracles."""
     g = torch.Generator().manual_seed(24)
-    values, offsets, features, batch = bag_case("mixed", 30, g)
+    values, offsets, features, batch = bag_case("mixed", 30, g, LONG_BAG)
     big = torch.randn(60, 16, generator=g)
     grad = torch.randn(features * batch, 16, generator=g)
     psw = torch.rand(values.numel(), generator=g)
@@ -406,10 +448,16 @@ def test_bag_sgd_update_half_gradients_accumulate_in_fp32(update, grad_dtype):
     values, offsets, features, batch = bag_case("hot", 20, g)
     weight0 = torch.randn(20, 16, generator=g)
     grad = torch.randn(features * batch, 16, generator=g).to(grad_dtype)
+    # Id 0 sums ~90 gradient rows: a half-precision sum would be off by far more than atol.
+    rows_of_0 = grad[bag_of_positions(offsets, values.numel())[values == 0]]
+    half_sum = torch.zeros(16, dtype=grad_dtype)
+    for row in rows_of_0:
+        half_sum += row
+    assert len(rows_of_0) > 60
+    assert (0.01 * (half_sum.double() - rows_of_0.double().sum(0))).abs().max() > 1e-5
     weight0, values, offsets, grad = to_device(weight0, values, offsets, grad)
     weight = weight0.clone()
     update(weight, values, offsets, grad, *scalars(0.01))
-    # Id 0 sums ~300 gradient rows: a half-precision sum would be off by far more than this.
     assert_update_matches(weight0, weight, oracle_sgd(weight0, values, offsets, grad, None, 0.01, 1.0), values,
                           atol=2e-6)
 
@@ -419,7 +467,7 @@ def test_bag_sgd_update_half_weights_round_each_row_once(weight_dtype):
     """Half-precision master weights (the kernel's two passes, or the reference): sums in fp32
     and rounds each row once, to within half an ulp of the float64 result."""
     g = torch.Generator().manual_seed(18)
-    values, offsets, features, batch = bag_case("mixed", 30, g)
+    values, offsets, features, batch = bag_case("mixed", 30, g, LONG_BAG)
     weight0 = torch.randn(30, 16, generator=g).to(weight_dtype)
     grad = torch.randn(features * batch, 16, generator=g)
     weight0, values, offsets, grad = to_device(weight0, values, offsets, grad)
@@ -433,7 +481,7 @@ def test_bag_sgd_update_half_weights_round_each_row_once(weight_dtype):
 @pytest.mark.parametrize("update", SGDS)
 def test_bag_sgd_update_skip_leaves_weight_bit_identical(update):
     g = torch.Generator().manual_seed(19)
-    values, offsets, features, batch = bag_case("mixed", 30, g)
+    values, offsets, features, batch = bag_case("mixed", 30, g, LONG_BAG)
     weight0 = torch.randn(30, 16, generator=g)
     weight0[5] = -0.0  # a signed zero must keep its sign
     grad = torch.randn(features * batch, 16, generator=g)
@@ -481,14 +529,15 @@ def test_bag_sgd_update_kernel_skips_out_of_range_ids():
 @pytest.mark.parametrize("update", ADAGRADS)
 @pytest.mark.parametrize("kind", ["mixed", "hot", "one_hot"])
 @pytest.mark.parametrize("weighted", [False, True])
-@pytest.mark.parametrize("dim", [1, 40])
+@pytest.mark.parametrize("dim", [1, 20])  # one column; a ragged block of columns
 def test_bag_rowwise_adagrad_matches_float64(update, kind, weighted, dim):
     g = torch.Generator().manual_seed(200 + dim + weighted)
-    values, offsets, features, batch = bag_case(kind, 30, g)
+    values, offsets, features, batch = bag_case(kind, 30, g, LONG_BAG)
     weight0 = torch.randn(30, dim, generator=g)
     state0 = torch.rand(30, generator=g) * (kind != "one_hot")  # one case starts from zeros
     grad = torch.randn(features * batch, dim, generator=g)
     psw = torch.rand(values.numel(), generator=g) * 2 - 0.5 if weighted else None
+    assert_case_has_its_property(kind, values)
     weight0, state0, values, offsets, grad, psw = to_device(weight0, state0, values, offsets, grad, psw)
     weight, state = weight0.clone(), state0.clone()
     update(weight, state, values, offsets, grad, *scalars(0.1, 0.5), psw)
@@ -507,10 +556,11 @@ def test_bag_rowwise_adagrad_runs_shared_by_many_programs(tile, tiles):
     into the run's buffer row) before the row-wise step; two steps, so the second one reads the
     state the first wrote."""
     g = torch.Generator().manual_seed(tile * 10 + tiles)
-    values, offsets = bags_from_lengths(torch.randint(0, 25, (8,), generator=g), 25, g, hot=0.7)
-    weight0 = torch.randn(25, 24, generator=g)
+    values, offsets = bags_from_lengths(torch.randint(0, 16, (8,), generator=g), 25, g, hot=0.85)
+    assert max(last - first for first, last in run_spans(values, tile * tiles)) >= 2  # whole programs inside
+    weight0 = torch.randn(25, 12, generator=g)
     state0 = torch.zeros(25)
-    grads = torch.randn(2, 8, 24, generator=g)
+    grads = torch.randn(2, 8, 12, generator=g)
     psw = torch.rand(values.numel(), generator=g)
     weight0, state0, values, offsets, grads, psw = to_device(weight0, state0, values, offsets, grads, psw)
     weight, state = weight0.clone(), state0.clone()
@@ -520,6 +570,26 @@ def test_bag_rowwise_adagrad_runs_shared_by_many_programs(tile, tiles):
                                     tile=tile, tiles=tiles)
         expected_weight, expected_state = oracle_adagrad(expected_weight, expected_state, values, offsets, grad,
                                                          psw, 0.05, 2.0)
+    assert_update_matches(weight0, weight, expected_weight, values)
+    torch.testing.assert_close(state.double(), expected_state, rtol=1e-5, atol=1e-7)
+
+
+@needs_triton
+def test_bag_updates_default_program_shape():
+    """The public functions at their own program shape: a hot run shared by two programs."""
+    g = torch.Generator().manual_seed(25)
+    values, offsets = bags_from_lengths(torch.full((12,), 25), 20, g, hot=0.9)
+    assert any(last > first for first, last in run_spans(values, 256))
+    weight0 = torch.randn(20, 8, generator=g)
+    state0 = torch.rand(20, generator=g)
+    grad = torch.randn(12, 8, generator=g)
+    weight0, state0, values, offsets, grad = to_device(weight0, state0, values, offsets, grad)
+    weight = weight0.clone()
+    kernel_sgd(weight, values, offsets, grad, *scalars(0.1, 0.5))
+    assert_update_matches(weight0, weight, oracle_sgd(weight0, values, offsets, grad, None, 0.1, 0.5), values)
+    weight, state = weight0.clone(), state0.clone()
+    kernel_adagrad(weight, state, values, offsets, grad, *scalars(0.1, 0.5))
+    expected_weight, expected_state = oracle_adagrad(weight0, state0, values, offsets, grad, None, 0.1, 0.5)
     assert_update_matches(weight0, weight, expected_weight, values)
     torch.testing.assert_close(state.double(), expected_state, rtol=1e-5, atol=1e-7)
 
