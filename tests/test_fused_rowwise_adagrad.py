@@ -12,7 +12,6 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from dlrm.data.batch import Batch
@@ -26,6 +25,7 @@ from dlrm.nn.embeddings import JointEmbedding, JointFusedEmbedding, table_specs
 from dlrm.training.checkpoint import TrainState, load_checkpoint, save_checkpoint
 from dlrm.training.optimizers import OptimizerConfig, RowWiseAdagrad, make_optimizer
 from dlrm.training.train import fused_train_step, make_train_step
+from conftest import spawn
 from test_bag_embeddings import bags_of, random_lists
 from test_distributed import free_port
 from test_optimizers import EPS, LR, PlainReference, rowwise_adagrad_cli_args
@@ -298,7 +298,7 @@ def test_two_processes_equal_one_and_their_checkpoint_resumes_on_one_as_joint(tm
     does, and their checkpoint continues on one process, in the ``joint`` layout, as the
     one-process ``joint_fused`` run continues."""
     plan = [[1, 2], [3, 0]]
-    mp.spawn(_rank_worker, args=(2, free_port(), plan, str(tmp_path)), nprocs=2, join=True)
+    spawn(_rank_worker, args=(2, free_port(), plan, str(tmp_path)), nprocs=2)
     cfg = OptimizerConfig("rowwise_adagrad", "adagrad")
     single = make_model("joint_fused")
     single_opt = make_optimizer(single, LR, cfg)
