@@ -153,9 +153,9 @@ def local_session(master: str = "local[2]", conf: Mapping[str, str] | None = Non
 
     Defaults for one machine (``conf`` overrides each): no web UI; a few shuffle partitions per
     core (Spark's 200 are sized for clusters: on one machine each is a task to schedule for a
-    few rows); and Python workers forked from ``dlrm.spark.worker_daemon``, which imports torch,
-    numpy, pandas and pyarrow once, so that each worker does not import them again (seconds of
-    CPU per worker, paid by every command on a small machine)."""
+    few rows); and Python workers forked from ``dlrm.spark.worker_daemon``, which imports torch
+    and numpy once, so that each worker does not import them again (seconds of CPU per worker,
+    paid by every command on a small machine)."""
     from pyspark.sql import SparkSession
 
     use_this_python(conf)

@@ -1,20 +1,22 @@
-"""PySpark's Python worker daemon with this project's heavy modules imported once, before it forks.
+"""PySpark's Python worker daemon with torch and numpy imported once, before it forks workers.
 
 Spark starts a task's Python worker by forking it from a daemon (``pyspark.daemon``); each fork
-then imports what its function needs. Here that is torch, numpy, pandas and pyarrow (the
-scoring and recommending tasks read datasets with ``dlrm.data`` and run models), several
-seconds of CPU per worker on a small machine: imported here, in the daemon, every forked worker
-starts with them loaded (copy-on-write pages, no second import). It is safe to fork after: these
-imports start no threads (torch's thread pools start on first use, in the worker).
+then imports what its function needs. Here that is torch (scoring and recommending read datasets
+with ``dlrm.data`` and run models; preprocessing's workers import ``dlrm`` too): seconds of CPU
+per worker. Imported here, in the daemon, every forked worker starts with it loaded
+(copy-on-write pages, no second import), so a session pays for it once, not once per worker.
 
-Selected by ``spark.python.daemon.module`` (``local_session`` sets it for local sessions); a
-module of the same name must be importable by the executors' Python, as it is wherever this
-project is installed.
+Safe to fork after: importing torch and numpy starts no thread of theirs but OpenBLAS's pool,
+which OpenBLAS stops before a fork and restarts after (its own atfork handlers); torch's thread
+pools start on first use, in the worker. pandas and pyarrow are not imported here: pyarrow's
+allocator starts a background thread at import.
+
+Selected by ``spark.python.daemon.module`` (``dlrm.spark.launch.local_session`` and
+preprocessing's local sessions set it); the executors' Python must import this module, as it
+does wherever this project is installed.
 """
 
 import numpy  # noqa: F401
-import pandas  # noqa: F401
-import pyarrow  # noqa: F401
 import torch  # noqa: F401
 
 from pyspark import daemon
