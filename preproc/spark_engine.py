@@ -95,6 +95,9 @@ def spark_session(master: str = "local[*]", conf: dict[str, str] | None = None, 
             settings["spark.driver.memory"] = f"{max(1, memory_limit >> 30)}g"
         cores = os.cpu_count() or 1
         settings["spark.sql.shuffle.partitions"] = str(max(4, 4 * cores))
+        # Workers forked from a daemon that imported torch (which the workers' imports pull in
+        # through dlrm) once, not once per worker: see dlrm.spark.worker_daemon.
+        settings["spark.python.daemon.module"] = "dlrm.spark.worker_daemon"
     settings.update(conf or {})
     # A session started from Python takes its workers' interpreter from PYSPARK_PYTHON, not from
     # spark.pyspark.python: without it they run the first python3 on PATH, which lacks this

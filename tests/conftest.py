@@ -15,6 +15,15 @@ import warm_python
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Spark's JVM (one per local session, in this process and in every command a test runs) does
+# short jobs: the C1 compiler alone and the serial collector start it and warm it up in half the
+# time on two cores. Passed as spark-submit's driver options, which print nothing (unlike
+# JAVA_TOOL_OPTIONS, whose notice on stderr would add a line to every command's errors).
+# spark-submit first runs a launcher JVM that builds the driver's command: the same options.
+os.environ.setdefault("PYSPARK_SUBMIT_ARGS",
+                      "--driver-java-options '-XX:TieredStopAtLevel=1 -XX:+UseSerialGC' pyspark-shell")
+os.environ.setdefault("SPARK_LAUNCHER_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

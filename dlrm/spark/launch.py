@@ -137,16 +137,33 @@ def use_this_python(conf: Mapping[str, str] | None = None) -> None:
                                     or sys.executable)
 
 
+def _local_cores(master: str) -> int:
+    """The task slots of a local master: ``local`` 1, ``local[N]`` N, ``local[*]`` (and
+    ``local[N,F]``, ``local[*,F]``) as many as this machine's cores for ``*``."""
+    inside = master.partition("[")[2].partition("]")[0].split(",")[0].strip()
+    if not inside:
+        return 1
+    return (os.cpu_count() or 1) if inside == "*" else max(1, int(inside)) if inside.isdigit() else 1
+
+
 def local_session(master: str = "local[2]", conf: Mapping[str, str] | None = None) -> Any:
     """A Spark session in local mode (``local[N]``: N task slots, one per training process)
     that serves its tasks on 127.0.0.1 and runs them in this Python: for tests, demos and
-    one-machine runs."""
+    one-machine runs.
+
+    Defaults for one machine (``conf`` overrides each): no web UI; a few shuffle partitions per
+    core (Spark's 200 are sized for clusters: on one machine each is a task to schedule for a
+    few rows); and Python workers forked from ``dlrm.spark.worker_daemon``, which imports torch
+    and numpy once, so that each worker does not import them again (seconds of CPU per worker,
+    paid by every command on a small machine)."""
     from pyspark.sql import SparkSession
 
     use_this_python(conf)
     builder = SparkSession.builder.master(master).appName("dlrm")
     settings = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
-                "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false", **(conf or {})}
+                "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+                "spark.sql.shuffle.partitions": str(max(4, 2 * _local_cores(master))),
+                "spark.python.daemon.module": "dlrm.spark.worker_daemon", **(conf or {})}
     for key, value in settings.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
