@@ -52,7 +52,9 @@ fi
 rc=0
 # Three pytest workers (PYTEST_WORKERS) on two cores, a test file to a worker: most tests wait on
 # subprocesses (torch start-up, Spark, torchrun): two workers kept 1.55 of 2 cores busy.
-DLRM_REQUIRE_TRITON_SERVER=1 "$python" -m pytest -n "${PYTEST_WORKERS:-3}" --dist loadfile "$@" || rc=$?
+# The costliest files start first (tests/conftest.py's COSTLIEST_FILES), in collection order.
+DLRM_REQUIRE_TRITON_SERVER=1 "$python" -m pytest -n "${PYTEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder "$@" \
+    || rc=$?
 if [ -n "$bare_pid" ]; then
     bare_rc=0
     wait "$bare_pid" || bare_rc=$?

@@ -116,13 +116,54 @@ def fetch_movielens_100k(out: str, root: pathlib.Path, env: dict[str, str]) -> s
     return proc
 
 
+@pytest.fixture(scope="session")
+def synthetic_dataset(tmp_path_factory):
+    """Writes small split-binary datasets with the project's writer: ``synthetic_dataset(
+    num_numerical, table_sizes, rows_per_split, batch_size=, seed=)`` -> its folder, written once
+    per test process for each distinct set of arguments (tests only read it)."""
+    from dlrm.data.synthetic import write_synthetic_dataset
+
+    written: dict[tuple, str] = {}
+
+    def make(num_numerical: int, table_sizes: list[int], rows: dict[str, int], *, batch_size: int,
+             seed: int) -> str:
+        key = (num_numerical, tuple(table_sizes), tuple(sorted(rows.items())), batch_size, seed)
+        if key not in written:
+            root = str(tmp_path_factory.mktemp("data"))
+            write_synthetic_dataset(root, num_numerical, list(table_sizes), dict(rows), batch_size=batch_size,
+                                    seed=seed)
+            written[key] = root
+        return written[key]
+
+    return make
+
+
 @pytest.fixture
 def cli():
     return run_cli
 
 
+# The costliest test files, most first (their summed test times on two cores, 2026-11-29). test.sh
+# runs one file to a worker (``--dist loadfile --no-loadscope-reorder``) in this order, so the long
+# files start first and the short ones fill in at the end, instead of a long file starting last
+# while the other workers have nothing left.
+COSTLIEST_FILES = (
+    "test_spark_score.py", "test_spark_recommend.py", "test_preproc_engines.py", "test_hostile_outputs.py",
+    "test_preproc_cli.py", "test_spark_train.py", "test_quantized_serving.py", "test_kernel_embedding_bag.py",
+    "test_row_wise.py", "test_dcn.py", "test_fs_faults.py", "test_kernel_embedding.py", "test_export.py",
+    "test_distributed.py", "test_half_weight_kernels.py", "test_multi_hot_data.py", "test_torchrun.py",
+    "test_writer_outputs.py", "test_fused_rowwise_adagrad.py", "test_gradient_overlap.py",
+    "test_nvidia_commands.py", "test_warm_python.py", "test_bag_embeddings.py", "test_optimizers.py",
+    "test_recommender_validation.py", "test_recommender_linear.py", "test_cli.py", "test_triton_server.py",
+    "test_cli_errors.py", "test_resume.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` skip themselves on machines without CUDA."""
+    """The costliest files first (``COSTLIEST_FILES``; the others after, in their order), and
+    tests marked ``gpu`` skip themselves on machines without CUDA."""
+    rank = {name: i for i, name in enumerate(COSTLIEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")

@@ -11,7 +11,6 @@ from dlrm.data.batch import Batch
 from dlrm.data.feature_spec import FeatureSpec
 from dlrm.data.split_binary import SplitBinaryReader
 from dlrm.data.split_binary_writer import SplitBinaryWriter
-from dlrm.data.synthetic import write_synthetic_dataset
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.training.checkpoint import load_checkpoint
 from conftest import log_records, logged_scalars, tensorboard_scalars
@@ -23,11 +22,9 @@ FAST = ["--base_device", "cpu", "--lr", "0.5", "--warmup_steps", "10", "--decay_
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
+def dataset(synthetic_dataset):
     """A small split-binary dataset with learnable labels, written with the project's writer."""
-    root = str(tmp_path_factory.mktemp("data"))
-    write_synthetic_dataset(root, 4, TABLES, {"train": 20_000, "test": 5_000}, batch_size=4096, seed=7)
-    return root
+    return synthetic_dataset(4, TABLES, {"train": 20_000, "test": 5_000}, batch_size=4096, seed=7)
 
 
 def test_help_lists_nvidia_flags(cli):

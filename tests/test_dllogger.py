@@ -10,7 +10,6 @@ import time
 
 import pytest
 
-from dlrm.data.synthetic import write_synthetic_dataset
 from conftest import log_records
 
 TABLES = [30, 300, 4, 1000, 70]
@@ -58,10 +57,8 @@ def one_run(path, started, ended):
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("data"))
-    write_synthetic_dataset(root, 4, TABLES, {"train": 3000, "test": 2000}, batch_size=4096, seed=7)
-    return root
+def dataset(synthetic_dataset):
+    return synthetic_dataset(4, TABLES, {"train": 3000, "test": 2000}, batch_size=4096, seed=7)
 
 
 def test_dllogger_log_of_train_and_test_runs_appended_in_its_own_form(cli, dataset, tmp_path):

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from dlrm.data.batch import Batch
-from dlrm.data.synthetic import write_synthetic_dataset
 from dlrm.inference.benchmark import LatencyResult, benchmark_inference, exported_forward, format_table
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.model.precision import Precision
@@ -84,10 +83,8 @@ def test_exported_forward_refuses_onnx_off_the_cpu(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("bench_data"))
-    write_synthetic_dataset(root, 4, TABLES, {"train": 5000, "test": 5000}, batch_size=4096, seed=3)
-    return root
+def dataset(synthetic_dataset):
+    return synthetic_dataset(4, TABLES, {"train": 5000, "test": 5000}, batch_size=4096, seed=3)
 
 
 @pytest.mark.parametrize("backend", ["onnxruntime", "torchscript"])

@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 import torch
 
-from dlrm.data.synthetic import write_synthetic_dataset
 
 from conftest import REPO, run_cli
 import warm_python
@@ -199,10 +198,8 @@ def assert_same_weights(got, want, exact=True):
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("data"))
-    write_synthetic_dataset(root, NUMERICAL, TABLES, {"train": 1200, "test": 800}, batch_size=400, seed=5)
-    return root
+def dataset(synthetic_dataset):
+    return synthetic_dataset(NUMERICAL, TABLES, {"train": 1200, "test": 800}, batch_size=400, seed=5)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,6 @@ import pytest
 import torch
 from absl import app, flags
 
-from dlrm.data.synthetic import write_synthetic_dataset
 from dlrm.inference.export import build_inference_model
 from dlrm.scripts import main as dlrm_main
 from dlrm.scripts.main import check_args
@@ -129,12 +128,10 @@ NVIDIA_FLAGS = {
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
+def dataset(synthetic_dataset):
     """NVIDIA's default shape (13 numerical, 26 categorical features), tiny: 512 training samples
     (2 steps of 256) and 4096 test samples (the inference benchmark's largest default batch)."""
-    root = str(tmp_path_factory.mktemp("data"))
-    write_synthetic_dataset(root, NUMERICAL, TABLES, {"train": 512, "test": 4096}, batch_size=4096, seed=3)
-    return root
+    return synthetic_dataset(NUMERICAL, TABLES, {"train": 512, "test": 4096}, batch_size=4096, seed=3)
 
 
 def args_of(command: str, dataset: str, checkpoint: str | None = None) -> list[str]:

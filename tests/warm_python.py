@@ -25,6 +25,7 @@ What can differ from a cold start, and how each is kept the same:
 from __future__ import annotations
 
 import atexit
+import collections
 import io
 import json
 import os
@@ -224,6 +225,7 @@ class _Server:
     def close(self) -> None:
         try:
             self.process.stdin.close()
+            self.process.stdout.close()
             self.process.wait(timeout=10)
         except Exception:
             self.process.kill()
@@ -232,9 +234,12 @@ class _Server:
         os.rmdir(self.folder)
 
 
-_servers: dict[tuple, list[_Server]] = {}
+_servers: "collections.OrderedDict[tuple, list[_Server]]" = collections.OrderedDict()
 _turns: dict[tuple, int] = {}
 _lock = threading.Lock()
+# Servers of this many environments at most (the least recently used go: a server's commands
+# keep running without it); each holds about 300 MB.
+MAX_ENVIRONMENTS = 3
 
 
 def _server_for(env: dict[str, str]) -> _Server:
@@ -248,6 +253,10 @@ def _server_for(env: dict[str, str]) -> _Server:
                 seeds = [str(first), str(first % (2**32 - 1) + 1)]
             _servers[key] = [_Server(env, seed) for seed in seeds]
             _turns[key] = 0
+            while len(_servers) > MAX_ENVIRONMENTS:
+                for server in _servers.popitem(last=False)[1]:
+                    server.close()
+        _servers.move_to_end(key)
         servers = _servers[key]
         _turns[key] += 1
         return servers[_turns[key] % len(servers)]
@@ -316,7 +325,10 @@ class Popen:
         cwd = os.fspath(kwargs["cwd"]) if kwargs.get("cwd") is not None else os.getcwd()
         request = {"mode": mode[0], "target": mode[1], "args": mode[2], "cwd": os.path.abspath(cwd), "env": env}
         try:
-            self._conn = _server_for(env).connect()
+            try:
+                self._conn = _server_for(env).connect()
+            except OSError:  # its server was just closed by another thread's: a new one serves
+                self._conn = _server_for(env).connect()
             socket.send_fds(self._conn, [json.dumps(request).encode()], [stdin, stdout, stderr])
         finally:
             for fd in opened:
