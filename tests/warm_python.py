@@ -1,8 +1,8 @@
 """Starts the suite's ``python ...`` commands as forks of an interpreter that has torch imported.
 
 Why: most end-to-end tests run a command as a user would (``python -m dlrm.scripts.main ...``),
-and each start pays the interpreter's start and torch's import, about 3 s of CPU, before the code
-under test runs: on two cores that was a third of the suite. Here a server process imports torch,
+and each start pays the interpreter's start and torch's import, about 3 s of CPU on two cores,
+before the code under test runs (the suite starts over 500 such commands). Here a server process imports torch,
 numpy, triton and absl once; each command is a fork of it that runs its module the way the
 interpreter's ``-m``, ``-c`` and script modes do (``runpy``, ``__main__``, ``sys.argv``,
 ``sys.path[0]``, its working directory, its environment, its own stdin, stdout and stderr). So it
@@ -11,7 +11,7 @@ is a real process of its own: a real pid, exit status, signals, files and childr
 What can differ from a cold start, and how each is kept the same:
 - what the interpreter and those libraries read from the environment when they start (thread
   counts, hash seed, paths, encodings): a server serves only environments that agree with its own
-  on those variables (``_STARTUP_VARIABLES``), others get their own server;
+  on those variables (``_STARTUP_PREFIXES``), others get their own server;
 - the string hash seed, fixed at an interpreter's start: each environment has two servers of
   different seeds, taken in turn, so two runs of one test never share a seed (a byte-for-byte
   comparison of two runs still sees what a set's order changes);
