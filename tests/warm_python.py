@@ -128,7 +128,6 @@ def _stream(fd: int, name: str, unbuffered: bool) -> io.TextIOWrapper:
 
 
 def _run_command(request: dict, fds: list[int]) -> None:
-    import atexit as _atexit
     import runpy
     import traceback
     import types
@@ -138,7 +137,7 @@ def _run_command(request: dict, fds: list[int]) -> None:
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
         for fd in fds:
-            if fd > 2 and fd not in (0, 1, 2):
+            if fd > 2:
                 os.close(fd)
         os.chdir(request["cwd"])
         os.environ.clear()
@@ -148,8 +147,7 @@ def _run_command(request: dict, fds: list[int]) -> None:
                                               enumerate(("stdin", "stdout", "stderr")))
         sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
         mode, target, args = request["mode"], request["target"], request["args"]
-        for name in ("SIGINT",):
-            signal.signal(getattr(signal, name), signal.default_int_handler)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         if mode == "m":
             sys.argv = ["-m", *args]
             sys.path[0] = os.getcwd()
@@ -181,7 +179,7 @@ def _run_command(request: dict, fds: list[int]) -> None:
         code = 1
     try:
         threading._shutdown()
-        _atexit._run_exitfuncs()
+        atexit._run_exitfuncs()
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
     except BaseException:

@@ -141,9 +141,9 @@ def _local_cores(master: str) -> int:
     """The task slots of a local master: ``local`` 1, ``local[N]`` N, ``local[*]`` (and
     ``local[N,F]``, ``local[*,F]``) as many as this machine's cores for ``*``."""
     inside = master.partition("[")[2].partition("]")[0].split(",")[0].strip()
-    if not inside:
-        return 1
-    return (os.cpu_count() or 1) if inside == "*" else max(1, int(inside)) if inside.isdigit() else 1
+    if inside == "*":
+        return os.cpu_count() or 1
+    return max(1, int(inside)) if inside.isdigit() else 1
 
 
 def local_session(master: str = "local[2]", conf: Mapping[str, str] | None = None) -> Any:
