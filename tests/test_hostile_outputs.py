@@ -8,13 +8,12 @@ fails ``test_every_writer_is_in_the_table``.
 
 The cases of one entry point run in one process that forks per command line after the heavy
 imports (tests/entry_point_runner.py): each is still the script run as ``__main__`` with its
-own argv and working directory. The read-only file system is a private tmpfs mount (``unshare
--m``), as in test_fs_faults.py.
+own argv and working directory. The read-only file system is a tmpfs mounted read-only in a
+mount namespace of the runner's own (as ``unshare -m`` makes), as in test_fs_faults.py.
 """
 
 from __future__ import annotations
 
-import ast
 import glob
 import hashlib
 import json
@@ -108,13 +107,14 @@ WRITERS = [
     *(Writer("dlrm.scripts.spark_recommend", "output", fmt == "parquet",
              lambda i, dest, scratch, fmt=fmt: ["--load_checkpoint_path", f"{scratch}/no_ckpt", "--input", i["csr"],
                                                 "--output_format", fmt, "--output", dest],
-             lambda i: os.path.dirname(i["csr"]), ["dlrm.scripts.cli"],
+             lambda i: os.path.dirname(i["csr"]), ["torch", "dlrm.recommender.topk", "dlrm.scripts.cli"],
              control=lambda result: result["returncode"] == 2 and "no_ckpt" in result["stderr"])
       for fmt in ("parquet", "text")),
     # Its control run reads a folder that is not a checkpoint, which is checked after --output.
     *(Writer("dlrm.scripts.convert_checkpoint", "output", True,
              lambda i, dest, scratch, to=to: ["--checkpoint", i["dataset"], "--output", dest, "--to", to],
-             lambda i: i["dataset"], ["dlrm.scripts.cli"],
+             lambda i: i["dataset"], ["torch", "dlrm.engine.checkpoint_store", "dlrm.training.checkpoint",
+                                      "dlrm.training.nvidia_checkpoint", "dlrm.scripts.cli"],
              control=lambda result: result["returncode"] == 2 and "meta.json" in result["stderr"])
       for to in ("nvidia", "dlrm")),
 ]
@@ -225,10 +225,6 @@ def _can_unshare() -> bool:
     return probe.returncode == 0
 
 
-# Mounts a read-only tmpfs at $RO_MOUNT (private to this process tree), then runs the runner.
-_UNDER_READ_ONLY_MOUNT = 'mount -t tmpfs -o size=64k,ro tmpfs "$RO_MOUNT" || exit 99; exec "$@"'
-
-
 def _name(writer: Writer) -> str:
     kind = "" if "spark_recommend" not in writer.module else ("-parquet" if writer.directory else "-text")
     if "convert_checkpoint" in writer.module:
@@ -261,12 +257,11 @@ def test_a_hostile_destination_is_refused_in_one_line_and_nothing_changes(tmp_pa
     cases.append({"args": writer.command(mine, str(home / "fresh"), str(scratch / "fresh")), "cwd": str(project)})
     before = _checksums(home)
     spec, results = tmp_path / "cases.json", tmp_path / "results.json"
-    spec.write_text(json.dumps({"module": writer.module, "preload": writer.preload, "cases": cases}))
+    # The runner mounts a read-only tmpfs at ``read_only``, private to it and its cases.
+    spec.write_text(json.dumps({"module": writer.module, "preload": writer.preload, "cases": cases,
+                                "read_only_mount": str(read_only) if unshare else None}))
     runner = [sys.executable, os.path.join(REPO, "tests", "entry_point_runner.py"), str(spec), str(results)]
-    if unshare:
-        runner = ["unshare", "-m", "sh", "-c", _UNDER_READ_ONLY_MOUNT, "sh", *runner]
-    env = {**os.environ, "PYTHONPATH": REPO, "PYTHONUNBUFFERED": "1", "RO_MOUNT": str(read_only),
-           "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": REPO, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     proc = warm_python.run(runner, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     *refusals, control = json.loads(results.read_text())
