@@ -7,7 +7,6 @@
 #    a CUDA build onto a machine without a GPU; on a GPU machine install torch first);
 # 2. builds the local Triton Inference Server's own environment (its python backend needs
 #    numpy < 2) in the user's cache, once per machine, unless a working one is already there;
-#    and, there too, an archive of the classes Spark's driver loads (tests/spark_class_archive.py);
 # 3. starts the bare-install check (.ci/bare_install.sh: a fresh venv with the README's install
 #    line alone, then the README's commands from the repository root) beside pytest, since the
 #    prepared test environment cannot see what a new user's machine lacks; BARE_CHECK=0 skips it;
@@ -50,9 +49,6 @@ if [ "${BARE_CHECK:-1}" != 0 ]; then
     PYTHON="$python" bash .ci/bare_install.sh >"$bare_log" 2>&1 &
     bare_pid=$!
 fi
-# The classes Spark's driver loads, archived once per machine so that the suite's Spark JVMs start
-# in half the time (tests/spark_class_archive.py); without it they start as they would anyway.
-"$python" tests/spark_class_archive.py || echo "test.sh: no Spark class archive; Spark starts without it" >&2
 rc=0
 # Three pytest workers (PYTEST_WORKERS) on two cores, a test file to a worker: most tests wait on
 # subprocesses (torch start-up, Spark, torchrun): two workers kept 1.55 of 2 cores busy.

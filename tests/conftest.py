@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-import spark_class_archive
 import torch
 import warm_python
 
@@ -18,13 +17,12 @@ if not torch.cuda.is_available():
 
 # Spark's JVM (one per local session, in this process and in every command a test runs) does
 # short jobs: the C1 compiler alone and the serial collector start it and warm it up in half the
-# time on two cores, and the class archive test.sh builds once per machine halves it again (see
-# tests/spark_class_archive.py). Passed as spark-submit's driver options, which print nothing
-# (unlike JAVA_TOOL_OPTIONS, whose notice on stderr would add a line to every command's errors).
-# spark-submit first runs a launcher JVM that builds the driver's command: the base options.
+# time on two cores. Passed as spark-submit's driver options, which print nothing (unlike
+# JAVA_TOOL_OPTIONS, whose notice on stderr would add a line to every command's errors).
+# spark-submit first runs a launcher JVM that builds the driver's command: the same options.
 os.environ.setdefault("PYSPARK_SUBMIT_ARGS",
-                      f"--driver-java-options '{spark_class_archive.java_options()}' pyspark-shell")
-os.environ.setdefault("SPARK_LAUNCHER_OPTS", spark_class_archive.BASE_OPTIONS)
+                      "--driver-java-options '-XX:TieredStopAtLevel=1 -XX:+UseSerialGC' pyspark-shell")
+os.environ.setdefault("SPARK_LAUNCHER_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -2,8 +2,9 @@
 (/proc). The user sees one line on stderr naming the path, the cause and the fix, exit code 2;
 the previous checkpoint or output is intact and nothing half written is left beside it.
 
-Each case runs the real command line in a private mount namespace (``unshare -m``) with a small
-tmpfs of its own, seeded with the previous output, and copies out what the tmpfs held after.
+Each case runs the real command line in a private mount namespace (as ``unshare -m`` makes) with
+a small tmpfs of its own, seeded with the previous output, and copies out what the tmpfs held
+after (tests/in_tmpfs.py).
 """
 
 from __future__ import annotations
@@ -27,20 +28,6 @@ DLRM = ["dlrm.scripts.main", "--synthetic_dataset_table_sizes", "100,100", "--sy
         "--synthetic_dataset_num_test_entries", "500", "--batch_size", "500", "--test_batch_size", "500",
         "--embedding_dim", "4", "--bottom_mlp_sizes", "8,4", "--top_mlp_sizes", "8,1", "--base_device", "cpu",
         "--print_freq", "1"]
-
-# Mounts a tmpfs of size $1 at $FS, copies $SEED into it, remounts it read-only if $RO, runs the
-# rest of the arguments, and copies what the tmpfs then holds to $AFTER. Exit 99: no tmpfs.
-_IN_NAMESPACE = """
-mount -t tmpfs -o "size=$1" tmpfs "$FS" || exit 99
-if [ -n "$SEED" ]; then cp -a "$SEED/." "$FS/" || exit 99; fi
-if [ "$RO" = 1 ]; then mount -o remount,ro "$FS" || exit 99; fi
-shift
-"$@"
-rc=$?
-cp -a "$FS/." "$AFTER/"
-exit $rc
-"""
-
 
 def _namespaces() -> str | None:
     """Why a private tmpfs cannot be mounted here, or None when it can."""
@@ -68,11 +55,11 @@ def on_tmpfs(tmp_path: Path, size: int, *args: str, seed: Path | None = None,
     fs, after = tmp_path / "fs", tmp_path / "after"
     fs.mkdir()
     after.mkdir()
-    command = [sys.executable, "-m", *(a.format(fs=fs) for a in args)]
+    command = [sys.executable, os.path.join(REPO, "tests", "in_tmpfs.py"), str(size), "-m",
+               *(a.format(fs=fs) for a in args)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "FS": str(fs), "AFTER": str(after), "SEED": str(seed or ""),
            "RO": "1" if read_only else "0"}
-    proc = subprocess.run(["unshare", "-m", "sh", "-c", _IN_NAMESPACE, "sh", str(size), *command], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = warm_python.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 99, proc.stderr
     return proc, after
 

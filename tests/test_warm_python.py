@@ -147,3 +147,28 @@ def test_commands_started_at_once_from_threads_all_finish():
         done = list(pool.map(lambda i: warm_python.run([sys.executable, "-c", f"print({i})"], capture_output=True,
                                                        text=True, env=env, timeout=120), range(8)))
     assert [(d.returncode, d.stdout) for d in done] == [(0, f"{i}\n") for i in range(8)]
+
+
+_RUN_HERE = """
+import os, sys
+sys.path.insert(0, {tests!r})
+import warm_python
+sys.stdout.flush()
+pid = os.fork()
+if pid == 0:
+    warm_python.run_here(sys.argv[1:])
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.parametrize("exit_code", ["0", "3"])
+def test_run_here_makes_a_fork_the_command_a_cold_start_runs(script, tmp_path, exit_code):
+    """``run_here``, which tests/in_tmpfs.py calls in the fork it prepares: the module's run is
+    the cold start's (output, argv, sys.path[0], working directory, environment, exit status)."""
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "WARM_MARKER": "h", "WARM_EXIT": exit_code}
+    cold = subprocess.run([sys.executable, "-m", "probe", "--x", "y z"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
+    here = subprocess.run([sys.executable, "-c", _RUN_HERE.format(tests=os.path.join(REPO, "tests")), "-m", "probe",
+                           "--x", "y z"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    same(cold, here)

@@ -190,6 +190,17 @@ def _run_command(request: dict, fds: list[int]) -> None:
     os._exit(code & 0xFF)
 
 
+def run_here(args: list[str]) -> None:
+    """Runs ``python ARGS`` (``-m``, ``-c`` or a script) in this process as a fresh interpreter
+    would, then exits with its status: for a helper that prepares a process (a mount namespace,
+    say) and then becomes the command, in a fork of its own."""
+    mode = _mode([sys.executable, *args])
+    if mode is None:
+        raise ValueError(f"not a python command this can run: {args}")
+    _run_command({"mode": mode[0], "target": mode[1], "args": mode[2], "cwd": os.getcwd(), "env": dict(os.environ)},
+                 [0, 1, 2])
+
+
 # ----------------------------------------------------------------------------------- the caller
 
 
