@@ -53,7 +53,10 @@ rc=0
 # Three pytest workers (PYTEST_WORKERS) on two cores, a test file to a worker: most tests wait on
 # subprocesses (torch start-up, Spark, torchrun): two workers kept 1.55 of 2 cores busy.
 # The costliest files start first (tests/conftest.py's COSTLIEST_FILES), in collection order.
-DLRM_REQUIRE_TRITON_SERVER=1 "$python" -m pytest -n "${PYTEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder "$@" \
+# One OpenMP thread per process (unless OMP_NUM_THREADS says otherwise): three workers and the
+# commands they start already fill the cores, and torch's default of a thread per core would have
+# each process's threads spin-wait for each other at every parallel region, time the others lose.
+OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} DLRM_REQUIRE_TRITON_SERVER=1 "$python" -m pytest -n "${PYTEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder "$@" \
     || rc=$?
 if [ -n "$bare_pid" ]; then
     bare_rc=0
