@@ -13,8 +13,9 @@ What can differ from a cold start, and how each is kept the same:
   counts, hash seed, paths, encodings): a server serves only environments that agree with its own
   on those variables (``_STARTUP_PREFIXES``), others get their own server;
 - the string hash seed, fixed at an interpreter's start: each environment has two servers of
-  different seeds, taken in turn, so two runs of one test never share a seed (a byte-for-byte
-  comparison of two runs still sees what a set's order changes);
+  different seeds, taken in turn (the second starts at the environment's second command), so two
+  runs of one test never share a seed (a byte-for-byte comparison of two runs still sees what a
+  set's order changes);
 - interpreter options (``-X``, ``-W``, ``-u``), another interpreter, or Popen options this does not
   mirror (``preexec_fn``, ``start_new_session``, ``pass_fds``...): those start cold, through
   ``subprocess`` itself.
@@ -243,7 +244,10 @@ class _Server:
         os.rmdir(self.folder)
 
 
-_servers: "collections.OrderedDict[tuple, list[_Server]]" = collections.OrderedDict()
+# Per environment, its servers' hash seeds and the servers started so far: the second of a pair
+# starts at the environment's second command (many environments serve one command only).
+_servers: "collections.OrderedDict[tuple, list[_Server | None]]" = collections.OrderedDict()
+_seeds: dict[tuple, list[str | None]] = {}
 _turns: dict[tuple, int] = {}
 _lock = threading.Lock()
 # Servers of this many environments at most (the least recently used go: a server's commands
@@ -256,25 +260,30 @@ def _server_for(env: dict[str, str]) -> _Server:
     with _lock:
         if key not in _servers:
             if "PYTHONHASHSEED" in env:
-                seeds = [None]
+                _seeds[key] = [None]
             else:
                 first = random.randrange(1, 2**32)
-                seeds = [str(first), str(first % (2**32 - 1) + 1)]
-            _servers[key] = [_Server(env, seed) for seed in seeds]
+                _seeds[key] = [str(first), str(first % (2**32 - 1) + 1)]
+            _servers[key] = [None] * len(_seeds[key])
             _turns[key] = 0
             while len(_servers) > MAX_ENVIRONMENTS:
-                for server in _servers.popitem(last=False)[1]:
+                old, servers = _servers.popitem(last=False)
+                del _seeds[old], _turns[old]
+                for server in filter(None, servers):
                     server.close()
         _servers.move_to_end(key)
         servers = _servers[key]
+        turn = _turns[key] % len(servers)
         _turns[key] += 1
-        return servers[_turns[key] % len(servers)]
+        if servers[turn] is None:
+            servers[turn] = _Server(env, _seeds[key][turn])
+        return servers[turn]
 
 
 @atexit.register
 def _close_servers() -> None:
     for servers in _servers.values():
-        for server in servers:
+        for server in filter(None, servers):
             server.close()
     _servers.clear()
 
