@@ -172,3 +172,23 @@ def test_run_here_makes_a_fork_the_command_a_cold_start_runs(script, tmp_path, e
     here = subprocess.run([sys.executable, "-c", _RUN_HERE.format(tests=os.path.join(REPO, "tests")), "-m", "probe",
                            "--x", "y z"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     same(cold, here)
+
+
+_PATH_PROBE = "import json, sys; print(json.dumps(sys.path))"
+
+
+def test_pythonpath_entries_stand_where_a_cold_start_puts_them(tmp_path):
+    """Relative, empty and repeated entries, in each mode: the whole ``sys.path`` is the cold
+    start's; a PYTHONPATH that would shadow a preloaded library starts cold."""
+    (tmp_path / "rel").mkdir()
+    (tmp_path / "probe.py").write_text(_PATH_PROBE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(["", "rel", str(tmp_path), "rel", str(tmp_path / "x")])}
+    for argv in ([sys.executable, "-c", _PATH_PROBE], [sys.executable, "-m", "probe"],
+                 [sys.executable, str(tmp_path / "probe.py")]):
+        same(*both(argv, cwd=tmp_path, env=env))
+    (tmp_path / "shadow" / "numpy").mkdir(parents=True)
+    (tmp_path / "shadow" / "numpy" / "__init__.py").write_text("raise SystemExit('the shadowing numpy')")
+    env["PYTHONPATH"] = str(tmp_path / "shadow")
+    cold, warm = both([sys.executable, "-c", "import numpy"], cwd=tmp_path, env=env)
+    same(cold, warm)
+    assert cold.returncode == 1 and "the shadowing numpy" in cold.stderr

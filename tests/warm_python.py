@@ -12,6 +12,9 @@ What can differ from a cold start, and how each is kept the same:
 - what the interpreter and those libraries read from the environment when they start (thread
   counts, hash seed, paths, encodings): a server serves only environments that agree with its own
   on those variables (``_STARTUP_PREFIXES``), others get their own server;
+- PYTHONPATH: servers start without it, and a command's folders go on its ``sys.path`` where a
+  cold start puts them (after the script's folder, absolute, without repeats); a command whose
+  PYTHONPATH holds one of the preloaded libraries, or a sitecustomize, starts cold;
 - the string hash seed, fixed at an interpreter's start: each environment has two servers of
   different seeds, taken in turn (the second starts at the environment's second command), so two
   runs of one test never share a seed (a byte-for-byte comparison of two runs still sees what a
@@ -46,9 +49,25 @@ _PRELOAD = ("torch", "numpy", "triton", "absl.flags", "absl.app")
 
 
 def _startup_key(env: dict[str, str]) -> tuple:
-    """The variables an interpreter and the preloaded libraries read once, at start."""
+    """The variables an interpreter and the preloaded libraries read once, at start. Not
+    PYTHONPATH: a command's entries are put on its ``sys.path`` where a cold start puts them
+    (``_python_path``), and servers start without it."""
     return tuple(sorted((k, v) for k, v in env.items()
-                        if k.startswith(_STARTUP_PREFIXES) and k != "PYTHONUNBUFFERED"))
+                        if k.startswith(_STARTUP_PREFIXES) and k not in ("PYTHONUNBUFFERED", "PYTHONPATH")))
+
+
+def _python_path(entries: str, cwd: str) -> list[str]:
+    """PYTHONPATH's folders as a cold start puts them on ``sys.path``: absolute (an empty entry is
+    the working directory), in order, without repeats."""
+    return list(dict.fromkeys(os.path.abspath(os.path.join(cwd, p)) for p in entries.split(os.pathsep)))
+
+
+def _shadows_a_start_up_import(entries: str, cwd: str) -> bool:
+    """Whether a PYTHONPATH folder holds what a cold start would import from it before the
+    command runs (a preloaded library, sitecustomize): such commands start cold."""
+    names = [*(n.split(".")[0] for n in _PRELOAD), "sitecustomize", "usercustomize"]
+    return any(os.path.exists(os.path.join(folder, name + suffix))
+               for folder in _python_path(entries, cwd) for name in names for suffix in ("", ".py"))
 
 
 def _mode(argv: list[str]) -> tuple[str, str, list[str]] | None:
@@ -148,6 +167,8 @@ def _run_command(request: dict, fds: list[int]) -> None:
                                               enumerate(("stdin", "stdout", "stderr")))
         sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
         mode, target, args = request["mode"], request["target"], request["args"]
+        if os.environ.get("PYTHONPATH"):  # after the script's folder, before the standard library
+            sys.path[1:] = list(dict.fromkeys(_python_path(os.environ["PYTHONPATH"], os.getcwd()) + sys.path[1:]))
         signal.signal(signal.SIGINT, signal.default_int_handler)
         if mode == "m":
             sys.argv = ["-m", *args]
@@ -209,7 +230,7 @@ class _Server:
     def __init__(self, env: dict[str, str], hash_seed: str | None) -> None:
         self.folder = tempfile.mkdtemp(prefix="warm-python-")
         self.path = os.path.join(self.folder, "socket")
-        start_env = dict(env)
+        start_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
         if hash_seed is not None:
             start_env["PYTHONHASHSEED"] = hash_seed
         self.process = subprocess.Popen([sys.executable, os.path.abspath(__file__), self.path], env=start_env,
@@ -318,8 +339,10 @@ class Popen:
         unsupported = [k for k in _UNSUPPORTED if kwargs.get(k) not in (None, False, (), 0)]
         if kwargs.get("stdin") == subprocess.PIPE or kwargs.get("close_fds") is False:
             unsupported.append("stdin/close_fds")
+        cwd = os.fspath(kwargs["cwd"]) if kwargs.get("cwd") is not None else os.getcwd()
         if (mode is None or unsupported or os.environ.get("DLRM_TEST_COLD_START") == "1"
-                or kwargs.get("input") is not None):
+                or kwargs.get("input") is not None
+                or (env.get("PYTHONPATH") and _shadows_a_start_up_import(env["PYTHONPATH"], cwd))):
             return subprocess.Popen(args, **kwargs)
         self = super().__new__(cls)
         self._start(argv, mode, env, kwargs)
