@@ -192,3 +192,16 @@ def test_pythonpath_entries_stand_where_a_cold_start_puts_them(tmp_path):
     cold, warm = both([sys.executable, "-c", "import numpy"], cwd=tmp_path, env=env)
     same(cold, warm)
     assert cold.returncode == 1 and "the shadowing numpy" in cold.stderr
+
+
+def test_a_folder_named_like_a_preloaded_library_without_init_is_served_warm(tmp_path):
+    """The repository's triton/ (no __init__.py) on PYTHONPATH: the installed triton is the one a
+    cold start imports too, so the command is served warm, and sees what a cold start sees."""
+    (tmp_path / "triton").mkdir()
+    (tmp_path / "triton" / "client.py").write_text("")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    code = "import json, sys, triton; print(json.dumps([triton.__file__, sys.path]))"
+    same(*both([sys.executable, "-c", code], cwd=REPO, env=env))
+    assert not warm_python._shadows_a_start_up_import(str(tmp_path), REPO)
+    (tmp_path / "triton" / "__init__.py").write_text("")
+    assert warm_python._shadows_a_start_up_import(str(tmp_path), REPO)

@@ -65,9 +65,15 @@ def _python_path(entries: str, cwd: str) -> list[str]:
 def _shadows_a_start_up_import(entries: str, cwd: str) -> bool:
     """Whether a PYTHONPATH folder holds what a cold start would import from it before the
     command runs (a preloaded library, sitecustomize): such commands start cold."""
+    import glob
+
     names = [*(n.split(".")[0] for n in _PRELOAD), "sitecustomize", "usercustomize"]
-    return any(os.path.exists(os.path.join(folder, name + suffix))
-               for folder in _python_path(entries, cwd) for name in names for suffix in ("", ".py"))
+    # A module, an extension or a regular package: a folder without __init__.py is only a
+    # namespace portion, which the installed regular package of that name wins over (the
+    # repository's own triton/ folder, say).
+    return any(os.path.isfile(os.path.join(folder, name + ".py")) or glob.glob(os.path.join(folder, name + ".*.so"))
+               or os.path.isfile(os.path.join(folder, name, "__init__.py"))
+               for folder in _python_path(entries, cwd) for name in names)
 
 
 def _mode(argv: list[str]) -> tuple[str, str, list[str]] | None:
