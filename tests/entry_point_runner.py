@@ -2,43 +2,32 @@
 
     python tests/entry_point_runner.py CASES.json RESULTS.json
 
-CASES.json: {"module": "dlrm.scripts.main" (or a script's absolute path), "preload": [modules], "cases": [{"args": [...],
-"cwd": "..."}], "read_only_mount": "/path" (optional)}. The heavy imports (torch, the library) are done once; then each case runs in a
-forked child that executes the script module as ``__main__`` (``runpy``, so its flags are defined
-and parsed afresh, exactly as under ``python -m``) in its own working directory, with stdout and
-stderr captured. RESULTS.json gets each case's exit code, stdout and stderr. Why: one start of
-python with torch takes seconds on a small machine, and the hostile-user suite runs hundreds of
-command lines that each end at their first check.
+CASES.json: {"module": "dlrm.scripts.main" (or a script's absolute path), "preload": [modules],
+"cases": [{"args": [...], "cwd": "..."}], "read_only_mount": "/path" (optional)}. The heavy
+imports (torch, the library) are done once; then each case runs in a forked child that executes
+the script module as ``__main__`` (``runpy``, so its flags are defined and parsed afresh, exactly
+as under ``python -m``) in its own working directory, with stdout and stderr captured.
+RESULTS.json gets each case's exit code, stdout and stderr. Why: one start of python with torch
+takes seconds on a small machine, and the hostile-user suite runs hundreds of command lines that
+each end at their first check.
 
 With "read_only_mount", the runner first moves into a mount namespace of its own (as
 ``unshare -m`` would, which needs root or CAP_SYS_ADMIN) and mounts a read-only tmpfs at that
-path, seen by its cases only: a real read-only file system, with no trace outside.
+path, seen by its cases only (tests/in_tmpfs.py): a real read-only file system, no trace outside.
+Done by the runner itself, not by ``unshare -m sh -c 'mount ...'`` around a fresh interpreter, so
+that the runner can start as a fork of a process that has imported torch (tests/warm_python.py).
 """
 
 from __future__ import annotations
 
 import importlib
 import json
-import ctypes
 import os
 import runpy
-import subprocess
 import sys
 import tempfile
 
-CLONE_NEWNS = 0x00020000  # <sched.h>; os.unshare exists from Python 3.12 only
-
-
-def _mount_read_only_tmpfs(path: str) -> None:
-    """A private mount namespace for this process and its children, and a read-only tmpfs at
-    ``path`` in it. Done by the runner itself (not ``unshare -m sh -c 'mount ...'`` around a fresh
-    interpreter), so the runner can be a fork of a process that has imported torch already."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(CLONE_NEWNS) != 0:
-        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
-    # Private first: a namespace copied from a shared one would pass the mount back to the host's.
-    subprocess.run(["mount", "--make-rprivate", "/"], check=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,ro", "tmpfs", path], check=True)
+from in_tmpfs import mount_private_tmpfs
 
 
 def _run_child(module: str, args: list[str], cwd: str, out_path: str, err_path: str) -> None:
@@ -71,7 +60,7 @@ def _run_child(module: str, args: list[str], cwd: str, out_path: str, err_path: 
 def main() -> None:
     spec = json.load(open(sys.argv[1]))
     if spec.get("read_only_mount"):
-        _mount_read_only_tmpfs(spec["read_only_mount"])
+        mount_private_tmpfs(spec["read_only_mount"], "64k", read_only=True)
     sys.path.insert(0, os.getcwd())
     for name in spec.get("preload", []):
         importlib.import_module(name)

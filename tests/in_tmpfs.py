@@ -27,24 +27,27 @@ import warm_python  # noqa: E402
 CLONE_NEWNS = 0x00020000  # <sched.h>; os.unshare exists from Python 3.12 only
 
 
-def _mount(size: str, fs: str, seed: str, read_only: bool) -> None:
+def mount_private_tmpfs(path: str, size: str, seed: str = "", read_only: bool = False) -> None:
+    """Moves this process (and the children it starts after) into a mount namespace of its own
+    and mounts a tmpfs of ``size`` at ``path`` there, holding a copy of ``seed``, read-only if
+    asked: a real full or read-only file system that no other process sees."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.unshare(CLONE_NEWNS) != 0:
         raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
     # Private first: a namespace copied from a shared one would pass the mount back to the host's.
     subprocess.run(["mount", "--make-rprivate", "/"], check=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", fs], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path], check=True)
     if seed:
-        subprocess.run(["cp", "-a", f"{seed}/.", f"{fs}/"], check=True)
+        subprocess.run(["cp", "-a", f"{seed}/.", f"{path}/"], check=True)
     if read_only:
-        subprocess.run(["mount", "-o", "remount,ro", fs], check=True)
+        subprocess.run(["mount", "-o", "remount,ro", path], check=True)
 
 
 def main() -> int:
     size, command = sys.argv[1], sys.argv[2:]
     fs, after = os.environ["FS"], os.environ["AFTER"]
     try:
-        _mount(size, fs, os.environ.get("SEED", ""), os.environ.get("RO") == "1")
+        mount_private_tmpfs(fs, size, os.environ.get("SEED", ""), os.environ.get("RO") == "1")
     except (OSError, subprocess.CalledProcessError) as e:
         print(f"in_tmpfs: no tmpfs at {fs}: {e}", file=sys.stderr)
         return 99
