@@ -205,3 +205,10 @@ def test_a_folder_named_like_a_preloaded_library_without_init_is_served_warm(tmp
     assert not warm_python._shadows_a_start_up_import(str(tmp_path), REPO)
     (tmp_path / "triton" / "__init__.py").write_text("")
     assert warm_python._shadows_a_start_up_import(str(tmp_path), REPO)
+
+
+@pytest.mark.parametrize("name", ["numpy.py", "numpy.so", "numpy.cpython-311-x86_64-linux-gnu.so", "sitecustomize.py"])
+def test_a_module_or_extension_named_like_a_preloaded_one_starts_cold(tmp_path, name):
+    (tmp_path / name).write_text("")
+    assert warm_python._shadows_a_start_up_import(str(tmp_path), REPO)
+    assert not warm_python._shadows_a_start_up_import(str(tmp_path / "elsewhere"), REPO)

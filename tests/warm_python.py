@@ -71,7 +71,7 @@ def _shadows_a_start_up_import(entries: str, cwd: str) -> bool:
     # A module, an extension or a regular package: a folder without __init__.py is only a
     # namespace portion, which the installed regular package of that name wins over (the
     # repository's own triton/ folder, say).
-    return any(os.path.isfile(os.path.join(folder, name + ".py")) or glob.glob(os.path.join(folder, name + ".*.so"))
+    return any(os.path.isfile(os.path.join(folder, name + ".py")) or glob.glob(os.path.join(folder, name + ".*so"))
                or os.path.isfile(os.path.join(folder, name, "__init__.py"))
                for folder in _python_path(entries, cwd) for name in names)
 
