@@ -40,8 +40,9 @@ class PlainReference:
     """The optimizers written out on dense float64 gradients, independent of torch.optim and of
     sparse tensors: a row the batch did not use has a zero gradient, which these updates leave alone."""
 
-    def __init__(self, embedding: str, dense: str):
+    def __init__(self, embedding: str, dense: str, initial: float = 0.0):
         self.embedding, self.dense, self.state, self.t = embedding, dense, {}, 0
+        self.initial = initial  # Adagrad's and row-wise Adagrad's accumulators start here
 
     def step(self, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor]) -> None:
         self.t += 1
@@ -52,10 +53,10 @@ class PlainReference:
             if kind == "sgd":
                 p -= LR * g
             elif kind == "adagrad":
-                s["sum"] = s.get("sum", torch.zeros_like(p)) + g * g
+                s["sum"] = s.get("sum", torch.full_like(p, self.initial)) + g * g
                 p -= LR * g / (s["sum"].sqrt() + EPS)
             elif kind == "rowwise_adagrad":
-                s["sum"] = s.get("sum", torch.zeros(p.shape[0], dtype=p.dtype)) + (g * g).mean(dim=1)
+                s["sum"] = s.get("sum", torch.full((p.shape[0],), self.initial, dtype=p.dtype)) + (g * g).mean(dim=1)
                 p -= LR * g / (s["sum"].sqrt() + EPS).unsqueeze(1)
             elif name.startswith("embeddings."):  # adam tables: SparseAdam's lazy rule, only the rows used
                 b1, b2 = 0.9, 0.999
@@ -73,11 +74,11 @@ class PlainReference:
                 p -= LR * m_hat / (v_hat.sqrt() + EPS)
 
 
-def reference_run(embedding: str, dense: str) -> tuple[list[float], dict[str, torch.Tensor]]:
+def reference_run(embedding: str, dense: str, initial: float = 0.0) -> tuple[list[float], dict[str, torch.Tensor]]:
     torch.manual_seed(0)
     model = DLRM(model_config()).double()
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    reference = PlainReference(embedding, dense)
+    reference = PlainReference(embedding, dense, initial)
     source, losses = data(), []
     for i in range(STEPS):
         batch = source.read_batch(i)
@@ -116,6 +117,37 @@ def test_each_optimizer_matches_its_plain_float64_reference(embedding, dense, em
         key = f"embeddings.tables.{i}.weight"
         if key in ref_params:
             torch.testing.assert_close(model.embeddings.table_weight(i), ref_params[key], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("embedding,dense,embedding_type", [
+    ("adagrad", "adagrad", "joint"), ("rowwise_adagrad", "adagrad", "multi_table"),
+    ("rowwise_adagrad", "adagrad", "joint_fused")])
+def test_adagrad_accumulators_start_at_the_initial_accumulator_value(embedding, dense, embedding_type):
+    """--initial_accumulator_value 0.25: every accumulator, the tables' (plain and fused) and the
+    MLPs', starts there (the first updates are damped), as the float64 rule says."""
+    torch.manual_seed(0)
+    model = DLRM(model_config(embedding_type)).double()
+    config = OptimizerConfig(embedding, dense, eps=EPS, initial_accumulator_value=0.25)
+    optimizer = make_optimizer(model, LR, config)
+    precision = Precision("cpu")
+    step = fused_train_step if embedding_type == "joint_fused" else train_step
+    source = data()
+    losses = [float(step(model, source.read_batch(i), optimizer, precision.grad_scaler(), precision))
+              for i in range(STEPS)]
+    ref_losses, ref_params = reference_run(embedding, dense, initial=0.25)
+    undamped = reference_run(embedding, dense)[1]
+    assert (undamped["top_mlp.layers.0.weight"] - ref_params["top_mlp.layers.0.weight"]).abs().max() > 1e-3
+    # joint_fused updates in its own kernels, whose sums run in another order: 1e-7, where 0.25 moves 1e-3
+    rtol, atol = (1e-7, 1e-9) if embedding_type == "joint_fused" else (1e-9, 1e-12)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=rtol, atol=0)
+    for name, value in model.named_parameters():
+        if not name.startswith("embeddings."):
+            torch.testing.assert_close(value.detach(), ref_params[name], rtol=rtol, atol=atol, msg=name)
+    joint = torch.cat([model.embeddings.table_weight(i) for i in range(len(TABLES))])
+    want = ref_params.get("embeddings.weight")
+    if want is None:
+        want = torch.cat([ref_params[f"embeddings.tables.{i}.weight"] for i in range(len(TABLES))])
+    torch.testing.assert_close(joint, want, rtol=rtol, atol=atol)
 
 
 def test_rowwise_adagrad_sums_duplicate_ids_before_the_update():

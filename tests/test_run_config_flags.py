@@ -1,5 +1,8 @@
-"""Every flag of dlrm.scripts.main reaches its RunConfig: the config is the whole run, so a
-Python caller (dlrm.training.api) can say anything the command line can."""
+"""Every flag of dlrm.scripts.main reaches its RunConfig, and every setting of the config has a
+flag: the config is the whole run, so a Python caller (dlrm.training.api) can say anything the
+command line can, and a launcher can run any config as a command line (``config_flags``)."""
+
+import dataclasses
 
 import pytest
 from absl import flags
@@ -7,6 +10,11 @@ from absl import flags
 from dlrm.data.feature_spec import FeatureSpec
 from dlrm.scripts import dlrm_flags, nvidia_flags, serving_flags
 from dlrm.scripts.main import check_args
+from dlrm.spark.launch import flag_args
+from dlrm.training.lr_schedule import LRSchedule
+from dlrm.training.run_config import (
+    DataConfig, ModelSettings, OutputConfig, ParallelConfig, RunConfig, ServingConfig, TrainConfig,
+)
 
 # NVIDIA's flags that change nothing in this program (nvidia_flags: the run header says so when
 # one is given), so no config holds them.
@@ -81,22 +89,75 @@ def changed(flag: flags.Flag) -> list[str]:
     raise AssertionError(f"--{flag.name}: give it a non-default value in VALUES")
 
 
-def test_every_flag_of_main_changes_its_run_config(tmp_path):
-    FeatureSpec.default(2, [5, 6]).to_yaml(tmp_path / "feature_spec.yaml")
-    unmapped, names = [], set()
+def leaves(cfg: RunConfig) -> dict:
+    """The config's settings by their own names (the leaves of ``to_dict``; each name is one's)."""
+    return dlrm_flags._leaves(cfg.to_dict())
+
+
+def flag_configs(spec_dir) -> list[tuple[str, RunConfig, RunConfig]]:
+    """(flag, config of the flags it needs, that config with the flag given another value), per flag of main."""
+    found = []
     for flag in main_flags():
-        names.add(flag.name)
-        base = [arg.format(spec_dir=tmp_path) for arg in NEEDS.get(flag.name, [])]
-        given = changed(flag)
-        before = dlrm_flags.run_config(check_args(base))
-        after = dlrm_flags.run_config(check_args(base + given))
+        base = [arg.format(spec_dir=spec_dir) for arg in NEEDS.get(flag.name, [])]
+        found.append((flag.name, dlrm_flags.run_config(check_args(base)),
+                      dlrm_flags.run_config(check_args(base + changed(flag)))))
+    return found
+
+
+def test_every_flag_of_main_changes_its_run_config_and_every_setting_has_a_flag(tmp_path):
+    FeatureSpec.default(2, [5, 6]).to_yaml(tmp_path / "feature_spec.yaml")
+    unmapped, names, reached = [], set(), set()
+    for name, before, after in flag_configs(tmp_path):
+        names.add(name)
         if before == after:
-            unmapped.append(flag.name)
+            unmapped.append(name)
+        reached |= {setting for setting, value in leaves(after).items() if leaves(before)[setting] != value}
     assert sorted(unmapped) == sorted(CHANGE_NOTHING), f"flags that do not reach RunConfig: {unmapped}"
     # the seven that did not before, and the serving precision main read from FLAGS
     assert {"inference_benchmark_batch_sizes", "inference_benchmark_steps", "inference_benchmark_backend",
             "inference_benchmark_threads", "plan_max_processes", "log_path", "tensorboard_dir", "log_format",
             "quantize_tables", "quantize_min_rows"} <= names
+    # ...and the other way: no setting of the config is out of the flags' reach
+    assert sorted(set(leaves(RunConfig())) - reached - {"run_config_version"}) == []
+
+
+def test_config_flags_is_the_inverse_of_the_flags_mapping(tmp_path):
+    """The command line ``config_flags`` writes for a config reads back as that config: for the
+    config of every flag set to another value, and for configs made in Python (whose defaults
+    differ from the flags': no log, the joint embedding)."""
+    FeatureSpec.default(2, [5, 6]).to_yaml(tmp_path / "feature_spec.yaml")
+
+    def back(cfg: RunConfig) -> RunConfig:
+        return dlrm_flags.run_config(check_args(flag_args(dlrm_flags.config_flags(cfg))))
+
+    for name, _, cfg in flag_configs(tmp_path):
+        assert back(cfg) == cfg, name
+    made = [
+        RunConfig(),
+        RunConfig(mode="plan", seed=7, data=DataConfig(dataset_type="synthetic", synthetic_table_sizes=[9, 8, 7],
+                                                     synthetic_bag_sizes=[2, 1, 3], synthetic_pooling="mean"),
+                  model=ModelSettings(embedding_dim=16, bottom_mlp_sizes=[32, 16], top_mlp_sizes=[8, 1]),
+                  parallel=ParallelConfig(host_tables=[0, 2], table_placement='{"0": [0, 1], "row_wise": [2]}'),
+                  serving=ServingConfig(quantize_tables=["int8", "fp16", "fp32"]),
+                  output=OutputConfig(log_path="a dir/log.json", tensorboard_dir="board")),
+        RunConfig(train=TrainConfig(LRSchedule(lr=0.25, warmup_steps=3, decay_power=1.5), auc_device="cpu",
+                                    save_checkpoint_path="/x/ckpt", checkpoint_every_steps=5, prefetch=4),
+                  data=DataConfig(dataset="/data/criteo", dataset_type="parametric", hash_indices=True),
+                  model=ModelSettings(max_table_size=1000)),
+    ]
+    for cfg in made:
+        assert back(cfg) == cfg
+
+
+@pytest.mark.parametrize("change,says", [
+    (lambda c: dataclasses.replace(c, train=dataclasses.replace(c.train, auc_device="cuda:1")),
+     "`auc_device` 'cuda:1': dlrm.scripts.main's flags say"),
+    (lambda c: dataclasses.replace(c, mode="plan", serving=ServingConfig(quantize_tables=["int8"])),
+     r"flags cannot say `quantize_tables` \['int8'\] \(they give 'int8'\)"),
+])
+def test_a_config_no_command_line_can_say_is_refused_naming_the_setting(change, says):
+    with pytest.raises(ValueError, match=says):
+        dlrm_flags.config_flags(change(RunConfig()))
 
 
 @pytest.mark.parametrize("args,setting", [

@@ -1,6 +1,7 @@
 """Training launched on Spark (TorchDistributor, a barrier stage in local mode) is the torchrun
 run, with the same losses and AUCs, even when a worker is killed: the run resumes from its last
-checkpoint and ends where the uninterrupted run ends."""
+checkpoint and ends where the uninterrupted run ends. Launched from a RunConfig, it runs what the
+config says (the flags the torchrun run was given, read into a config)."""
 
 import json
 import os
@@ -11,7 +12,10 @@ import time
 
 import pytest
 
+from dlrm.scripts.dlrm_flags import check_args, run_config
+from dlrm.spark import dlrm_training
 from dlrm.spark.launch import flag_args, local_session, parse_flag_args, train
+from dlrm.training.run_config import CheckpointConfig, OutputConfig, RunConfig
 
 from conftest import REPO, env_without_this_python, log_records
 from test_torchrun import MODEL, dataset, launch  # noqa: F401 (a fixture)
@@ -75,15 +79,17 @@ def _kill_rank_after_first_checkpoint(log_path: str, checkpoint: str, rank: int,
 
 def test_a_spark_run_is_the_torchrun_run_and_a_killed_worker_costs_only_the_steps_since_its_checkpoint(
         spark, dataset, torchrun_log, tmp_path):  # noqa: F811
-    """One Spark run, rank 1 SIGKILLed after the first checkpoint: the barrier stage fails, the
-    second attempt resumes; before the kill and after the resume, every loss and AUC is the
-    torchrun run's (same processes, same gloo reductions: equal to 1e-12)."""
+    """One Spark run of a RunConfig (torchrun's flags read into one), rank 1 SIGKILLed after the
+    first checkpoint: the barrier stage fails, the second attempt resumes; before the kill and
+    after the resume, every loss and AUC is the torchrun run's (same processes, same gloo
+    reductions: equal to 1e-12)."""
     flags = spark_flags(dataset, tmp_path)
+    cfg = run_config(check_args(flag_args(flags)))
     killed = []
     killer = threading.Thread(target=_kill_rank_after_first_checkpoint,
                               args=(flags["log_path"], flags["save_checkpoint_path"], 1, killed))
     killer.start()
-    summary = train(flags, num_processes=2, spark=spark, attempts=2)
+    summary = dlrm_training.train(cfg, num_processes=2, spark=spark, attempts=2)
     killer.join()
     assert len(killed) == 1, "no training process of rank 1 was found to kill"
     summaries = log_records(flags["log_path"], "summary")
@@ -115,6 +121,30 @@ def test_bad_launches_are_refused_before_spark_starts(tmp_path):
     assert flag_args({"amp": True, "hash_indices": False, "lr": 0.5, "max_steps": None, "sizes": [1, 2]}) == [
         "--amp", "--nohash_indices", "--lr=0.5", "--sizes=1,2"]
     assert parse_flag_args(["--amp", "--lr", "0.5", "--sizes=1,2"]) == {"amp": True, "lr": "0.5", "sizes": "1,2"}
+
+
+def test_a_run_config_is_refused_before_spark_starts_naming_the_setting(tmp_path):
+    shared = RunConfig(output=OutputConfig(log_path=str(tmp_path / "log.json")))
+    shared.train.save_checkpoint_path = str(tmp_path / "ckpt")
+    with pytest.raises(ValueError, match="`save_checkpoint_path` is needed"):
+        dlrm_training.train(RunConfig(output=shared.output), 2)
+    with pytest.raises(ValueError, match="`log_path` is needed"):
+        dlrm_training.train(RunConfig(train=shared.train), 2)
+    with pytest.raises(ValueError, match="`log_path` is 'log.json': give an absolute path"):
+        dlrm_training.train(RunConfig(train=shared.train, output=OutputConfig(log_path="log.json")), 2)
+    with pytest.raises(ValueError, match="resumes from its own `save_checkpoint_path`"):
+        dlrm_training.train(RunConfig(train=shared.train, output=shared.output,
+                                      checkpoint=CheckpointConfig(load_checkpoint_path="/elsewhere")), 2)
+    with pytest.raises(ValueError, match="`overwrite` cannot start over there"):
+        dlrm_training.train(RunConfig(train=shared.train, output=shared.output,
+                                      checkpoint=CheckpointConfig(overwrite=True)), 2)
+    shared.train.checkpoint_format = "nvidia"  # weights only: nothing to resume from
+    with pytest.raises(ValueError, match="`resume` continues this program's checkpoints"):
+        dlrm_training.train(shared, 2)
+    shared.train.checkpoint_format, shared.train.auc_device = "dlrm", "cuda:1"
+    with pytest.raises(ValueError, match="`auc_device` 'cuda:1'"):
+        dlrm_training.train(shared, 2)
+    assert not os.path.exists(tmp_path / "ckpt") and not os.path.exists(tmp_path / "log.json")
 
 
 def test_the_command_line_needs_training_flags_and_shared_paths():

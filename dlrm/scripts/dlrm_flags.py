@@ -57,8 +57,13 @@ flags.DEFINE_enum("dense_optimizer", None, list(DENSE_OPTIMIZERS),
                   "Optimizer of the MLPs (and interaction weights). Default: sgd with --optimizer sgd, adagrad with "
                   "adagrad or rowwise_adagrad, adam with adam.")
 flags.DEFINE_float("optimizer_eps", 1e-8, "Epsilon of Adagrad, row-wise Adagrad and Adam.")
+flags.DEFINE_float("initial_accumulator_value", 0.0,
+                   "Starting value of every Adagrad and row-wise Adagrad accumulator (torch.optim.Adagrad's and "
+                   "TorchRec's name; 0 as theirs). A positive value damps the first updates of each row.")
 flags.DEFINE_integer("epochs", 1, "Number of epochs.")
 flags.DEFINE_integer("max_steps", None, "Stop after this many optimizer steps.")
+flags.DEFINE_integer("prefetch", 2, "Batches read and copied to the device ahead of the step, on a background "
+                     "thread (training and tests).")
 
 # Learning-rate schedule (NVIDIA's definitions)
 flags.DEFINE_integer("warmup_factor", 0, "Warmup starts at lr * (1 - 1/2**warmup_factor); non-negative integer.")
@@ -269,6 +274,7 @@ def _host_tables(values: flags.FlagValues) -> str | list[int]:
 
 def optimizer_config(values: flags.FlagValues = FLAGS) -> OptimizerConfig:
     return OptimizerConfig(embedding=values.optimizer, dense=values.dense_optimizer, eps=values.optimizer_eps,
+                           initial_accumulator_value=values.initial_accumulator_value,
                            stochastic_rounding=values.stochastic_rounding, freeze_dense=values.freeze_mlps,
                            freeze_embeddings=values.freeze_embeddings)
 
@@ -295,7 +301,8 @@ def _run_config(v: flags.FlagValues) -> RunConfig:
         schedule=schedule, epochs=v.epochs, max_steps=v.max_steps, eval_every_steps=v.test_freq,
         test_after=v.test_after, log_every_steps=v.print_freq, benchmark_warmup_steps=v.benchmark_warmup_steps,
         auc_threshold=v.auc_threshold, shuffle_batch_order=v.shuffle_batch_order,
-        save_checkpoint_path=v.save_checkpoint_path, checkpoint_every_steps=v.checkpoint_freq, cuda_graphs=v.cuda_graphs,
+        save_checkpoint_path=v.save_checkpoint_path, checkpoint_every_steps=v.checkpoint_freq, prefetch=v.prefetch,
+        cuda_graphs=v.cuda_graphs,
         auc_device=nvidia_flags.auc_device(v),
         checkpoint_format=v.checkpoint_format,
     )
@@ -332,12 +339,10 @@ def run_config(values: flags.FlagValues = FLAGS) -> RunConfig:
         raise app.UsageError(cli.flag_terms(str(e), values)) from None
 
 
-def check_args(args: list[str]) -> flags.FlagValues:
-    """Parses ``args`` as dlrm.scripts.main's flags and validates them as a run does first, without
-    running anything, so that a launcher (dlrm.scripts.spark_train) refuses a bad flag before it
-    starts workers. Raises ``app.UsageError`` with the message the script would print; returns
-    the flags as a run would use them (NVIDIA's mapped onto this script's)."""
-    values = flags.FlagValues()  # a copy of the script's flags: the caller's FLAGS stay as they are
+def parse_args(args: list[str]) -> flags.FlagValues:
+    """``args`` parsed as dlrm.scripts.main's flags, into a copy of them (the caller's FLAGS stay
+    as they are); ``app.UsageError`` with the message the script would print."""
+    values = flags.FlagValues()
     for module in (__name__, nvidia_flags.__name__, serving_flags.__name__):
         for flag in FLAGS.get_flags_for_module(module):
             values[flag.name] = copy.deepcopy(flag)
@@ -345,7 +350,114 @@ def check_args(args: list[str]) -> flags.FlagValues:
         values([sys.argv[0], *args])
     except flags.Error as e:
         raise app.UsageError(cli.flags_error_message(e)) from None
+    return values
+
+
+def check_args(args: list[str]) -> flags.FlagValues:
+    """Parses ``args`` as dlrm.scripts.main's flags and validates them as a run does first, without
+    running anything, so that a launcher (dlrm.scripts.spark_train) refuses a bad flag before it
+    starts workers. Raises ``app.UsageError`` with the message the script would print; returns
+    the flags as a run would use them (NVIDIA's mapped onto this script's)."""
+    values = parse_args(args)
     apply_preset(values)
     nvidia_flags.apply(values)
     run_config(values)
     return values
+
+
+def config_flags(cfg: RunConfig) -> dict[str, Any]:
+    """The flags of dlrm.scripts.main that describe ``cfg``: the inverse of ``run_config``, for
+    what runs the script from a config (Spark's tasks run it under torchrun). Every setting is
+    given, so neither the flags' defaults nor ``--preset`` change the run; None leaves a flag
+    unset where unset means None. As ``dlrm.spark.launch.flag_args`` turns them into a command
+    line, that line is read back here and must give ``cfg`` again: a setting no flag can say
+    raises ``ValueError`` naming it. The devices are not looked at (NVIDIA's flags, which
+    resolve ``custom_cuda`` by the device, are not used): the tasks may run on GPUs this
+    process does not have."""
+    data, model, train, schedule = cfg.data, cfg.model, cfg.train, cfg.train.schedule
+    optimizer, parallel, checkpoint, output = cfg.optimizer, cfg.parallel, cfg.checkpoint, cfg.output
+    benchmark, serving = cfg.benchmark, cfg.serving
+    if train.auc_device not in (None, "cpu"):
+        raise ValueError(f"`auc_device` {train.auc_device!r}: dlrm.scripts.main's flags say \"cpu\" (--auc_device CPU) "
+                         "or None (where the scores are: the run's device), and nothing else")
+    values = {
+        "mode": cfg.mode, "seed": cfg.seed, "base_device": cfg.base_device, "amp": cfg.amp,
+        "amp_dtype": cfg.amp_dtype, "allow_tf32": cfg.allow_tf32, "batch_size": cfg.batch_size,
+        "test_batch_size": cfg.test_batch_size, "validate_dataset": cfg.validate_dataset,
+        "plan_max_processes": cfg.plan_max_processes,
+        # data
+        "dataset": data.dataset, "feature_spec": data.feature_spec, "dataset_type": data.dataset_type,
+        "hash_indices": data.hash_indices, "synthetic_dataset_num_entries": data.synthetic_num_entries,
+        "synthetic_dataset_num_test_entries": data.synthetic_num_test_entries,
+        "synthetic_dataset_table_sizes": data.synthetic_table_sizes,
+        "synthetic_dataset_numerical_features": data.synthetic_num_numerical,
+        "synthetic_multi_hot_sizes": data.synthetic_bag_sizes or [], "synthetic_pooling": data.synthetic_pooling,
+        "synthetic_zipf_exponent": data.synthetic_zipf_exponent,
+        # model
+        "embedding_dim": model.embedding_dim, "bottom_mlp_sizes": model.bottom_mlp_sizes,
+        "top_mlp_sizes": model.top_mlp_sizes, "interaction_op": model.interaction_op,
+        "dcn_num_layers": model.dcn_num_layers, "dcn_low_rank_dim": model.dcn_low_rank_dim,
+        "embedding_type": model.embedding_type, "embedding_dtype": model.embedding_dtype,
+        "max_table_size": model.max_table_size,
+        # optimizers and schedule
+        "optimizer": optimizer.embedding, "dense_optimizer": optimizer.dense, "optimizer_eps": optimizer.eps,
+        "initial_accumulator_value": optimizer.initial_accumulator_value,
+        "stochastic_rounding": optimizer.stochastic_rounding, "freeze_mlps": optimizer.freeze_dense,
+        "freeze_embeddings": optimizer.freeze_embeddings,
+        "lr": schedule.lr, "warmup_steps": schedule.warmup_steps, "warmup_factor": schedule.warmup_factor,
+        "decay_start_step": schedule.decay_start_step, "decay_steps": schedule.decay_steps,
+        "decay_power": schedule.decay_power, "decay_end_lr": schedule.decay_end_lr,
+        # the loop
+        "epochs": train.epochs, "max_steps": train.max_steps, "test_freq": train.eval_every_steps,
+        "test_after": train.test_after, "print_freq": train.log_every_steps,
+        "benchmark_warmup_steps": train.benchmark_warmup_steps, "auc_threshold": train.auc_threshold,
+        "shuffle_batch_order": train.shuffle_batch_order, "save_checkpoint_path": train.save_checkpoint_path,
+        "checkpoint_freq": train.checkpoint_every_steps, "prefetch": train.prefetch,
+        "cuda_graphs": train.cuda_graphs, "checkpoint_format": train.checkpoint_format,
+        "auc_device": "CPU" if train.auc_device else None,
+        # checkpoint, output, parallelism, inference benchmark, serving
+        "load_checkpoint_path": checkpoint.load_checkpoint_path, "resume": checkpoint.resume,
+        "overwrite": checkpoint.overwrite, "skip_checkpoint_verify": not checkpoint.verify,
+        "log_path": output.log_path or "", "log_format": output.log_format,
+        "tensorboard_dir": output.tensorboard_dir,
+        "device_memory_gb": parallel.device_memory_gb, "host_tables": parallel.host_tables,
+        "table_placement": parallel.table_placement, "exchange_dtype": parallel.exchange_dtype,
+        "gradient_sync": parallel.gradient_sync, "gradient_bucket_mb": parallel.gradient_bucket_mb,
+        "dist_timeout": parallel.dist_timeout, "host_table_cache_rows": parallel.host_table_cache_rows,
+        "inference_benchmark_batch_sizes": benchmark.inference_benchmark_batch_sizes,
+        "inference_benchmark_steps": benchmark.inference_benchmark_steps,
+        "inference_benchmark_backend": benchmark.inference_benchmark_backend,
+        "inference_benchmark_threads": benchmark.inference_benchmark_threads,
+        "quantize_tables": serving.quantize_tables, "quantize_min_rows": serving.quantize_min_rows,
+    }
+    _check_round_trip(cfg, values)
+    return values
+
+
+def _check_round_trip(cfg: RunConfig, values: dict[str, Any]) -> None:
+    """``ValueError`` naming each setting of ``cfg`` that ``values``' command line does not give back."""
+    from dlrm.spark.launch import flag_args  # the command line a launcher runs
+
+    try:
+        back = _run_config(parse_args(flag_args(values)))
+    except (app.UsageError, ValueError) as e:
+        back, error = None, str(e)
+    if back == cfg:
+        return
+    if back is None:
+        raise ValueError(f"dlrm.scripts.main's flags cannot say this RunConfig: {error}")
+    want, got = _leaves(cfg.to_dict()), _leaves(back.to_dict())
+    differ = [f"`{name}` {want[name]!r}" for name in want if want[name] != got.get(name)]
+    raise ValueError(f"dlrm.scripts.main's flags cannot say {', '.join(differ)} (they give "
+                     f"{', '.join(repr(got.get(name.split('`')[1])) for name in differ)})")
+
+
+def _leaves(values: dict[str, Any], into: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A nested settings dict's leaves by their own names (each name is one setting's)."""
+    into = {} if into is None else into
+    for name, value in values.items():
+        if isinstance(value, dict):
+            _leaves(value, into)
+        else:
+            into[name] = value
+    return into

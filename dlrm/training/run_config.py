@@ -308,6 +308,7 @@ def _check_host_cache(cfg: RunConfig) -> None:
 def _check_train(cfg: TrainConfig) -> None:
     check_positive(epochs=cfg.epochs, log_every_steps=cfg.log_every_steps, max_steps=cfg.max_steps,
                    eval_every_steps=cfg.eval_every_steps, checkpoint_every_steps=cfg.checkpoint_every_steps)
+    check_count(1, prefetch=cfg.prefetch)
     schedule = cfg.schedule
     check_non_negative(lr=schedule.lr, decay_end_lr=schedule.decay_end_lr, test_after=cfg.test_after,
                        benchmark_warmup_steps=cfg.benchmark_warmup_steps)
