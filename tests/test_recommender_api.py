@@ -12,7 +12,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -128,6 +127,162 @@ def test_a_config_refuses_what_no_run_can_do_naming_the_setting(make, says):
     with pytest.raises(api.ConfigError) as refused:
         api.RecommenderConfig(**{"data": api.DataConfig("in"), "checkpoint": api.CheckpointConfig("ck"), **make()})
     assert says in str(refused.value) and isinstance(refused.value, ValueError)
+
+
+# recommender_predict's and recommender_evaluate's flags -> (a value on the command line, its value in the
+# config's field of the same name, as JSON). Each value differs from the flag's default.
+PREDICT_FLAG_VALUES = {
+    "load_checkpoint_path": ("ck2", "ck2"),
+    "input": ("in2", "in2"),
+    "output": ("out2", "out2"),
+    "k": ("7", 7),
+    "best": ("false", False),
+    "features_index": ("f.txt", "f.txt"),
+    "samples_index": ("s.txt", "s.txt"),
+    "filter": ("a,b", ["a", "b"]),
+    "exclude_inputs": ("false", False),
+    "score_format": ("4.3f", "%4.3f"),  # kept with its %
+    "batch_size": ("9", 9),
+    "scores_path": ("sc.npy", "sc.npy"),
+    "overwrite": ("true", True),
+    "base_device": ("cpu", "cpu"),
+    "amp": ("true", True),
+    "amp_dtype": ("fp16", "fp16"),
+    "dist_timeout": ("31", 31.0),
+}
+EVALUATE_FLAG_VALUES = {
+    "input": ("in2", "in2"),
+    "heldout": ("ho2", "ho2"),
+    "load_checkpoint_path": ("ck2", "ck2"),
+    "best": ("false", False),
+    "baselines": ("mf,popularity,mf", ["mf", "popularity"]),  # without repeats
+    "k": ("10,5,10", [5, 10]),  # integers, sorted, without repeats
+    "batch_size": ("9", 9),
+    "output": ("m.json", "m.json"),
+    "overwrite": ("true", True),
+    "mf_factors": ("3", 3),
+    "mf_iterations": ("0", 0),
+    "knn_neighbours": ("4", 4),
+    "seed": ("5", 5),
+    "ease_lambda": ("20", 20.0),
+    "ease_max_memory_gb": ("1.5", 1.5),
+    "base_device": ("cpu", "cpu"),
+    "amp": ("true", True),
+    "amp_dtype": ("bf16", "bf16"),
+    "dist_timeout": ("31", 31.0),
+}
+# The earlier names of the flags (recommender_common's aliases) set what their flag sets.
+SCORING_ALIASES = {"checkpoint": "load_checkpoint_path", "device": "base_device"}
+
+_SCORING_PROBE = r"""
+import dataclasses, importlib, json, re, sys
+from absl import flags
+from dlrm.scripts import cli
+from dlrm.recommender import run_config
+
+script = importlib.import_module(sys.argv[1])
+cls = getattr(run_config, sys.argv[2])
+FLAGS = flags.FLAGS
+mine = FLAGS.flags_by_module_dict()[script.__name__]
+out = {"own": sorted(f.name for f in mine if not cli.is_alias(f)),
+       "aliases": {f.name: re.match(r"Alias of --(\w+)", f.help).group(1) for f in mine if cli.is_alias(f)},
+       "fields": [f.name for f in dataclasses.fields(cls)],
+       "defaults": {f.name: f.default for f in dataclasses.fields(cls)}, "set": {}}
+base = json.loads(sys.argv[3])
+def config(args):
+    FLAGS.unparse_flags()
+    FLAGS(["prog", *base, *args])
+    cfg = script.config_from_flags(FLAGS)
+    assert type(cfg) is cls, type(cfg)
+    return dataclasses.asdict(cfg)
+out["base"] = config([])
+for name, value in json.loads(sys.argv[4]).items():
+    out["set"][name] = config([f"--{name}={value}"])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("script, config, base, values", [
+    ("recommender_predict", "PredictConfig", ["--load_checkpoint_path=ck", "--input=in", "--output=out"],
+     PREDICT_FLAG_VALUES),
+    ("recommender_evaluate", "EvaluateConfig", ["--input=in", "--heldout=ho"], EVALUATE_FLAG_VALUES),
+])
+def test_every_flag_of_predict_and_evaluate_lands_in_its_field_of_the_config(script, config, base, values):
+    settings = {name: value for name, (value, _) in values.items()}
+    settings.update({alias: settings[flag] for alias, flag in SCORING_ALIASES.items()})
+    proc = warm_python.run([sys.executable, "-c", _SCORING_PROBE, f"dlrm.scripts.{script}", config, json.dumps(base),
+                            json.dumps(settings)], cwd=REPO, capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PYTHONPATH": REPO})
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout)
+    # One to one: the script's own flags are the config's fields, by name (and in the test's table).
+    assert found["own"] == sorted(found["fields"]) == sorted(values), "a flag without its field, or the reverse"
+    assert found["aliases"] == SCORING_ALIASES
+    given = {arg[2:].split("=")[0] for arg in base}
+    for name, default in found["defaults"].items():  # the flags' defaults are the config's
+        if name not in given:
+            assert found["base"][name] == (list(default) if isinstance(default, tuple) else default), name
+    for flag, (_, expected) in values.items():
+        got = found["set"][flag]
+        assert got[flag] == expected, (flag, got[flag])
+        assert found["base"][flag] != expected, f"--{flag}'s value is the default: the test shows nothing"
+        changed = {k for k in got if got[k] != found["base"][k]}
+        assert changed == {flag}, (flag, changed)  # it sets its field and nothing else
+    for alias, flag in SCORING_ALIASES.items():
+        assert found["set"][alias] == found["set"][flag], alias
+
+
+@pytest.mark.parametrize("settings, says", [
+    (dict(load_checkpoint_path=None), "`load_checkpoint_path` is required"),
+    (dict(input=None), "`input` is required"),
+    (dict(output=""), "`output` is required"),
+    (dict(k=0), "`k` 0: must be >= 1"),
+    (dict(batch_size=0), "`batch_size` 0: must be >= 1"),
+    (dict(k="10"), "`k` '10': must be a number"),
+    (dict(score_format="%d"), "`score_format` '%d': give a printf format of one float"),
+    (dict(amp_dtype="fp8"), "`amp_dtype` 'fp8': must be one of auto, bf16, fp16"),
+    (dict(dist_timeout=0.5), "`dist_timeout` 0.5: must be >= 1"),
+    (dict(filter=5), "`filter` 5: must be a sequence"),
+])
+def test_a_predict_config_refuses_what_no_run_can_do_naming_the_setting(settings, says):
+    with pytest.raises(api.ConfigError) as refused:
+        api.PredictConfig(**{"load_checkpoint_path": "ck", "input": "in", "output": "out", **settings})
+    assert says in str(refused.value) and isinstance(refused.value, ValueError)
+
+
+@pytest.mark.parametrize("settings, says", [
+    (dict(input=None), "`input` is required"),
+    (dict(heldout=""), "`heldout` is required"),
+    (dict(k=[]), "`k` is empty; give at least one cut-off"),
+    (dict(k=[5, 0]), "`k` 5,0: every K must be >= 1, got 0"),
+    (dict(k=["5"]), "`k` '5': every K must be an integer"),
+    (dict(baselines=["pop", "mf"]), "`baselines`: unknown 'pop'; choose from popularity,itemknn,mf,ease"),
+    (dict(ease_lambda=0), "`ease_lambda` 0: must be > 0"),
+    (dict(baselines=["mf"], ease_lambda="x"), "`ease_lambda` 'x': must be a number"),
+    (dict(baselines=[]), "nothing to evaluate: give `load_checkpoint_path`"),
+    (dict(batch_size=0), "`batch_size` 0: must be >= 1"),
+    (dict(mf_factors=0), "`mf_factors` 0: must be >= 1"),
+    (dict(knn_neighbours=0), "`knn_neighbours` 0: must be >= 1"),
+    (dict(mf_iterations=-1), "`mf_iterations` -1: must be >= 0"),
+    (dict(ease_max_memory_gb=-1), "`ease_max_memory_gb` -1: must be >= 0"),
+    (dict(amp_dtype="fp8"), "`amp_dtype` 'fp8': must be one of auto, bf16, fp16"),
+    (dict(dist_timeout=0.5), "`dist_timeout` 0.5: must be >= 1"),
+])
+def test_an_evaluate_config_refuses_what_no_run_can_do_naming_the_setting(settings, says):
+    with pytest.raises(api.ConfigError) as refused:
+        api.EvaluateConfig(**{"input": "in", "heldout": "ho", **settings})
+    assert says in str(refused.value) and isinstance(refused.value, ValueError)
+
+
+def test_predict_and_evaluate_configs_hold_their_sequences_as_the_run_uses_them():
+    cfg = api.EvaluateConfig("in", "ho", baselines=["mf", "ease", "mf"], k=[20, 5, 5])
+    assert cfg.k == (5, 20) and cfg.baselines == ("mf", "ease")
+    assert api.EvaluateConfig("in", "ho").baselines == api.BASELINES
+    assert api.EvaluateConfig("in", "ho", baselines=["mf"], ease_lambda=0).ease_lambda == 0  # ease's only
+    assert api.PredictConfig("ck", "in", "out", filter=["a", "b"], score_format="4.3f").filter == ("a", "b")
+    assert api.PredictConfig("ck", "in", "out", score_format="4.3f").score_format == "%4.3f"
+    with pytest.raises(TypeError):  # as predict's arguments were: the settings after the paths by name
+        api.PredictConfig("ck", "in", "out", 5)
 
 
 @pytest.fixture(scope="module")
@@ -297,3 +452,52 @@ def test_a_checkpoint_of_the_earlier_flag_names_resumes(generated, tmp_path):
     json.dump(meta, open(meta_path, "w"))
     with pytest.raises(api.ConfigError, match="trained with `seed` 3"):
         api.train(resumed)
+
+
+@pytest.fixture(scope="module")
+def linear_checkpoint(generated):
+    ckpt = str(generated / "linear_ckpt")
+    api.train(api.RecommenderConfig(data=api.DataConfig(str(generated / "data" / "input")),
+                                    checkpoint=api.CheckpointConfig(save_checkpoint_path=ckpt)))
+    return ckpt
+
+
+def _timeless(result: dict) -> dict:
+    out = {k: v for k, v in result.items() if k != "seconds"}
+    if "results" in out:
+        out["results"] = {name: {k: v for k, v in row.items() if not k.endswith("seconds")}
+                          for name, row in out["results"].items()}
+    return out
+
+
+def test_predict_and_evaluate_take_a_config_or_its_settings_alike(generated, linear_checkpoint, tmp_path):
+    data, heldout = str(generated / "data" / "input"), str(generated / "data" / "heldout")
+    recs = {form: str(tmp_path / f"recs_{form}.txt") for form in ("config", "positional", "keyword")}
+    done = {
+        "config": api.predict(api.PredictConfig(linear_checkpoint, data, recs["config"], k=5, base_device="cpu")),
+        "positional": api.predict(linear_checkpoint, data, recs["positional"], k=5, base_device="cpu"),
+        "keyword": api.predict(load_checkpoint_path=linear_checkpoint, input=data, output=recs["keyword"], k=5,
+                               base_device="cpu"),
+    }
+    written = {form: open(path, encoding="utf-8").read() for form, path in recs.items()}
+    assert written["config"] and written["config"].count("\n") == done["config"]["users"] > 0
+    assert written["positional"] == written["config"] == written["keyword"]
+    assert _timeless(done["positional"]) == _timeless(done["config"]) == _timeless(done["keyword"])
+
+    settings = dict(load_checkpoint_path=linear_checkpoint, baselines=["popularity", "itemknn"], k=(10, 5),
+                    base_device="cpu")
+    by_config = api.evaluate(api.EvaluateConfig(data, heldout, **settings))
+    by_arguments = api.evaluate(data, heldout, **settings)
+    assert by_config["k"] == [5, 10] and list(by_config["results"]) == ["model", "popularity", "itemknn"]
+    assert _timeless(by_arguments) == _timeless(by_config)
+
+    cfg = api.PredictConfig(linear_checkpoint, data, str(tmp_path / "never.txt"))
+    with pytest.raises(TypeError, match="not both"):
+        api.predict(cfg, k=3)
+    with pytest.raises(TypeError, match="not both"):
+        api.evaluate(api.EvaluateConfig(data, heldout), "x")
+    with pytest.raises(TypeError, match="takes a PredictConfig"):
+        api.predict(api.EvaluateConfig(data, heldout))
+    with pytest.raises(api.ConfigError, match="`k` 0: must be >= 1"):  # the short form checks as the config does
+        api.predict(linear_checkpoint, data, str(tmp_path / "never.txt"), k=0)
+    assert not os.path.exists(tmp_path / "never.txt")

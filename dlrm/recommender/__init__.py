@@ -7,6 +7,7 @@ modules), ``item_parallel`` (item ranges per process and the exchanges between t
 ``loss`` (DSSTNE's error functions over sparse targets), ``topk`` (top-K excluding seen
 items, merged across processes), ``metrics`` and ``baselines`` (evaluation on a held-out
 split), ``train`` and ``predict`` (the loops), ``checkpoint``; ``run_config`` (a training run
-as one typed, self-checking ``RecommenderConfig``) and ``api`` (``train``, ``predict``,
-``evaluate``: one call per job, what the scripts run). Guide: docs/recommender.md.
+as one typed, self-checking ``RecommenderConfig``, a prediction or evaluation run as a
+``PredictConfig`` or ``EvaluateConfig``) and ``api`` (``train``, ``predict``, ``evaluate``: one
+call per job, what the scripts run). Guide: docs/recommender.md.
 """

@@ -4,20 +4,27 @@ r"""The recommender from Python: one import, one call per job.
 
     summary = api.train(api.RecommenderConfig(data=api.DataConfig(input="data/input"),
                                               checkpoint=api.CheckpointConfig(save_checkpoint_path="ckpt")))
+    api.predict(api.PredictConfig(load_checkpoint_path="ckpt", input="data/input", output="recs.txt", k=10))
+    report = api.evaluate(api.EvaluateConfig(input="data/input", heldout="data/heldout", load_checkpoint_path="ckpt",
+                                             k=(5, 10)))
+
+``train`` runs what ``recommender_train`` runs, ``predict`` what ``recommender_predict`` runs and
+``evaluate`` what ``recommender_evaluate`` runs, each the run of one config
+(``dlrm.recommender.run_config``) that checks itself when constructed: those scripts turn their
+flags into these configs (a field per flag, of its name), so the guarantees are the same.
+``predict`` and ``evaluate`` also take the config's fields as their arguments, the same call:
+
     api.predict("ckpt", "data/input", "recs.txt", k=10)
     report = api.evaluate("data/input", "data/heldout", load_checkpoint_path="ckpt", k=(5, 10))
 
-``train`` runs what ``recommender_train`` runs, ``predict`` what ``recommender_predict`` runs and
-``evaluate`` what ``recommender_evaluate`` runs: those scripts turn their flags into these calls,
-so the guarantees are the same. Before any work every output is claimed
-(``dlrm.engine.outputs``: nothing of the user's is replaced), a training run holds the
-checkpoint's lock, and SIGINT/SIGTERM stop it after the step in flight with a checkpoint
-(the summary's ``stop_reason`` is then "interrupted" and ``signal`` the signal; the handlers
-are restored when the call returns). A refused setting or input raises ``ConfigError`` (a
-``ValueError``) naming the setting in backquotes, or the engine's errors (``DatasetError``,
-``OutputError``, ``CheckpointError``, ``StorageError``, ``NonFiniteLoss`` when the loss turns
-nan or inf); nothing here exits the interpreter. Under torchrun every process makes the same
-call (the autoencoder's item layers are split across them).
+Before any work every output is claimed (``dlrm.engine.outputs``: nothing of the user's is
+replaced), a training run holds the checkpoint's lock, and SIGINT/SIGTERM stop it after the
+step in flight with a checkpoint (the summary's ``stop_reason`` is then "interrupted" and
+``signal`` the signal; the handlers are restored when the call returns). A refused setting or
+input raises ``ConfigError`` (a ``ValueError``) naming the setting in backquotes, or the
+engine's errors (``DatasetError``, ``OutputError``, ``CheckpointError``, ``StorageError``,
+``NonFiniteLoss`` when the loss turns nan or inf); nothing here exits the interpreter. Under
+torchrun every process makes the same call (the autoencoder's item layers are split across them).
 """
 
 from __future__ import annotations
@@ -31,16 +38,16 @@ import signal
 import threading
 import time
 import uuid
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, TypeVar
 
-from dlrm.recommender.run_config import (  # noqa: F401  (re-exported: the config is this module's)
-    DATASET_HINT, CheckpointConfig, ConfigError, DataConfig, LinearConfig, ModelConfig, OptimizerOverrides,
-    RecommenderConfig, TrainSettings, ValidationSettings)
+from dlrm.recommender.run_config import (  # noqa: F401  (re-exported: the configs are this module's)
+    BASELINES, DATASET_HINT, CheckpointConfig, ConfigError, DataConfig, EvaluateConfig, LinearConfig, ModelConfig,
+    OptimizerOverrides, PredictConfig, RecommenderConfig, TrainSettings, ValidationSettings)
 
 __all__ = ["train", "predict", "evaluate", "RecommenderConfig", "DataConfig", "ModelConfig", "LinearConfig",
-           "OptimizerOverrides", "ValidationSettings", "TrainSettings", "CheckpointConfig", "ConfigError"]
+           "OptimizerOverrides", "ValidationSettings", "TrainSettings", "CheckpointConfig", "PredictConfig",
+           "EvaluateConfig", "ConfigError"]
 
-BASELINES = ("popularity", "itemknn", "mf", "ease")
 REPORT_KEYS = ("input", "heldout", "checkpoint", "k", "users", "results")  # what evaluate's ``output`` holds
 # Settings a resumed run must share with the checkpoint's run to draw what it would have drawn.
 MUST_MATCH_ON_RESUME = ("seed", "batch_size", "validation_users", "validation_max_users", "validation_items")
@@ -124,6 +131,24 @@ def _plain(message: object) -> str:
     """A network file's message with its JSON paths in quotes: `Alpha` there is a key of the
     file, not a setting."""
     return str(message).replace("`", "'")
+
+
+_Config = TypeVar("_Config", PredictConfig, EvaluateConfig)
+
+
+def _config(job: str, cls: type[_Config], cfg: Any, args: tuple, settings: dict[str, Any]) -> _Config:
+    """The config of a call of ``job``: ``cfg`` itself when it is a ``cls``, else ``cls`` of the
+    arguments (the short form: the config's fields as arguments, checked as the config checks
+    them). A config and settings together are a ``TypeError``: the config is the whole run."""
+    if isinstance(cfg, cls):
+        if args or settings:
+            given = ", ".join([*(repr(a) for a in args), *settings])
+            raise TypeError(f"{job}() takes a {cls.__name__} or its settings, not both (got {given} beside the "
+                            f"config); use dataclasses.replace(cfg, ...) to change a setting")
+        return cfg
+    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+        raise TypeError(f"{job}() takes a {cls.__name__}, got {type(cfg).__name__}")
+    return cls(*((cfg, *args) if cfg is not None or args else ()), **settings)
 
 
 def _device_memory(device) -> int:
@@ -374,20 +399,6 @@ def index_beside(given: str | None, input_path: str, name: str) -> tuple[str | N
     return (candidate, True) if os.path.isfile(candidate) else (None, False)
 
 
-def check_score_format(value: str) -> str:
-    """``score_format`` checked (``dlrm.recommender.topk.check_score_format``), or ``ConfigError``
-    giving its bounds."""
-    from dlrm.recommender.topk import MAX_SCORE_PRECISION, MAX_SCORE_WIDTH
-    from dlrm.recommender.topk import check_score_format as check
-
-    try:
-        return check(value)
-    except ValueError:
-        raise ConfigError(f"`score_format` {value!r}: give a printf format of one float, e.g. %.6g (the default) or "
-                          f"%4.3f (DSSTNE's), with at most {MAX_SCORE_PRECISION} digits of precision and a width of "
-                          f"at most {MAX_SCORE_WIDTH}") from None
-
-
 def _names(setting: str, given: str | None, input_path: str, count: int, exact: bool) -> list[str]:
     """``count`` names from the index file of ``setting``: the one given, else recommender_generate's
     beside ``input``; row/column numbers without one (or with ""), said in a line."""
@@ -437,23 +448,21 @@ def _scores_kind():
     return OutputKind("scores file", directory=False, recognise=is_scores)
 
 
-def predict(load_checkpoint_path: str, input: str, output: str, *, k: int = 10, best: bool = True,
-            features_index: str | None = None, samples_index: str | None = None, filter: Sequence[str] = (),
-            exclude_inputs: bool = True, score_format: str = "%.6g", batch_size: int = 1024,
-            scores_path: str | None = None, overwrite: bool = False, base_device: str | None = None,
-            amp: bool = False, amp_dtype: str = "auto", dist_timeout: float = 300.0) -> dict[str, Any]:
-    """Writes the top ``k`` items of every user of ``input`` to ``output`` (DSSTNE's format),
-    scored by the checkpoint at ``load_checkpoint_path`` (its PATH.best with ``best``), as
-    ``recommender_predict`` (whose flags these are) does. ``features_index``/``samples_index``
-    None: the index beside ``input``, "": numbers. Returns {"users", "items", "k", "seconds",
-    "filters", "exclude_inputs", "processes", "first"} ("first": this process wrote the file)."""
+def predict(cfg: PredictConfig | str | None = None, /, *args: Any, **settings: Any) -> dict[str, Any]:
+    """Writes the top ``cfg.k`` items of every user of ``cfg.input`` to ``cfg.output`` (DSSTNE's
+    format), scored by the checkpoint at ``cfg.load_checkpoint_path`` (its PATH.best with
+    ``best``), as ``recommender_predict`` (whose flags are the config's fields) does.
+    ``predict(load_checkpoint_path, input, output, k=10, ...)`` is the same call: the arguments
+    make the ``PredictConfig``; a config with arguments beside it is a ``TypeError``. Returns
+    {"users", "items", "k", "seconds", "filters", "exclude_inputs", "processes", "first"}
+    ("first": this process wrote the file)."""
+    cfg = _config("predict", PredictConfig, cfg, args, settings)
     from dlrm.engine.outputs import claim_output
     from dlrm.recommender.prediction_file import PREDICTIONS
 
-    filters_given = list(filter)
+    input, output, scores_path, k = cfg.input, cfg.output, cfg.scores_path, cfg.k
+    filters_given = list(cfg.filter)
     env = _dist_env()
-    if k < 1 or batch_size < 1:
-        raise ConfigError(f"`{'k' if k < 1 else 'batch_size'}` {k if k < 1 else batch_size}: must be >= 1")
     if scores_path and env is not None and env.world_size > 1:
         raise ConfigError("`scores_path` writes one file from one process; run without torchrun to dump the "
                           "scores, or drop `scores_path`")
@@ -461,11 +470,11 @@ def predict(load_checkpoint_path: str, input: str, output: str, *, k: int = 10, 
         check_dataset_dir(setting, path)  # before torch loads: a mistyped path fails at once
     # Before any work (dlrm.engine.outputs): each output file is new, or this program's own of its
     # kind and overwrite given; none is an input of the run or the other output.
-    named = {"load_checkpoint_path": load_checkpoint_path, "input": input, "filter": filters_given,
-             "features_index": features_index, "samples_index": samples_index}
-    claimed = claim_output(output, PREDICTIONS, "output", inputs=named, replace=overwrite)
+    named = {"load_checkpoint_path": cfg.load_checkpoint_path, "input": input, "filter": filters_given,
+             "features_index": cfg.features_index, "samples_index": cfg.samples_index}
+    claimed = claim_output(output, PREDICTIONS, "output", inputs=named, replace=cfg.overwrite)
     if scores_path:
-        scores_claim = claim_output(scores_path, _scores_kind(), "scores_path", inputs=named, replace=overwrite)
+        scores_claim = claim_output(scores_path, _scores_kind(), "scores_path", inputs=named, replace=cfg.overwrite)
         if os.path.realpath(scores_claim) == os.path.realpath(claimed):
             raise ConfigError(f"`scores_path` {scores_path} and `output` {output} name the same file; give each its "
                               f"own")
@@ -481,10 +490,9 @@ def predict(load_checkpoint_path: str, input: str, output: str, *, k: int = 10, 
     from dlrm.recommender.item_parallel import ItemParallel
     from dlrm.recommender.predict import recommend, write_predictions
 
-    score_format = check_score_format(score_format)
-    device = _device(base_device, env)
-    amp_dtype = _amp_dtype(amp, amp_dtype, device)
-    path = checkpoint.model_path(load_checkpoint_path, best)
+    device = _device(cfg.base_device, env)
+    amp_dtype = _amp_dtype(cfg.amp, cfg.amp_dtype, device)
+    path = checkpoint.model_path(cfg.load_checkpoint_path, cfg.best)
     n_input, n_output = checkpoint.sizes_of(path)
     inputs = open_dataset("input", input)
     if inputs.n_features != n_input:
@@ -495,12 +503,12 @@ def predict(load_checkpoint_path: str, input: str, output: str, *, k: int = 10, 
         if len(f) != len(inputs):
             raise ConfigError(f"`filter` {f.path} has {len(f):,} users, `input` {len(inputs):,}: they must hold the "
                               f"same users in the same order")
-    item_names = _names("features_index", features_index, input, n_output, exact=False)
-    user_names = _names("samples_index", samples_index, input, len(inputs), exact=True)
+    item_names = _names("features_index", cfg.features_index, input, n_output, exact=False)
+    user_names = _names("samples_index", cfg.samples_index, input, len(inputs), exact=True)
 
     from dlrm.engine.process_group import join_processes  # torch: imported when a run starts
 
-    join_processes(env, device, dist_timeout)
+    join_processes(env, device, cfg.dist_timeout)
     parallel = ItemParallel.from_process_group()
     score, item_start = checkpoint.load_scorer(path, parallel, device, amp_dtype)
     first = parallel.rank == 0
@@ -518,8 +526,8 @@ def predict(load_checkpoint_path: str, input: str, output: str, *, k: int = 10, 
                 done += values.shape[0]
             return values
 
-        return recommend(scored, inputs, k, batch_size, item_start=item_start, exclude=filters,
-                         exclude_inputs=exclude_inputs, parallel=parallel)
+        return recommend(scored, inputs, k, cfg.batch_size, item_start=item_start, exclude=filters,
+                         exclude_inputs=cfg.exclude_inputs, parallel=parallel)
 
     started = time.perf_counter()
     lines = 0
@@ -534,13 +542,13 @@ def predict(load_checkpoint_path: str, input: str, output: str, *, k: int = 10, 
             scores = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(len(inputs), n_output))
             with open(tmp, "rb+") as f:  # claim the blocks: a full disk is an error now, not a SIGBUS in the memmap
                 os.posix_fallocate(f.fileno(), 0, os.path.getsize(tmp))
-            lines = write_predictions(output, batches(scores), user_names, item_names, score_format)
+            lines = write_predictions(output, batches(scores), user_names, item_names, cfg.score_format)
             scores.flush()
             del scores
 
         write_atomically(scores_path, write_scores, "the scores")
     else:
-        lines = write_predictions(output, batches(), user_names, item_names, score_format)
+        lines = write_predictions(output, batches(), user_names, item_names, cfg.score_format)
     # Scoring, exclusion, top K and writing; loading the model and the data is not counted.
     seconds = time.perf_counter() - started
     processes = parallel.world_size
@@ -548,7 +556,7 @@ def predict(load_checkpoint_path: str, input: str, output: str, *, k: int = 10, 
 
     leave_processes(env)
     return {"users": lines, "items": n_output, "k": k, "seconds": seconds, "filters": len(filters),
-            "exclude_inputs": exclude_inputs, "processes": processes, "first": first}
+            "exclude_inputs": cfg.exclude_inputs, "processes": processes, "first": first}
 
 
 # ---- evaluate -------------------------------------------------------------------------------
@@ -578,35 +586,23 @@ def _row(metrics) -> dict:
     return out
 
 
-def evaluate(input: str, heldout: str, *, load_checkpoint_path: str | None = None, best: bool = True,
-             baselines: Sequence[str] = BASELINES, k: Sequence[int] = (1, 5, 10, 20), batch_size: int = 1024,
-             output: str | None = None, overwrite: bool = False, mf_factors: int = 64, mf_iterations: int = 10,
-             knn_neighbours: int = 100, seed: int = 0, ease_lambda: float = 250.0, ease_max_memory_gb: float = 12.0,
-             base_device: str | None = None, amp: bool = False, amp_dtype: str = "auto",
-             dist_timeout: float = 300.0) -> dict[str, Any] | None:
-    """Precision, recall, NDCG and coverage at each ``k`` of the checkpoint at
-    ``load_checkpoint_path`` (if given) and of ``baselines``, ranking every item a user of
-    ``input`` has not seen against their ``heldout`` items, as ``recommender_evaluate`` (whose
-    flags these are) does; ``output`` also writes the report as JSON. Returns the report (input,
-    heldout, checkpoint, k, users, results: a row of metrics per model) with "n_users" and
-    "n_items" of ``input``; under torchrun, None on every process but the first."""
-    ks = sorted(set(k))
-    if not ks:
-        raise ConfigError("`k` is empty; give at least one cut-off, e.g. `k` 10")
-    if min(ks) < 1:
-        raise ConfigError(f"`k` {','.join(map(str, k))}: every K must be >= 1, got {min(ks)}")
-    unknown = [b for b in baselines if b not in BASELINES]
-    if unknown:
-        raise ConfigError(f"`baselines`: unknown {', '.join(map(repr, unknown))}; choose from {','.join(BASELINES)}")
-    baselines = list(dict.fromkeys(baselines))
-    if "ease" in baselines and not ease_lambda > 0:
-        raise ConfigError(f"`ease_lambda` {ease_lambda:g}: must be > 0, so that X^T X + lambda I is invertible")
-    if not baselines and not load_checkpoint_path:
-        raise ConfigError("nothing to evaluate: give `load_checkpoint_path`, or baselines with `baselines`")
+def evaluate(cfg: EvaluateConfig | str | None = None, /, *args: Any, **settings: Any) -> dict[str, Any] | None:
+    """Precision, recall, NDCG and coverage at each of ``cfg.k`` of the checkpoint at
+    ``cfg.load_checkpoint_path`` (if given) and of ``cfg.baselines``, ranking every item a user of
+    ``cfg.input`` has not seen against their ``cfg.heldout`` items, as ``recommender_evaluate``
+    (whose flags are the config's fields) does; ``output`` also writes the report as JSON.
+    ``evaluate(input, heldout, load_checkpoint_path=..., k=(5, 10), ...)`` is the same call: the
+    arguments make the ``EvaluateConfig``; a config with arguments beside it is a ``TypeError``.
+    Returns the report (input, heldout, checkpoint, k, users, results: a row of metrics per
+    model) with "n_users" and "n_items" of ``input``; under torchrun, None on every process but
+    the first."""
+    cfg = _config("evaluate", EvaluateConfig, cfg, args, settings)
+    input, heldout, output, load_checkpoint_path = cfg.input, cfg.heldout, cfg.output, cfg.load_checkpoint_path
+    ks, baselines, batch_size = list(cfg.k), list(cfg.baselines), cfg.batch_size
     if output:  # before any work (dlrm.engine.outputs; a read-only file system too)
         from dlrm.engine.outputs import claim_output
 
-        claim_output(output, _metrics_kind(), "output", replace=overwrite,
+        claim_output(output, _metrics_kind(), "output", replace=cfg.overwrite,
                      inputs={"input": input, "heldout": heldout, "load_checkpoint_path": load_checkpoint_path})
     for setting, path in (("input", input), ("heldout", heldout)):
         check_dataset_dir(setting, path)  # before torch loads: a mistyped path fails at once
@@ -615,7 +611,7 @@ def evaluate(input: str, heldout: str, *, load_checkpoint_path: str | None = Non
         raise ConfigError(f"`input` has {len(inputs):,} users and {inputs.n_features:,} items, `heldout` "
                           f"{len(held):,} and {held.n_features:,}: give the two halves of one held-out split "
                           f"(DIR/input and DIR/heldout of recommender_generate)")
-    ease_limit = int(ease_max_memory_gb * 2**30)
+    ease_limit = int(cfg.ease_max_memory_gb * 2**30)
     if "ease" in baselines:  # refused before anything is evaluated, not after the model
         from dlrm.recommender.baselines import ease_memory_bytes, memory_size
 
@@ -624,7 +620,7 @@ def evaluate(input: str, heldout: str, *, load_checkpoint_path: str | None = Non
             others = ",".join(b for b in baselines if b != "ease") or ",".join(b for b in BASELINES if b != "ease")
             raise ConfigError(f"`baselines` ease: a catalogue of {inputs.n_features:,} items needs "
                               f"{memory_size(need)} for EASE (items^2 x 12 bytes), over `ease_max_memory_gb` "
-                              f"{ease_max_memory_gb:g}; raise `ease_max_memory_gb` if the machine has the memory, "
+                              f"{cfg.ease_max_memory_gb:g}; raise `ease_max_memory_gb` if the machine has the memory, "
                               f"leave ease out (`baselines` {others}), or evaluate a smaller catalogue")
     from dlrm.recommender.predict import evaluate as evaluate_lists
     from dlrm.recommender.predict import recommend
@@ -637,9 +633,9 @@ def evaluate(input: str, heldout: str, *, load_checkpoint_path: str | None = Non
         from dlrm.recommender.item_parallel import ItemParallel
 
         env = _dist_env()
-        device = _device(base_device, env)
-        dtype = _amp_dtype(amp, amp_dtype, device)
-        path = checkpoint.model_path(load_checkpoint_path, best)
+        device = _device(cfg.base_device, env)
+        dtype = _amp_dtype(cfg.amp, cfg.amp_dtype, device)
+        path = checkpoint.model_path(load_checkpoint_path, cfg.best)
         n_input, n_output = checkpoint.sizes_of(path)
         if (n_input, n_output) != (inputs.n_features, held.n_features):
             raise ConfigError(f"`load_checkpoint_path` {load_checkpoint_path} has {n_input:,} inputs and "
@@ -647,7 +643,7 @@ def evaluate(input: str, heldout: str, *, load_checkpoint_path: str | None = Non
                               f"{held.n_features:,} items; evaluate on the datasets it was trained for")
         from dlrm.engine.process_group import join_processes  # torch: imported when a run starts
 
-        join_processes(env, device, dist_timeout)
+        join_processes(env, device, cfg.dist_timeout)
         parallel = ItemParallel.from_process_group()
         score, item_start = checkpoint.load_scorer(path, parallel, device, dtype)
         if parallel.rank == 0:
@@ -664,12 +660,12 @@ def evaluate(input: str, heldout: str, *, load_checkpoint_path: str | None = Non
         from dlrm.recommender.baselines import fit_baseline
 
         rows = inputs.rows()
-        settings = {"popularity": {}, "itemknn": {"neighbours": knn_neighbours},
-                    "mf": {"factors": mf_factors, "iterations": mf_iterations, "seed": seed},
-                    "ease": {"regularization": ease_lambda, "max_memory_bytes": ease_limit}}
+        fits = {"popularity": {}, "itemknn": {"neighbours": cfg.knn_neighbours},
+                "mf": {"factors": cfg.mf_factors, "iterations": cfg.mf_iterations, "seed": cfg.seed},
+                "ease": {"regularization": cfg.ease_lambda, "max_memory_bytes": ease_limit}}
         for name in baselines:
             started = time.perf_counter()
-            baseline = fit_baseline(name, rows, **settings[name])
+            baseline = fit_baseline(name, rows, **fits[name])
             fitted = time.perf_counter()
             lists = recommend(lambda csr, b=baseline: b.scores(csr[0], csr[1]), inputs, max(ks), batch_size)
             results[name] = {**_row(evaluate_lists(lists, held, ks)), "fit_seconds": fitted - started,

@@ -17,22 +17,33 @@ settings as DLRM's (``log_every_steps``, ``eval_every_steps``, ``checkpoint_ever
 ``save_checkpoint_path``); the flags ``--print_freq`` and ``--validate_every_steps`` set
 ``log_every_steps`` and ``eval_every_steps``, and ``lambda_`` is ``--lambda`` (a Python keyword).
 
+``PredictConfig`` and ``EvaluateConfig`` are the same for ``recommender_predict`` and
+``recommender_evaluate`` (``api.predict``, ``api.evaluate``): flat, one field per flag of the
+script, of the same name.
+
+    dlrm.recommender.api.predict(PredictConfig("ckpt/", "/data/ml100k/input", "recs.txt", k=10))
+
 Constructing one validates it (``__post_init__``) and raises ``ConfigError`` (a ``ValueError``)
 naming each setting in backquotes, so a script shows the message in its flags' names
-(``dlrm.scripts.cli.flag_terms``). What needs the files (a dataset that is not there, a network
-file that does not parse) is checked by ``api.train`` before any work, with the same error.
+(``dlrm.scripts.cli.flag_terms``). What needs the files, torch or the process group (a dataset
+that is not there, a network file that does not parse, a device) is checked by the ``api`` call
+before any work, with the same error.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
-from typing import Any
+import numbers
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Any, Sequence
 
 MODELS = ("auto", "linear", "autoencoder")
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adagrad", "rmsprop", "adam")
 AMP_DTYPES = ("auto", "bf16")
+# Scoring only (predict, evaluate): no loss to scale, so fp16 too (on cuda: checked with the device).
+SCORING_AMP_DTYPES = ("auto", "bf16", "fp16")
+BASELINES = ("popularity", "itemknn", "mf", "ease")  # evaluate's, in the order they are reported
 DATASET_HINT = " (e.g. DIR/input of recommender_generate)"
 # The share of users that lend items to validation when ``validation_users`` is None.
 DEFAULT_VALIDATION_USERS = {"autoencoder": 0.1, "linear": 1.0}
@@ -306,3 +317,140 @@ def _defaults() -> dict[str, Any]:
 
 
 _DEFAULTS = _defaults()
+
+
+# ---- predict and evaluate -------------------------------------------------------------------
+
+def check_score_format(value: str) -> str:
+    """``score_format`` checked (``dlrm.recommender.topk.check_score_format``; its ``%`` added if
+    left out), or ``ConfigError`` giving its bounds."""
+    # topk imports torch: imported here, so that importing this module stays light.
+    from dlrm.recommender.topk import MAX_SCORE_PRECISION, MAX_SCORE_WIDTH
+    from dlrm.recommender.topk import check_score_format as check
+
+    try:
+        return check(value)
+    except ValueError:
+        raise ConfigError(f"`score_format` {value!r}: give a printf format of one float, e.g. %.6g (the default) or "
+                          f"%4.3f (DSSTNE's), with at most {MAX_SCORE_PRECISION} digits of precision and a width of "
+                          f"at most {MAX_SCORE_WIDTH}") from None
+
+
+def _check_required(what: dict[str, str], settings: dict[str, Any]) -> None:
+    """Each of ``settings`` must be given (not None or ""); ``what`` says what it is."""
+    for name, value in settings.items():
+        if value is None or value == "":
+            raise ConfigError(f"`{name}` is required{what[name]}")
+
+
+def _as_tuple(name: str, value: Any) -> tuple:
+    """A sequence setting as a tuple (a lone string: one entry), so that a config holds tuples
+    whatever it was given (lists from flags, tuples as defaults)."""
+    if isinstance(value, str):
+        return (value,)
+    try:
+        return tuple(value)
+    except TypeError:
+        raise ConfigError(f"`{name}` {value!r}: must be a sequence") from None
+
+
+@dataclass
+class PredictConfig:
+    """One ``recommender_predict`` run: the top ``k`` items of every user of ``input``, scored by
+    the checkpoint at ``load_checkpoint_path`` (its PATH.best with ``best``), written to
+    ``output`` in DSSTNE's format. The fields are the script's flags (its --help says each);
+    ``features_index``/``samples_index`` None: the index beside ``input``, "": numbers;
+    ``filter``: datasets of further items not to recommend (a tuple); ``scores_path``: every
+    score too, a float32 .npy (one process only); ``score_format`` is kept with its ``%``."""
+
+    load_checkpoint_path: str | None = None
+    input: str | None = None
+    output: str | None = None
+    _: KW_ONLY  # as api.predict's arguments were: the three paths by position, the rest by name
+    k: int = 10
+    best: bool = True
+    features_index: str | None = None
+    samples_index: str | None = None
+    filter: Sequence[str] = ()
+    exclude_inputs: bool = True
+    score_format: str = "%.6g"
+    batch_size: int = 1024
+    scores_path: str | None = None
+    overwrite: bool = False
+    base_device: str | None = None
+    amp: bool = False
+    amp_dtype: str = "auto"
+    dist_timeout: float = 300.0
+
+    def __post_init__(self) -> None:
+        _check_required({"load_checkpoint_path": ": the checkpoint directory of recommender_train to load",
+                         "input": f"; give a CSR dataset directory{DATASET_HINT}",
+                         "output": ": the text file the recommendations are written to"},
+                        {"load_checkpoint_path": self.load_checkpoint_path, "input": self.input,
+                         "output": self.output})
+        _check_at_least(1, k=self.k, batch_size=self.batch_size)
+        self.filter = _as_tuple("filter", self.filter)
+        _check_choice("amp_dtype", self.amp_dtype, SCORING_AMP_DTYPES)
+        _check_at_least(1, dist_timeout=self.dist_timeout)
+        self.score_format = check_score_format(self.score_format)
+
+
+@dataclass
+class EvaluateConfig:
+    """One ``recommender_evaluate`` run: precision, recall, NDCG and coverage at each of ``k`` of
+    the checkpoint at ``load_checkpoint_path`` (if given) and of ``baselines``, every user of
+    ``input`` ranked against their ``heldout`` items; ``output``: the report as JSON too. The
+    fields are the script's flags (its --help says each). ``k`` is kept sorted without repeats
+    and ``baselines`` without repeats (tuples), as the report has them."""
+
+    input: str | None = None
+    heldout: str | None = None
+    _: KW_ONLY  # as api.evaluate's arguments were: the two datasets by position, the rest by name
+    load_checkpoint_path: str | None = None
+    best: bool = True
+    baselines: Sequence[str] = BASELINES
+    k: Sequence[int] = (1, 5, 10, 20)
+    batch_size: int = 1024
+    output: str | None = None
+    overwrite: bool = False
+    mf_factors: int = 64
+    mf_iterations: int = 10
+    knn_neighbours: int = 100
+    seed: int = 0
+    ease_lambda: float = 250.0
+    ease_max_memory_gb: float = 12.0
+    base_device: str | None = None
+    amp: bool = False
+    amp_dtype: str = "auto"
+    dist_timeout: float = 300.0
+
+    def __post_init__(self) -> None:
+        _check_required({"input": f"; give a CSR dataset directory{DATASET_HINT}",
+                         "heldout": "; give a CSR dataset directory (e.g. DIR/heldout of recommender_generate)"},
+                        {"input": self.input, "heldout": self.heldout})
+        k = (self.k,) if isinstance(self.k, numbers.Integral) else _as_tuple("k", self.k)
+        if not k:
+            raise ConfigError("`k` is empty; give at least one cut-off, e.g. `k` 10")
+        if not all(isinstance(K, numbers.Integral) and not isinstance(K, bool) for K in k):
+            raise ConfigError(f"`k` {', '.join(map(repr, k))}: every K must be an integer")
+        if min(k) < 1:
+            raise ConfigError(f"`k` {','.join(map(str, k))}: every K must be >= 1, got {min(k)}")
+        self.k = tuple(sorted({int(K) for K in k}))
+        baselines = _as_tuple("baselines", self.baselines)
+        unknown = [b for b in baselines if b not in BASELINES]
+        if unknown:
+            raise ConfigError(f"`baselines`: unknown {', '.join(map(repr, unknown))}; choose from "
+                              f"{','.join(BASELINES)}")
+        self.baselines = tuple(dict.fromkeys(baselines))
+        if isinstance(self.ease_lambda, bool) or not isinstance(self.ease_lambda, (int, float)):
+            raise ConfigError(f"`ease_lambda` {self.ease_lambda!r}: must be a number")
+        if "ease" in self.baselines and not self.ease_lambda > 0:
+            raise ConfigError(f"`ease_lambda` {self.ease_lambda:g}: must be > 0, so that X^T X + lambda I is "
+                              f"invertible")
+        if not self.baselines and not self.load_checkpoint_path:
+            raise ConfigError("nothing to evaluate: give `load_checkpoint_path`, or baselines with `baselines`")
+        _check_at_least(1, batch_size=self.batch_size, mf_factors=self.mf_factors,
+                        knn_neighbours=self.knn_neighbours)
+        _check_at_least(0, mf_iterations=self.mf_iterations, ease_max_memory_gb=self.ease_max_memory_gb)
+        _check_choice("amp_dtype", self.amp_dtype, SCORING_AMP_DTYPES)
+        _check_at_least(1, dist_timeout=self.dist_timeout)

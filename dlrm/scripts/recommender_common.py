@@ -46,9 +46,9 @@ def index_beside(given: str | None, input_path: str, name: str) -> tuple[str | N
 
 
 def score_format(value: str) -> str:
-    """--score_format checked (``dlrm.recommender.api.check_score_format``), or one line that
-    gives its bounds."""
-    from dlrm.recommender.api import ConfigError, check_score_format
+    """--score_format checked (``dlrm.recommender.run_config.check_score_format``), or one line
+    that gives its bounds."""
+    from dlrm.recommender.run_config import ConfigError, check_score_format
 
     try:
         return check_score_format(value)

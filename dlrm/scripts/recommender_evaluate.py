@@ -20,15 +20,19 @@ baselines then run on the first process alone.
 existing --output is replaced only with --overwrite, and only when it is such a file.
 
 --load_checkpoint_path and --base_device are dlrm.scripts.main's names; --checkpoint and
---device are kept as aliases. The run is dlrm.recommender.api.evaluate, whose arguments are
-these flags: the same from Python.
+--device are kept as aliases. The flags describe one dlrm.recommender.run_config.EvaluateConfig
+(each flag sets the field of its name; --k's comma-separated cut-offs as integers), and the run
+is dlrm.recommender.api.evaluate(config), whose config's fields are these flags: the same from
+Python.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from absl import app, flags
 
-from dlrm.recommender.api import BASELINES
+from dlrm.recommender.run_config import BASELINES
 from dlrm.scripts import cli
 from dlrm.scripts import recommender_common as common
 
@@ -60,14 +64,24 @@ ERRORS = (*cli.DEFAULT_ERRORS, "dlrm.recommender.run_config.ConfigError",
           "dlrm.engine.checkpoint_store.CheckpointError")
 
 
-def _ks() -> list[int]:
+def _ks(texts: list[str]) -> list[int]:
     ks = []
-    for text in FLAGS.k:
+    for text in texts:
         try:
             ks.append(int(text))
         except ValueError:
-            raise app.UsageError(f"--k {','.join(FLAGS.k)}: {text!r} is not an integer") from None
+            raise app.UsageError(f"--k {','.join(texts)}: {text!r} is not an integer") from None
     return ks
+
+
+def config_from_flags(values: flags.FlagValues = FLAGS):
+    """The EvaluateConfig of the flags of ``values``: each flag sets the field of its name (--k's
+    cut-offs as integers)."""
+    from dlrm.recommender.run_config import EvaluateConfig
+
+    settings = {f.name: values[f.name].value for f in dataclasses.fields(EvaluateConfig)}
+    settings["k"] = _ks(settings["k"])
+    return EvaluateConfig(**settings)
 
 
 def _table(results: dict[str, dict], ks: list[int]) -> str:
@@ -90,19 +104,14 @@ def _main(argv: list[str], env) -> int:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     from dlrm.recommender import api
 
-    report = api.evaluate(FLAGS.input, FLAGS.heldout, load_checkpoint_path=FLAGS.load_checkpoint_path,
-                          best=FLAGS.best, baselines=FLAGS.baselines, k=_ks(), batch_size=FLAGS.batch_size,
-                          output=FLAGS.output, overwrite=FLAGS.overwrite, mf_factors=FLAGS.mf_factors,
-                          mf_iterations=FLAGS.mf_iterations, knn_neighbours=FLAGS.knn_neighbours, seed=FLAGS.seed,
-                          ease_lambda=FLAGS.ease_lambda, ease_max_memory_gb=FLAGS.ease_max_memory_gb,
-                          base_device=FLAGS.base_device, amp=FLAGS.amp, amp_dtype=FLAGS.amp_dtype,
-                          dist_timeout=FLAGS.dist_timeout)
+    cfg = config_from_flags()
+    report = api.evaluate(cfg)
     if report is None:  # under torchrun, a process other than the first: the first reports
         return 0
     print(f"{report['n_users']:,} users ({report['users']:,} with held-out items), {report['n_items']:,} items")
     print(_table(report["results"], report["k"]))
-    if FLAGS.output:
-        print(f"wrote {FLAGS.output}")
+    if cfg.output:
+        print(f"wrote {cfg.output}")
     return 0
 
 

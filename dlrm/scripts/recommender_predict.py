@@ -25,11 +25,14 @@ An existing --output or --scores_path is replaced only with --overwrite, and onl
 what this command writes (a file of anything else is refused, whatever the flags say).
 
 --load_checkpoint_path and --base_device are dlrm.scripts.main's names; --checkpoint and
---device are kept as aliases. The run is dlrm.recommender.api.predict, whose arguments are
-these flags: the same from Python.
+--device are kept as aliases. The flags describe one dlrm.recommender.run_config.PredictConfig
+(each flag sets the field of its name), and the run is dlrm.recommender.api.predict(config),
+whose config's fields are these flags: the same from Python.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from absl import app, flags
 
@@ -67,6 +70,13 @@ ERRORS = (*cli.DEFAULT_ERRORS, "dlrm.recommender.run_config.ConfigError",
           "dlrm.engine.checkpoint_store.CheckpointError")
 
 
+def config_from_flags(values: flags.FlagValues = FLAGS):
+    """The PredictConfig of the flags of ``values``: each flag sets the field of its name."""
+    from dlrm.recommender.run_config import PredictConfig
+
+    return PredictConfig(**{f.name: values[f.name].value for f in dataclasses.fields(PredictConfig)})
+
+
 def main(argv: list[str]) -> int:
     return cli.run_processes(_main, argv, ERRORS)
 
@@ -76,20 +86,16 @@ def _main(argv: list[str], env) -> int:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     from dlrm.recommender import api
 
-    done = api.predict(FLAGS.load_checkpoint_path, FLAGS.input, FLAGS.output, k=FLAGS.k, best=FLAGS.best,
-                       features_index=FLAGS.features_index, samples_index=FLAGS.samples_index, filter=FLAGS.filter,
-                       exclude_inputs=FLAGS.exclude_inputs, score_format=FLAGS.score_format,
-                       batch_size=FLAGS.batch_size, scores_path=FLAGS.scores_path, overwrite=FLAGS.overwrite,
-                       base_device=FLAGS.base_device, amp=FLAGS.amp, amp_dtype=FLAGS.amp_dtype,
-                       dist_timeout=FLAGS.dist_timeout)
+    cfg = config_from_flags()
+    done = api.predict(cfg)
     if done["first"]:
         lines, seconds, processes = done["users"], done["seconds"], done["processes"]
-        print(f"wrote {FLAGS.output}: {lines:,} users, top {FLAGS.k} items each from {done['items']:,} "
-              f"(inputs {'excluded' if FLAGS.exclude_inputs else 'allowed'}"
+        print(f"wrote {cfg.output}: {lines:,} users, top {cfg.k} items each from {done['items']:,} "
+              f"(inputs {'excluded' if cfg.exclude_inputs else 'allowed'}"
               f"{', ' + str(done['filters']) + ' filter(s)' if done['filters'] else ''}), {processes} "
               f"process{'es' if processes > 1 else ''}")
-        if FLAGS.scores_path:
-            print(f"wrote {FLAGS.scores_path}: float32 [{lines:,}, {done['items']:,}] scores")
+        if cfg.scores_path:
+            print(f"wrote {cfg.scores_path}: float32 [{lines:,}, {done['items']:,}] scores")
         print(f"predicted {lines:,} users in {seconds:.2f} s ({lines / max(seconds, 1e-9):,.0f} users/s)")
     return 0
 
