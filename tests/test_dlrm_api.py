@@ -174,6 +174,27 @@ def test_python_runs_claim_their_outputs_before_any_work(tmp_path):
     assert tree(tmp_path) == before
 
 
+@pytest.mark.parametrize("change,says", [
+    (lambda c: setattr(c, "batch_size", 0), "`batch_size` must be positive, got 0"),
+    (lambda c: setattr(c.model, "embedding_dtype", "fp8"), "`embedding_dtype` must be one of"),
+    (lambda c: setattr(c.train, "prefetch", 0), "`prefetch` must be an integer >= 1, got 0"),
+    (lambda c: setattr(c.checkpoint, "overwrite", True) or setattr(c.checkpoint, "resume", True),
+     "`resume` continues"),  # train: resume or overwrite; the benchmark: resume is for training
+])
+def test_a_setting_changed_after_the_config_was_built_is_checked_when_the_job_starts(tmp_path, change, says):
+    """The configs are not frozen: each job checks the config it is given again, so a setting
+    set afterwards is refused as at construction (ValueError naming it), before any work, and
+    the caller's config is left as it is."""
+    cfg = small(tmp_path, save_checkpoint_path=str(tmp_path / "ckpt"))
+    change(cfg)
+    kept = repr(cfg)
+    before = tree(tmp_path)
+    for job in (api.train, api.benchmark_inference):
+        with pytest.raises(ValueError, match=says):
+            job(cfg)
+    assert tree(tmp_path) == before and repr(cfg) == kept
+
+
 def test_sigterm_stops_a_python_run_with_its_checkpoint(tmp_path):
     """api.train in a process of its own, stopped with SIGTERM: the step in flight finishes, the
     checkpoint is saved, the summary says interrupted by signal 15, and the caller's handler is

@@ -417,6 +417,28 @@ def test_api_refusals_are_the_librarys_exceptions_and_change_nothing(generated, 
         api.evaluate(data, str(generated / "data" / "heldout"), baselines=[])
 
 
+def test_a_setting_changed_after_the_config_was_built_is_checked_when_the_call_starts(generated, tmp_path):
+    """Each call checks the config it is given again: a setting set after construction is
+    refused as at construction, naming it, with nothing written."""
+    data, heldout = str(generated / "data" / "input"), str(generated / "data" / "heldout")
+    cfg = api.RecommenderConfig(data=api.DataConfig(data), checkpoint=api.CheckpointConfig(str(tmp_path / "ck")))
+    cfg.batch_size = 0
+    with pytest.raises(api.ConfigError, match="`batch_size` 0: must be >= 1"):
+        api.train(cfg)
+    cfg.batch_size, cfg.checkpoint.resume, cfg.checkpoint.overwrite = 256, True, True
+    with pytest.raises(api.ConfigError, match="pass one of them"):
+        api.train(cfg)
+    predict = api.PredictConfig(str(tmp_path / "ck"), data, str(tmp_path / "recs.txt"))
+    predict.k = 0
+    with pytest.raises(api.ConfigError, match="`k` 0: must be >= 1"):
+        api.predict(predict)
+    evaluate = api.EvaluateConfig(data, heldout, baselines=["popularity"], output=str(tmp_path / "m.json"))
+    evaluate.baselines = ("popularity", "svd")
+    with pytest.raises(api.ConfigError, match="`baselines`: unknown 'svd'"):
+        api.evaluate(evaluate)
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_checkpoint_of_the_earlier_flag_names_resumes(generated, tmp_path):
     """A checkpoint whose run_config holds the earlier record (our_flags(): print_freq,
     validate_every_steps: the flags' names) resumes, and a different seed in it is

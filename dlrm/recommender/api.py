@@ -21,7 +21,8 @@ Before any work every output is claimed (``dlrm.engine.outputs``: nothing of the
 replaced), a training run holds the checkpoint's lock, and SIGINT/SIGTERM stop it after the
 step in flight with a checkpoint (the summary's ``stop_reason`` is then "interrupted" and
 ``signal`` the signal; the handlers are restored when the call returns). A refused setting or
-input raises ``ConfigError`` (a ``ValueError``) naming the setting in backquotes, or the
+input raises ``ConfigError`` (a ``ValueError``) naming the setting in backquotes (the config is
+checked again when the call starts: a setting changed after it was built is refused too), or the
 engine's errors (``DatasetError``, ``OutputError``, ``CheckpointError``, ``StorageError``,
 ``NonFiniteLoss`` when the loss turns nan or inf); nothing here exits the interpreter. Under
 torchrun every process makes the same call (the autoencoder's item layers are split across them).
@@ -40,6 +41,7 @@ import time
 import uuid
 from typing import Any, Iterator, TypeVar
 
+from dlrm.engine.config_check import rechecked
 from dlrm.recommender.run_config import (  # noqa: F401  (re-exported: the configs are this module's)
     BASELINES, DATASET_HINT, CheckpointConfig, ConfigError, DataConfig, EvaluateConfig, LinearConfig, ModelConfig,
     OptimizerOverrides, PredictConfig, RecommenderConfig, TrainSettings, ValidationSettings)
@@ -145,7 +147,7 @@ def _config(job: str, cls: type[_Config], cfg: Any, args: tuple, settings: dict[
             given = ", ".join([*(repr(a) for a in args), *settings])
             raise TypeError(f"{job}() takes a {cls.__name__} or its settings, not both (got {given} beside the "
                             f"config); use dataclasses.replace(cfg, ...) to change a setting")
-        return cfg
+        return rechecked(cfg)  # a setting changed since the config was built is checked too
     if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
         raise TypeError(f"{job}() takes a {cls.__name__}, got {type(cfg).__name__}")
     return cls(*((cfg, *args) if cfg is not None or args else ()), **settings)
@@ -169,6 +171,7 @@ def train(cfg: RecommenderConfig) -> dict[str, Any]:
     The checkpoint is at ``cfg.checkpoint.save_checkpoint_path`` (and PATH.best)."""
     if not isinstance(cfg, RecommenderConfig):
         raise ConfigError(f"train takes a RecommenderConfig, got {type(cfg).__name__}")
+    cfg = rechecked(cfg)  # a setting changed since the config was built is checked too
     env = _dist_env()
     if cfg.model.kind == "linear":
         return _fit_linear(cfg, env)

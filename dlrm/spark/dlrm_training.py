@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from dlrm.engine.config_check import rechecked
 from dlrm.scripts.dlrm_flags import config_flags
 from dlrm.spark import launch
 from dlrm.training.run_config import RunConfig
@@ -35,7 +36,7 @@ def train(cfg: RunConfig, num_processes: int, spark: Any = None, use_gpu: bool =
     storage every executor shares, and no ``load_checkpoint_path`` or ``overwrite`` (each attempt
     resumes from its own checkpoint: ``resume`` is set for it). ``ValueError`` names the setting
     before Spark starts when one is missing, or when no flag of the script can say it."""
-    cfg = dataclasses.replace(cfg, mode="train")
+    cfg = rechecked(cfg, mode="train")  # checked again: a setting may have changed since it was built
     launch.check_flags({**config_flags(cfg), "resume": None})  # the shared paths first: what resuming needs
     resumed = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, resume=True))  # checked again
     return launch.train(config_flags(resumed), num_processes, spark=spark, use_gpu=use_gpu, attempts=attempts)

@@ -22,7 +22,8 @@ config one for one, ``dlrm.scripts.dlrm_flags``), with the same guarantees:
 - under torchrun (its variables in the environment) the job runs hybrid-parallel, one process
   each, and leaves the process group when done;
 - user errors raise the library's exceptions, whose messages name the setting in backquotes:
-  ``ValueError`` from ``RunConfig`` itself, ``SettingError`` (a ``ValueError``) for a setting
+  ``ValueError`` from ``RunConfig`` itself (checked again when the job starts, so a setting
+  changed after the config was built is refused as at construction), ``SettingError`` (a ``ValueError``) for a setting
   the device or data cannot take, ``DatasetError``, ``CheckpointError``, ``OutputError``,
   ``PlanError``, and ``NonFiniteLoss`` (with the last finite checkpoint kept).
 
@@ -46,6 +47,7 @@ from dlrm.data.sources import DataConfig, make_source
 from dlrm.distributed.planner import format_plan
 from dlrm.distributed.sizing import format_sizing, size_processes
 from dlrm.engine.checkpoint_store import CheckpointLock
+from dlrm.engine.config_check import rechecked
 from dlrm.engine.devices import resolve_device
 from dlrm.engine.errors import DatasetError
 from dlrm.engine.logger import RunLogger
@@ -128,6 +130,7 @@ def run(cfg: RunConfig, env: DistEnv | None = _FROM_ENVIRONMENT, *, log_flags: d
     flags as given, the run log's first record (default: the settings of ``cfg``); ``notes``,
     lines to print and log first; ``terms``, how the run's header names settings (a script's
     flags: ``dlrm.scripts.cli.flag_terms``)."""
+    cfg = rechecked(cfg)  # a setting changed since the config was built is checked too
     if env is _FROM_ENVIRONMENT:
         env = dist_env()
     with _setting_errors():
@@ -159,7 +162,7 @@ def run(cfg: RunConfig, env: DistEnv | None = _FROM_ENVIRONMENT, *, log_flags: d
 
 
 def _in_mode(cfg: RunConfig, mode: str) -> RunConfig:
-    return cfg if cfg.mode == mode else dataclasses.replace(cfg, mode=mode)
+    return rechecked(cfg, mode=mode)  # the parts checked before the mode's own checks
 
 
 def _settings(cfg: RunConfig) -> dict[str, Any]:
