@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from dlrm.engine import checkpoint_store as store
 from dlrm.engine.collectives import Collectives
+from dlrm.engine.config_check import rechecked
 from dlrm.engine.logger import RunLogger
 from dlrm.engine.loop import LoopParts, LoopSettings, Window, run_loop
 from dlrm.wide import checkpoint
@@ -112,6 +113,7 @@ def train(cfg: WideConfig, collectives: Collectives = Collectives(), logger: Run
           should_stop: Callable[[], bool] = lambda: False) -> tuple[WideModel, dict[str, Any]]:
     """Trains (or, with ``resume``, continues) a wide model on this process's part of
     ``collectives``; returns the model and the run's summary."""
+    cfg = rechecked(cfg)  # checked again: a setting may have changed since the config was built
     data = make_data(cfg.num_samples, cfg.field_sizes, cfg.seed)
     model = WideModel(sum(cfg.field_sizes), collectives, cfg.seed)
     state = WideState()
