@@ -89,11 +89,6 @@ def changed(flag: flags.Flag) -> list[str]:
     raise AssertionError(f"--{flag.name}: give it a non-default value in VALUES")
 
 
-def leaves(cfg: RunConfig) -> dict:
-    """The config's settings by their own names (the leaves of ``to_dict``; each name is one's)."""
-    return dlrm_flags._leaves(cfg.to_dict())
-
-
 def flag_configs(spec_dir) -> list[tuple[str, RunConfig, RunConfig]]:
     """(flag, config of the flags it needs, that config with the flag given another value), per flag of main."""
     found = []
@@ -111,14 +106,14 @@ def test_every_flag_of_main_changes_its_run_config_and_every_setting_has_a_flag(
         names.add(name)
         if before == after:
             unmapped.append(name)
-        reached |= {setting for setting, value in leaves(after).items() if leaves(before)[setting] != value}
+        reached |= {setting for setting, value in after.settings().items() if before.settings()[setting] != value}
     assert sorted(unmapped) == sorted(CHANGE_NOTHING), f"flags that do not reach RunConfig: {unmapped}"
     # the seven that did not before, and the serving precision main read from FLAGS
     assert {"inference_benchmark_batch_sizes", "inference_benchmark_steps", "inference_benchmark_backend",
             "inference_benchmark_threads", "plan_max_processes", "log_path", "tensorboard_dir", "log_format",
             "quantize_tables", "quantize_min_rows"} <= names
     # ...and the other way: no setting of the config is out of the flags' reach
-    assert sorted(set(leaves(RunConfig())) - reached - {"run_config_version"}) == []
+    assert sorted(set(RunConfig().settings()) - reached) == []
 
 
 def test_config_flags_is_the_inverse_of_the_flags_mapping(tmp_path):

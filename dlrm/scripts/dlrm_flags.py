@@ -446,18 +446,7 @@ def _check_round_trip(cfg: RunConfig, values: dict[str, Any]) -> None:
         return
     if back is None:
         raise ValueError(f"dlrm.scripts.main's flags cannot say this RunConfig: {error}")
-    want, got = _leaves(cfg.to_dict()), _leaves(back.to_dict())
+    want, got = cfg.settings(), back.settings()
     differ = [f"`{name}` {want[name]!r}" for name in want if want[name] != got.get(name)]
     raise ValueError(f"dlrm.scripts.main's flags cannot say {', '.join(differ)} (they give "
                      f"{', '.join(repr(got.get(name.split('`')[1])) for name in differ)})")
-
-
-def _leaves(values: dict[str, Any], into: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A nested settings dict's leaves by their own names (each name is one setting's)."""
-    into = {} if into is None else into
-    for name, value in values.items():
-        if isinstance(value, dict):
-            _leaves(value, into)
-        else:
-            into[name] = value
-    return into

@@ -35,7 +35,6 @@ Each function runs its own mode whatever ``cfg.mode`` says (``train`` runs ``mod
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import signal
 import tempfile
 import threading
@@ -153,7 +152,7 @@ def run(cfg: RunConfig, env: DistEnv | None = _FROM_ENVIRONMENT, *, log_flags: d
                 logger.print(note)
             with _setting_errors():
                 shape = model_config(cfg, device)  # checked before the settings are recorded
-                logger.record("flags", **(log_flags if log_flags is not None else _settings(cfg)))
+                logger.record("flags", **(log_flags if log_flags is not None else cfg.settings()))
                 job = build_run(cfg, device, env, collectives, logger, shape)
             logger.print(terms(_header(job, env)))
             result = _JOBS[cfg.mode](job)
@@ -163,21 +162,6 @@ def run(cfg: RunConfig, env: DistEnv | None = _FROM_ENVIRONMENT, *, log_flags: d
 
 def _in_mode(cfg: RunConfig, mode: str) -> RunConfig:
     return rechecked(cfg, mode=mode)  # the parts checked before the mode's own checks
-
-
-def _settings(cfg: RunConfig) -> dict[str, Any]:
-    """The config's settings under their own names (the leaves of ``to_dict``), for the run log."""
-    flat: dict[str, Any] = {}
-
-    def walk(values: dict[str, Any]) -> None:
-        for name, value in values.items():
-            if isinstance(value, dict):
-                walk(value)
-            else:
-                flat.setdefault(name, value)
-
-    walk(dataclasses.asdict(cfg))
-    return flat
 
 
 @contextlib.contextmanager

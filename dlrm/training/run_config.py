@@ -240,6 +240,21 @@ class RunConfig:
     serving: ServingConfig = field(default_factory=ServingConfig)
     plan_max_processes: int = 64  # mode plan: the most processes considered
 
+    def settings(self) -> dict[str, Any]:
+        """Every setting under its own name, the config's parts flattened (each name is one
+        setting's, as ``RecommenderConfig.settings``): the run log's first record."""
+        flat: dict[str, Any] = {}
+
+        def walk(values: dict[str, Any]) -> None:
+            for name, value in values.items():
+                if isinstance(value, dict):
+                    walk(value)
+                else:
+                    flat[name] = value
+
+        walk(dataclasses.asdict(self))
+        return flat
+
     def to_dict(self) -> dict[str, Any]:
         """The config as plain data (JSON), marked as a ``RunConfig``'s (``VERSION_KEY``)."""
         return {VERSION_KEY: VERSION, **dataclasses.asdict(self)}
