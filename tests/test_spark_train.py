@@ -5,6 +5,7 @@ config says (the flags the torchrun run was given, read into a config)."""
 
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -17,7 +18,7 @@ from dlrm.spark import dlrm_training
 from dlrm.spark.launch import flag_args, local_session, parse_flag_args, train
 from dlrm.training.run_config import CheckpointConfig, OutputConfig, RunConfig
 
-from conftest import REPO, env_without_this_python, log_records
+from conftest import REPO, env_without_this_python, log_records, tree
 from test_torchrun import MODEL, dataset, launch  # noqa: F401 (a fixture)
 import warm_python
 
@@ -145,6 +146,36 @@ def test_a_run_config_is_refused_before_spark_starts_naming_the_setting(tmp_path
     with pytest.raises(ValueError, match="`auc_device` 'cuda:1'"):
         dlrm_training.train(shared, 2)
     assert not os.path.exists(tmp_path / "ckpt") and not os.path.exists(tmp_path / "log.json")
+
+
+def test_a_foreign_log_or_checkpoint_folder_is_refused_before_spark_starts(tmp_path):
+    """The hostile user on Spark: --log_path at a file of theirs, --save_checkpoint_path at a
+    folder of theirs, --log_path at a folder. Each is main's one-line refusal, exit 2, from the
+    driver before any session starts (the driver would otherwise read their file as the run's
+    log), with nothing changed; from Python, the same OutputError."""
+    from dlrm.engine.outputs import OutputError
+
+    (tmp_path / "notes.txt").write_text("my notes\n")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "a.txt").write_text("keep\n")
+    before = tree(tmp_path)
+    base = [sys.executable, "-m", "dlrm.scripts.spark_train", "--num_processes", "1", "--", "--max_steps", "2",
+            "--base_device", "cpu"]
+    for paths, says in ((["--save_checkpoint_path", tmp_path / "ck", "--log_path", tmp_path / "notes.txt"],
+                         "--log_path .* is not a run log written by this program"),
+                        (["--save_checkpoint_path", tmp_path / "mine", "--log_path", tmp_path / "log.json"],
+                         "--save_checkpoint_path .* is not a checkpoint written by this program"),
+                        (["--save_checkpoint_path", tmp_path / "ck", "--log_path", tmp_path / "mine"],
+                         "--log_path .* is a folder")):
+        proc = warm_python.run([*base, *map(str, paths)], capture_output=True, text=True, timeout=120)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and re.match(f"error: {says}", lines[-1]), proc.stderr
+        assert not any("Spark" in line or "WARN" in line for line in lines), proc.stderr  # no session started
+    cfg = RunConfig(output=OutputConfig(log_path=str(tmp_path / "notes.txt")))
+    cfg.train.save_checkpoint_path = str(tmp_path / "ck")
+    with pytest.raises(OutputError, match="`log_path` .* is not a run log written by this program"):
+        dlrm_training.train(cfg, 1)
+    assert tree(tmp_path) == before
 
 
 def test_the_command_line_needs_training_flags_and_shared_paths():

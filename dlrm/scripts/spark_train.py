@@ -22,6 +22,7 @@ import re
 from absl import app, flags
 
 from dlrm.scripts import cli
+from dlrm.spark.dlrm_training import claim_outputs
 from dlrm.spark.launch import check_flags, flag_args, parse_flag_args, script_session, train
 
 FLAGS = flags.FLAGS
@@ -55,11 +56,12 @@ def main(argv: list[str]) -> int:
     if not training_flags:
         raise app.UsageError("give dlrm.scripts.main's flags after --, e.g. -- --dataset /shared/data "
                              "--save_checkpoint_path /shared/ckpt --log_path /shared/log.json")
+    from dlrm.scripts.dlrm_flags import run_config
     from dlrm.scripts.main import check_args  # here: its flags are not this script's
 
     try:
         check_flags(training_flags)  # these checks run before a session starts
-        check_args(flag_args({**training_flags, "resume": True}))  # what every task runs with
+        claim_outputs(run_config(check_args(flag_args({**training_flags, "resume": True}))))  # what every task runs
         spark = script_session(FLAGS.spark_master, f"local[{FLAGS.num_processes}]", _conf())
         summary = train(training_flags, FLAGS.num_processes, spark=spark, use_gpu=FLAGS.use_gpu,
                         attempts=FLAGS.attempts)

@@ -24,6 +24,7 @@ from typing import Any
 from dlrm.engine.config_check import rechecked
 from dlrm.scripts.dlrm_flags import config_flags
 from dlrm.spark import launch
+from dlrm.training import build
 from dlrm.training.run_config import RunConfig
 
 
@@ -39,4 +40,14 @@ def train(cfg: RunConfig, num_processes: int, spark: Any = None, use_gpu: bool =
     cfg = rechecked(cfg, mode="train")  # checked again: a setting may have changed since it was built
     launch.check_flags({**config_flags(cfg), "resume": None})  # the shared paths first: what resuming needs
     resumed = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, resume=True))  # checked again
+    claim_outputs(resumed)
     return launch.train(config_flags(resumed), num_processes, spark=spark, use_gpu=use_gpu, attempts=attempts)
+
+
+def claim_outputs(cfg: RunConfig) -> None:
+    """The paths every attempt writes (checkpoint, log, TensorBoard folder), claimed on the
+    driver before Spark starts, as each task claims them again (``dlrm.engine.outputs``):
+    ``OutputError`` for a folder or file of anything else, at once and with nothing changed,
+    rather than from every task after Spark and torchrun have started (and the driver, which
+    reads the run's summary from the log, never reads a file that is not a run log)."""
+    build.claim_outputs(cfg)
