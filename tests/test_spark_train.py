@@ -119,6 +119,9 @@ def test_bad_launches_are_refused_before_spark_starts(tmp_path):
         train({**base, "save_checkpoint_path": "ckpt"}, 2)
     with pytest.raises(ValueError, match="resumes from its own `save_checkpoint_path`"):
         train({**base, "load_checkpoint_path": "/elsewhere"}, 2)
+    # a relative TensorBoard folder would be written in each task's working directory, which Spark removes
+    with pytest.raises(ValueError, match="`tensorboard_dir` is 'board': give an absolute path"):
+        train({**base, "tensorboard_dir": "board"}, 2)
     assert flag_args({"amp": True, "hash_indices": False, "lr": 0.5, "max_steps": None, "sizes": [1, 2]}) == [
         "--amp", "--nohash_indices", "--lr=0.5", "--sizes=1,2"]
     assert parse_flag_args(["--amp", "--lr", "0.5", "--sizes=1,2"]) == {"amp": True, "lr": "0.5", "sizes": "1,2"}

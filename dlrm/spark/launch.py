@@ -24,6 +24,9 @@ from typing import Any
 ENTRY_POINT = "dlrm.scripts.main"  # run by torchrun as a file in every task
 
 SHARED_PATH_FLAGS = ("save_checkpoint_path", "log_path")
+# Outputs a run may also write: absolute when given, or the tasks write them in their own
+# working directories, which Spark removes.
+OPTIONAL_OUTPUT_FLAGS = ("tensorboard_dir",)
 FAILED = ("error", "aborted", "interrupted", "non_finite_loss")  # stop reasons of a run that did not finish
 # Errors of a run's input (main exits 2 on them, its summary names the class): another attempt fails the same way.
 USER_ERRORS = ("UsageError", "DatasetError", "FeatureSpecError", "CheckpointError", "PlanError",
@@ -60,7 +63,8 @@ def check_flags(flags: Mapping[str, Any]) -> None:
         if not flags.get(name):
             raise ValueError(f"`{name}` is needed: every Spark task writes there (a path all executors share, "
                              "e.g. a mounted network filesystem), and the driver reads the run's result from it")
-        if "://" not in str(flags[name]) and not os.path.isabs(flags[name]):
+    for name in SHARED_PATH_FLAGS + OPTIONAL_OUTPUT_FLAGS:
+        if flags.get(name) and "://" not in str(flags[name]) and not os.path.isabs(flags[name]):
             raise ValueError(f"`{name}` is {flags[name]!r}: give an absolute path, since the tasks do not run in "
                              "the driver's working directory")
 
