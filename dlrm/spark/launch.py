@@ -24,8 +24,8 @@ from typing import Any
 ENTRY_POINT = "dlrm.scripts.main"  # run by torchrun as a file in every task
 
 SHARED_PATH_FLAGS = ("save_checkpoint_path", "log_path")
-# Outputs a run may also write: absolute when given, or the tasks write them in their own
-# working directories, which Spark removes.
+# Outputs a run may also write: absolute when given, or each task writes them in its own working
+# directory (on a cluster, the executor's, which the cluster manager may remove), not beside the driver.
 OPTIONAL_OUTPUT_FLAGS = ("tensorboard_dir",)
 FAILED = ("error", "aborted", "interrupted", "non_finite_loss")  # stop reasons of a run that did not finish
 # Errors of a run's input (main exits 2 on them, its summary names the class): another attempt fails the same way.
