@@ -388,10 +388,9 @@ class PredictConfig:
                          "output": ": the text file the recommendations are written to"},
                         {"load_checkpoint_path": self.load_checkpoint_path, "input": self.input,
                          "output": self.output})
-        _check_at_least(1, k=self.k, batch_size=self.batch_size)
+        _check_at_least(1, k=self.k, batch_size=self.batch_size, dist_timeout=self.dist_timeout)
         self.filter = _as_tuple("filter", self.filter)
         _check_choice("amp_dtype", self.amp_dtype, SCORING_AMP_DTYPES)
-        _check_at_least(1, dist_timeout=self.dist_timeout)
         self.score_format = check_score_format(self.score_format)
 
 
@@ -450,7 +449,6 @@ class EvaluateConfig:
         if not self.baselines and not self.load_checkpoint_path:
             raise ConfigError("nothing to evaluate: give `load_checkpoint_path`, or baselines with `baselines`")
         _check_at_least(1, batch_size=self.batch_size, mf_factors=self.mf_factors,
-                        knn_neighbours=self.knn_neighbours)
+                        knn_neighbours=self.knn_neighbours, dist_timeout=self.dist_timeout)
         _check_at_least(0, mf_iterations=self.mf_iterations, ease_max_memory_gb=self.ease_max_memory_gb)
         _check_choice("amp_dtype", self.amp_dtype, SCORING_AMP_DTYPES)
-        _check_at_least(1, dist_timeout=self.dist_timeout)

@@ -38,10 +38,10 @@ def train(cfg: RunConfig, num_processes: int, spark: Any = None, use_gpu: bool =
     resumes from its own checkpoint: ``resume`` is set for it). ``ValueError`` names the setting
     before Spark starts when one is missing, or when no flag of the script can say it."""
     cfg = rechecked(cfg, mode="train")  # checked again: a setting may have changed since it was built
-    launch.check_flags({**config_flags(cfg), "resume": None})  # the shared paths first: what resuming needs
-    resumed = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, resume=True))  # checked again
-    claim_outputs(resumed)
-    return launch.train(config_flags(resumed), num_processes, spark=spark, use_gpu=use_gpu, attempts=attempts)
+    flags = {**config_flags(cfg), "resume": None}  # None: launch.train runs every attempt with resume
+    launch.check_flags(flags)  # the shared paths first: what resuming needs
+    claim_outputs(rechecked(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, resume=True)))  # as each attempt runs
+    return launch.train(flags, num_processes, spark=spark, use_gpu=use_gpu, attempts=attempts)
 
 
 def claim_outputs(cfg: RunConfig) -> None:

@@ -97,14 +97,14 @@ def train(cfg: RunConfig, env: DistEnv | None = _FROM_ENVIRONMENT) -> dict[str, 
     ``epochs``, ``best_auc``, ``stop_reason`` ("completed", "auc_threshold", "interrupted"),
     throughput figures, ``last_lr``, ``signal`` (what stopped an interrupted run, else None) and,
     with a host-table cache, ``host_cache_hit_rate``."""
-    return run(_in_mode(cfg, "train"), env)
+    return run(cfg, env, mode="train")
 
 
 def evaluate(cfg: RunConfig, env: DistEnv | None = _FROM_ENVIRONMENT) -> dict[str, Any]:
     """AUC and mean log loss of ``checkpoint.load_checkpoint_path`` on the test split
     (``mode="test"``; at ``serving``'s precision): ``auc``, ``loss``, ``samples``,
     ``average_test_throughput``."""
-    return run(_in_mode(cfg, "test"), env)
+    return run(cfg, env, mode="test")
 
 
 def benchmark_inference(cfg: RunConfig) -> dict[str, Any]:
@@ -112,24 +112,26 @@ def benchmark_inference(cfg: RunConfig) -> dict[str, Any]:
     of ``checkpoint.load_checkpoint_path`` or fresh weights: ``precision``, ``device``,
     ``threads`` and ``inference``, one dict per batch size (and host-copy variant on a GPU). One
     process: under torchrun it raises ``SettingError``, as ``--mode inference_benchmark`` does."""
-    return run(_in_mode(cfg, "inference_benchmark"))
+    return run(cfg, mode="inference_benchmark")
 
 
 def plan(cfg: RunConfig) -> dict[str, Any]:
     """The memory per process for 1, 2, 4, ... processes (up to ``plan_max_processes``) and the
     fewest that fit on devices of ``parallel.device_memory_gb`` (``mode="plan"``; nothing built):
     ``processes`` (None when none fits) and ``report``, the text ``--mode plan`` prints."""
-    return run(_in_mode(cfg, "plan"))
+    return run(cfg, mode="plan")
 
 
-def run(cfg: RunConfig, env: DistEnv | None = _FROM_ENVIRONMENT, *, log_flags: dict[str, Any] | None = None,
-        notes: Sequence[str] = (), terms: Callable[[str], str] = lambda text: text) -> dict[str, Any]:
-    """The job of ``cfg.mode`` (the functions above). ``env``: the processes of a torchrun job
-    (default: torchrun's variables, else one process). What a script adds: ``log_flags``, its
-    flags as given, the run log's first record (default: the settings of ``cfg``); ``notes``,
-    lines to print and log first; ``terms``, how the run's header names settings (a script's
-    flags: ``dlrm.scripts.cli.flag_terms``)."""
-    cfg = rechecked(cfg)  # a setting changed since the config was built is checked too
+def run(cfg: RunConfig, env: DistEnv | None = _FROM_ENVIRONMENT, *, mode: str | None = None,
+        log_flags: dict[str, Any] | None = None, notes: Sequence[str] = (),
+        terms: Callable[[str], str] = lambda text: text) -> dict[str, Any]:
+    """The job of ``cfg.mode``, or of ``mode`` when given (the functions above). ``env``: the
+    processes of a torchrun job (default: torchrun's variables, else one process). The config is
+    checked again first, in its mode, so a setting changed since it was built is refused as at
+    construction. What a script adds: ``log_flags``, its flags as given, the run log's first
+    record (default: the settings of ``cfg``); ``notes``, lines to print and log first;
+    ``terms``, how the run's header names settings (a script's flags: ``dlrm.scripts.cli.flag_terms``)."""
+    cfg = rechecked(cfg, **({"mode": mode} if mode else {}))
     if env is _FROM_ENVIRONMENT:
         env = dist_env()
     with _setting_errors():
@@ -158,10 +160,6 @@ def run(cfg: RunConfig, env: DistEnv | None = _FROM_ENVIRONMENT, *, log_flags: d
             result = _JOBS[cfg.mode](job)
         leave_processes(env)  # tear down together: gloo aborts if peers vanish mid-teardown
     return result
-
-
-def _in_mode(cfg: RunConfig, mode: str) -> RunConfig:
-    return rechecked(cfg, mode=mode)  # the parts checked before the mode's own checks
 
 
 @contextlib.contextmanager
