@@ -143,6 +143,7 @@ CASES = [
     Case("synthetic", "--synthetic_dataset_dir={out} --synthetic_dataset_table_sizes=10,x", "--synthetic_dataset_table_sizes"),
     Case("synthetic", "--synthetic_dataset_dir={out} --synthetic_dataset_table_sizes=10,0", "must be at least 1"),
     Case("synthetic", "--synthetic_dataset_dir={out} --preset=fl16", "--preset"),
+    Case("synthetic", "--synthetic_dataset_dir={out} --synthetic_zipf_exponent=0", "--synthetic_zipf_exponent must be > 0"),
     Case("synthetic", "--synthetic_dataset_dir={file}", "--synthetic_dataset_dir {file} is a file, not a folder"),
     Case("synthetic", "--synthetic_dataset_dir={dataset}", "{dataset} already holds a dataset; pass --overwrite"),
     Case("client", "--dataset={missing} --log_path={out}", "not found"),

@@ -349,6 +349,29 @@ def test_script_writes_a_readable_dataset(tmp_path, cli):
     assert os.path.getsize(out / "train" / "numerical.bin") == 3000 * 4 * 2
 
 
+def test_script_writes_the_skew_it_is_given(tmp_path, cli):
+    """``--synthetic_zipf_exponent`` reaches the rows on disk: they are SyntheticDataset's rows
+    of that skew (the same ids main's flag of that name generates), not the default's, and the
+    spec's metadata says which law drew them; the default's spec stays as it always was (and its
+    rows are the default's: test_script_writes_a_readable_dataset)."""
+    from dlrm.data.feature_spec import FeatureSpec
+    from dlrm.data.split_binary import SplitBinaryReader
+    out = tmp_path / "flat"
+    cli("dlrm.scripts.prepare_synthetic_dataset", f"--synthetic_dataset_dir={out}", "--synthetic_zipf_exponent=1.01",
+        "--synthetic_dataset_table_sizes=50,7000", "--num_numerical_features=2", "--synthetic_dataset_num_entries=600",
+        "--num_test_entries=300", "--seed=5", "--batch_size=256")
+    spec = FeatureSpec.from_yaml(str(out))
+    assert spec.metadata["synthetic"]["zipf_exponent"] == 1.01
+    reader = SplitBinaryReader(spec, "train", 600)
+    got = rows(reader)
+    reader.close()
+    assert_batches_equal(got, rows(SyntheticDataset(2, [50, 7000], 600, 256, seed=5, zipf_exponent=1.01)))
+    default = rows(SyntheticDataset(2, [50, 7000], 600, 256, seed=5))
+    assert not torch.equal(got.categorical.long(), default.categorical.long())  # another law: other ids
+    write_synthetic_dataset(str(tmp_path / "default"), 2, [50], {"train": 10})
+    assert "zipf_exponent" not in FeatureSpec.from_yaml(str(tmp_path / "default")).metadata["synthetic"]
+
+
 # ------------------------------------------------------------------------------ GPU
 
 

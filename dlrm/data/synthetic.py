@@ -514,6 +514,7 @@ def write_synthetic_dataset(
     bag_sizes: Sequence[int] | None = None,
     pooling: str | Sequence[str] = "sum",
     bag_layout: str = "fixed",
+    zipf_exponent: float = ZIPF_EXPONENT,
 ) -> None:
     """Write a split-binary dataset (feature_spec.yaml + one directory per split) of synthetic data.
 
@@ -527,6 +528,8 @@ def write_synthetic_dataset(
 
     With `bag_sizes` every table is multi-hot, stored as fixed-size bags (`bag_layout="fixed"`,
     `bag_size: L` in the spec) or as values plus offsets (`bag_layout="variable"`).
+    `zipf_exponent` is the ids' skew (`SyntheticDataset`'s); the spec's metadata records it
+    when it is not the default, so a dataset on disk says how skewed its ids are.
     """
     from dlrm.data.feature_spec import FeatureSpec
 
@@ -541,11 +544,11 @@ def write_synthetic_dataset(
             layout = sizes if bag_layout == "fixed" else ["variable"] * len(sizes)
             spec = FeatureSpec.default(num_numerical, list(table_sizes), splits=tuple(samples), base_directory=staging,
                                        bag_sizes=layout, pooling=poolings)
-        spec.metadata = {"synthetic": _synthetic_metadata(seed, batch_size, sizes)}
+        spec.metadata = {"synthetic": _synthetic_metadata(seed, batch_size, sizes, zipf_exponent)}
         return spec
 
     _write_dataset(output_dir, make_spec, samples, num_numerical, table_sizes, sizes, poolings, batch_size, seed,
-                   overwrite, progress)
+                   overwrite, progress, zipf_exponent)
 
 
 def spec_generator_layout(spec) -> tuple[int, list[int], list[int] | None, list[str] | None]:
@@ -572,6 +575,7 @@ def write_synthetic_dataset_for_spec(
     seed: int = 12345,
     overwrite: bool = False,
     progress: Callable[[str, int, int], None] | None = None,
+    zipf_exponent: float = ZIPF_EXPONENT,
 ):
     """``write_synthetic_dataset`` shaped by a feature spec (``FeatureSpec``): its features,
     names, cardinalities, dtypes, bag sizes, file paths and channel order, NVIDIA's
@@ -601,25 +605,29 @@ def write_synthetic_dataset_for_spec(
             feature_spec=copy.deepcopy(feature_spec.feature_spec),
             channel_spec=copy.deepcopy(feature_spec.channel_spec),
             source_spec={s: copy.deepcopy(feature_spec.source_spec[s]) for s in samples},
-            metadata={**copy.deepcopy(feature_spec.metadata), "synthetic": _synthetic_metadata(seed, batch_size, sizes)},
+            metadata={**copy.deepcopy(feature_spec.metadata),
+                      "synthetic": _synthetic_metadata(seed, batch_size, sizes, zipf_exponent)},
             base_directory=staging,
         )
         spec.validate()
         return spec
 
     return _write_dataset(output_dir, make_spec, samples, num_numerical, table_sizes, sizes, poolings, batch_size,
-                          seed, overwrite, progress)
+                          seed, overwrite, progress, zipf_exponent)
 
 
-def _synthetic_metadata(seed: int, batch_size: int, bag_sizes: list[int] | None) -> dict:
+def _synthetic_metadata(seed: int, batch_size: int, bag_sizes: list[int] | None,
+                        zipf_exponent: float = ZIPF_EXPONENT) -> dict:
     meta = {"seed": seed, "batch_size": batch_size, "generator": __name__}
     if bag_sizes is not None:
         meta["bag_sizes"] = list(bag_sizes)
+    if zipf_exponent != ZIPF_EXPONENT:  # the default's datasets keep the spec they always had
+        meta["zipf_exponent"] = float(zipf_exponent)
     return meta
 
 
 def _write_dataset(output_dir, make_spec, samples, num_numerical, table_sizes, sizes, poolings, batch_size, seed,
-                   overwrite, progress):
+                   overwrite, progress, zipf_exponent=ZIPF_EXPONENT):
     """The writing both entries share: staging beside ``output_dir``, a ``SplitBinaryWriter`` per
     split filled from ``SyntheticDataset``, the spec (``make_spec(staging)``) last, then the rename."""
     # Imported here: the on-disk format is only needed by this writer, not by the generator.
@@ -635,7 +643,7 @@ def _write_dataset(output_dir, make_spec, samples, num_numerical, table_sizes, s
         spec = make_spec(staging)
         for split, rows in samples.items():
             source = SyntheticDataset(num_numerical, table_sizes, rows, batch_size, seed=seed, split=split,
-                                      bag_sizes=sizes, pooling=poolings or "sum")
+                                      bag_sizes=sizes, pooling=poolings or "sum", zipf_exponent=zipf_exponent)
             with SplitBinaryWriter(spec, split) as writer:
                 for i in range(len(source)):
                     writer.write(source.read_batch(i))

@@ -45,6 +45,11 @@ flags.DEFINE_enum("preset", "none", ["none", "criteo_fl15", "mlperf_dlrmv2"],
 flags.DEFINE_list("synthetic_multi_hot_sizes", [],
                   "Ids per sample of each table (comma-separated, one per table), or 'mlperf'. Empty: one-hot.")
 flags.DEFINE_enum("synthetic_pooling", "sum", ["sum", "mean"], "Pooling written into the feature spec for every bag.")
+flags.DEFINE_float("synthetic_zipf_exponent", 1.2,
+                   "Skew of the ids: id i of every table is drawn with probability ~ (i + 1) ** -exponent (1.2: a "
+                   "few rows take most lookups, as in Criteo's tables; 1.1 and 1.01: the flatter laws of HugeCTR's "
+                   "embedding-cache benchmarks). Must be > 0. The same flag of dlrm.scripts.main generates the "
+                   "same ids, so a dataset written here trains as the generated one does.")
 flags.DEFINE_enum("bag_layout", "fixed", ["fixed", "variable"],
                   "fixed: [rows, L] ids per bag file with -1 padding (MLPerf's synthetic layout); variable: "
                   "values + int64 offsets files (docs/data_format.md).")
@@ -123,7 +128,8 @@ def _write_for_spec() -> dict[str, int]:
     if not samples:
         raise app.UsageError("every split has 0 rows; nothing to write")
     write_synthetic_dataset_for_spec(FLAGS.synthetic_dataset_dir, spec, samples, batch_size=FLAGS.batch_size,
-                                     seed=FLAGS.seed, overwrite=FLAGS.overwrite, progress=_progress)
+                                     seed=FLAGS.seed, overwrite=FLAGS.overwrite, progress=_progress,
+                                     zipf_exponent=FLAGS.synthetic_zipf_exponent)
     return samples
 
 
@@ -159,7 +165,7 @@ def _write_from_flags() -> tuple[dict[str, int], str, int]:
     write_synthetic_dataset(FLAGS.synthetic_dataset_dir, FLAGS.num_numerical_features, table_sizes, samples,
                             batch_size=FLAGS.batch_size, seed=FLAGS.seed, overwrite=FLAGS.overwrite,
                             progress=_progress, bag_sizes=bag_sizes, pooling=FLAGS.synthetic_pooling,
-                            bag_layout=FLAGS.bag_layout)
+                            bag_layout=FLAGS.bag_layout, zipf_exponent=FLAGS.synthetic_zipf_exponent)
     kind = "one-hot" if bag_sizes is None else f"multi-hot ({FLAGS.bag_layout} bags, {FLAGS.synthetic_pooling} pooling)"
     return samples, kind, len(table_sizes)
 
@@ -167,6 +173,8 @@ def _write_from_flags() -> tuple[dict[str, int], str, int]:
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if not FLAGS.synthetic_zipf_exponent > 0:  # before the output folder is claimed
+        raise app.UsageError(f"--synthetic_zipf_exponent must be > 0, got {FLAGS.synthetic_zipf_exponent}")
     # Before any work: a foreign folder, a link, the working directory or the spec itself is refused.
     claim_output(FLAGS.synthetic_dataset_dir, SPLIT_BINARY_DATASET, "synthetic_dataset_dir",
                  inputs={"feature_spec": FLAGS.feature_spec}, replace=FLAGS.overwrite)
