@@ -3,11 +3,20 @@
     python benchmarks/kernels.py --device cuda                      # Criteo: 65536 x 27 x 128
     python benchmarks/kernels.py --device cuda --dtypes fp16 --shapes 65536x27x128,8192x128x64
     python benchmarks/kernels.py --device cpu                       # tiny shapes, a smoke run
+    python benchmarks/kernels.py --device cuda --shapes 65536x27x128 --skip_embedding  # + FL15's MLPs
 
 (after ``pip install -e .``). A shape is ``BATCHxNUM_FEATURESxDIM`` with NUM_FEATURES counting
 the bottom MLP output (27 = bottom + 26 embeddings). On CPU the kernels run in Triton's
 interpreter under ``TRITON_INTERPRET=1`` and fall back to the reference otherwise (the
 ``path`` column says which), so CPU numbers only show that the script works.
+
+The MLP rows (``mlp_bottom``, ``mlp_top``: FL15's 13-512-256-128 and 480-1024-1024-512-256-1 at
+batch 65536 on a GPU, batch 64 on the CPU) time a whole MLP with its fused ``Linear -> ReLU``
+layers (``dlrm.kernels.linear_relu``: cuBLASLt's bias and ReLU epilogue forward, one Triton
+kernel for the ReLU and bias gradients backward) against the same MLP, same weights, on the
+plain path (``F.linear`` and ``relu``); fp16 and bf16 there mean autocast over fp32
+parameters, as training runs them. Their bytes are each layer's GEMM operands and outputs,
+their FLOPs the GEMMs'. ``--skip_mlp`` leaves them out, ``--mlp_batch_size`` sets the batch.
 
 Columns: median time of the kernel and of the reference, speedup, achieved GB/s (bytes the
 operation must move: inputs read plus outputs written, not cache traffic) and TFLOP/s (the
@@ -27,9 +36,11 @@ from typing import Callable
 
 import torch
 
+from dlrm.kernels import linear_relu
 from dlrm.kernels.backend import tf32_allowed
 from dlrm.kernels.dot_interaction import dot_interaction, supports
 from dlrm.nn.interactions import dot_interaction_reference, dot_interaction_width
+from dlrm.nn.mlp import MLP
 
 try:  # the embedding kernels are optional here: their rows join the table when present
     from dlrm.kernels import embedding as embedding_kernels
@@ -43,6 +54,13 @@ GPU_EXTRA_SHAPES = [(65536, 9, 64), (16384, 64, 128), (4096, 128, 128)]  # small
 CPU_SHAPE = (8, 5, 16)
 CPU_EXTRA_SHAPES = [(4, 9, 24)]
 NUM_TABLE_FEATURES = 26  # ids per sample in the embedding benchmarks (Criteo's categorical features)
+# FL15's MLPs: (name, input width, layer sizes, ReLU after the last layer, input in the compute
+# dtype). The bottom MLP reads the fp32 numerical features; the top MLP the dot interaction's
+# padded row (26 tables of dim 128 and the bottom output: 479 -> 480), in the compute dtype.
+FL15_MLPS = [("mlp_bottom", 13, [512, 256, 128], True, False),
+             ("mlp_top", 480, [1024, 1024, 512, 256, 1], False, True)]
+MLP_GPU_BATCH = 65536
+MLP_CPU_BATCH = 64
 
 
 @dataclass(frozen=True)
@@ -179,6 +197,71 @@ def dot_interaction_rows(shape: tuple[int, int, int], dtype: torch.dtype, device
     return rows
 
 
+# ----------------------------------------------------------------------------- MLP
+
+
+def mlp_path(mlp: MLP, x: torch.Tensor, dtype: torch.dtype) -> str:
+    """What the MLP's first layer ran: the fused layer (compiled or interpreted) or the plain path."""
+    layer = mlp.layers[0]
+    with torch.autocast(x.device.type, dtype=dtype, enabled=dtype != torch.float32):
+        fused = linear_relu.supports(x, layer.weight, layer.bias)
+    if not fused:
+        return "reference"
+    return "interpreted" if x.device.type == "cpu" else "triton"
+
+
+def mlp_rows(name: str, in_features: int, sizes: list[int], relu_last: bool, input_in_compute_dtype: bool,
+             batch: int, dtype: torch.dtype, device: torch.device, warmup: int, reps: int) -> list[Row]:
+    """Forward, backward and both of one MLP, fused layers against the plain path, same weights.
+    fp16 / bf16 run under autocast over fp32 parameters (the training setup)."""
+    torch.manual_seed(0)
+    fused = MLP(in_features, sizes, relu_last=relu_last, device=device, use_kernel=True)
+    plain = MLP(in_features, sizes, relu_last=relu_last, device=device, use_kernel=False)
+    plain.load_state_dict(fused.state_dict())
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(batch, in_features, device=device, generator=g)
+    if input_in_compute_dtype:
+        x = x.to(dtype)
+    x.requires_grad_(True)
+    amp = dtype != torch.float32
+
+    def run(mlp):
+        with torch.autocast(device.type, dtype=dtype, enabled=amp):
+            return mlp(x)
+
+    grad_out = torch.randn(batch, sizes[-1], device=device, generator=g).to(run(plain).dtype)
+
+    def forward(mlp):
+        return lambda: run(mlp)
+
+    def backward(mlp):
+        out = run(mlp)
+        inputs = [x, *mlp.parameters()]
+        return lambda: torch.autograd.grad(out, inputs, grad_out, retain_graph=True)
+
+    def both(mlp):
+        inputs = [x, *mlp.parameters()]
+        return lambda: torch.autograd.grad(run(mlp), inputs, grad_out)
+
+    size = torch.empty((), dtype=dtype).element_size()
+    dims = [in_features, *sizes]
+    # Per layer (K inputs, N outputs): forward reads x and W and writes the output; backward
+    # reads the output gradient, the output (ReLU mask), x and W, writes grad x and grad W.
+    fwd_bytes = sum((batch * k + k * n + batch * n) * size for k, n in zip(dims[:-1], dims[1:]))
+    bwd_bytes = sum((2 * batch * n + 2 * batch * k + 2 * k * n) * size for k, n in zip(dims[:-1], dims[1:]))
+    fwd_flops = sum(2 * batch * k * n for k, n in zip(dims[:-1], dims[1:]))
+    phases = [("fwd", forward, fwd_bytes, fwd_flops), ("bwd", backward, bwd_bytes, 2 * fwd_flops),
+              ("fwd+bwd", both, fwd_bytes + bwd_bytes, 3 * fwd_flops)]
+    path = mlp_path(fused, x, dtype)
+    shape = f"{batch}x" + "-".join(map(str, dims))
+    rows = []
+    for phase, make, nbytes, flops in phases:
+        kernel_s = measure(make(fused), device, warmup, reps)
+        reference_s = measure(make(plain), device, warmup, reps)
+        rows.append(Row(name, shape, dtype_name(dtype), phase, path, kernel_s, reference_s, nbytes, flops))
+    return rows
+
+
 # ----------------------------------------------------------------------------- embedding kernels
 # The embedding kernels (dlrm/kernels/embedding.py) plug in here: one function returning rows,
 # called from main() when that module imports. Gather: Criteo's ids of one batch from a joint
@@ -267,13 +350,13 @@ def roofline_seconds(row: Row, peaks: Peaks) -> float:
     return max(row.bytes / peaks.bandwidth, row.flops / flops_peak)
 
 
-HEADER = (f"{'kernel':<21} {'shape':<22} {'dtype':<5} {'phase':<7} {'path':<11} {'kernel ms':>10} "
+HEADER = (f"{'kernel':<21} {'shape':<30} {'dtype':<5} {'phase':<7} {'path':<11} {'kernel ms':>10} "
           f"{'torch ms':>10} {'speedup':>8} {'GB/s':>8} {'TFLOP/s':>8} {'roofline':>9}")
 
 
 def format_row(row: Row, peaks: Peaks) -> str:
     tflops = f"{row.flops / row.kernel_s / 1e12:8.3g}" if row.flops else f"{'-':>8}"
-    return (f"{row.kernel:<21} {row.shape:<22} {row.dtype:<5} {row.phase:<7} {row.path:<11} "
+    return (f"{row.kernel:<21} {row.shape:<30} {row.dtype:<5} {row.phase:<7} {row.path:<11} "
             f"{row.kernel_s * 1e3:10.4g} {row.reference_s * 1e3:10.4g} {row.reference_s / row.kernel_s:7.3g}x "
             f"{row.bytes / row.kernel_s / 1e9:8.4g} {tflops} {roofline_seconds(row, peaks) / row.kernel_s:8.1%}")
 
@@ -299,7 +382,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--shapes", type=parse_shapes, default=None,
                         help="BxNxD,... dot-interaction shapes instead of the main shape and a few others")
     parser.add_argument("--table_rows", type=int, default=None, help="rows of the embedding table (default 4M on GPU)")
-    parser.add_argument("--skip_embedding", action="store_true", help="benchmark the dot interaction only")
+    parser.add_argument("--skip_embedding", action="store_true", help="leave out the embedding kernels")
+    parser.add_argument("--skip_mlp", action="store_true", help="leave out FL15's MLPs")
+    parser.add_argument("--mlp_batch_size", type=int, default=None,
+                        help=f"batch of the MLP rows (default {MLP_GPU_BATCH} on GPU, {MLP_CPU_BATCH} on CPU)")
     parser.add_argument("--tf32", choices=("on", "off"), default="on",
                         help="fp32 matmuls (torch's and the kernels') in TF32, as training runs them (--allow_tf32)")
     parser.add_argument("--warmup", type=int, default=None)
@@ -314,6 +400,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         extras = GPU_EXTRA_SHAPES if gpu else CPU_EXTRA_SHAPES
         args.shapes = [(args.batch_size, args.num_features, args.dim)] + extras
     args.table_rows = args.table_rows or (4 * 2**20 if gpu else 1000)
+    args.mlp_batch_size = args.mlp_batch_size or (MLP_GPU_BATCH if gpu else MLP_CPU_BATCH)
     args.warmup = args.warmup if args.warmup is not None else (5 if gpu else 1)
     args.reps = args.reps if args.reps is not None else (20 if gpu else 2)
     try:
@@ -334,6 +421,12 @@ def main(argv: list[str] | None = None) -> None:
         for dtype in args.dtypes:
             for row in dot_interaction_rows(shape, dtype, device, args.warmup, args.reps):
                 print(format_row(row, peaks), flush=True)
+    if not args.skip_mlp:
+        for name, in_features, sizes, relu_last, input_in_compute_dtype in FL15_MLPS:
+            for dtype in args.dtypes:
+                for row in mlp_rows(name, in_features, sizes, relu_last, input_in_compute_dtype, args.mlp_batch_size,
+                                    dtype, device, args.warmup, args.reps):
+                    print(format_row(row, peaks), flush=True)
     if args.skip_embedding:
         return
     if embedding_kernels is None:

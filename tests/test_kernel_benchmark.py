@@ -22,7 +22,8 @@ def run_benchmark(*args: str, script: str = "kernels.py", **env: str) -> subproc
 
 def test_benchmark_prints_a_row_per_kernel_shape_dtype_and_phase():
     proc = run_benchmark("--device", "cpu", "--shapes", ",".join(SHAPES), "--dtypes", ",".join(DTYPES),
-                         "--batch_size", "2", "--table_rows", "64", "--warmup", "0", "--reps", "1")
+                         "--batch_size", "2", "--table_rows", "64", "--mlp_batch_size", "4", "--warmup", "0",
+                         "--reps", "1")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("device cpu: copy ") and "GB/s" in lines[0] and "bf16" in lines[0]
@@ -34,6 +35,12 @@ def test_benchmark_prints_a_row_per_kernel_shape_dtype_and_phase():
     for row in rows:
         assert len(row) == 11 and row[4] in ("interpreted", "reference")
         assert float(row[5]) > 0 and float(row[6]) > 0 and row[7].endswith("x") and row[10].endswith("%")
+    mlp = [line.split() for line in lines if line.startswith("mlp_")]
+    assert {(r[0], r[1], r[2], r[3]) for r in mlp} == {
+        (name, shape, dtype, phase) for name, shape in (("mlp_bottom", "4x13-512-256-128"),
+                                                        ("mlp_top", "4x480-1024-1024-512-256-1"))
+        for dtype in DTYPES for phase in ("fwd", "bwd", "fwd+bwd")}
+    assert all(len(r) == 11 and r[4] in ("interpreted", "reference") and float(r[5]) > 0 for r in mlp)
     embedding = [line.split() for line in lines if line.startswith("embedding_")]
     assert {(r[0], r[2]) for r in embedding} == {(k, d) for k in ("embedding_gather", "embedding_sgd_update")
                                                  for d in DTYPES}
