@@ -82,7 +82,15 @@ for stage in "${stages[@]}"; do
     kernels)
         run_stage kernels "${KERNELS_LIMIT:-240}" "$python" benchmarks/kernels.py --device cuda ;;
     steps)
-        run_stage steps "${STEPS_LIMIT:-420}" "$python" benchmarks/train_step.py --device cuda ;;
+        # FL15 steps per precision and variant; then what the fused MLP layers give (bf16, graphed
+        # with and without them); then the MLPerf DLRMv2 shape (10M cap) graphed against eager,
+        # with full bags (one graph) and with 30% of the ids dropped (padded into buckets)
+        run_stage steps "${STEPS_LIMIT:-420}" bash -c "$python benchmarks/train_step.py --device cuda &&
+            $python benchmarks/train_step.py --device cuda --precisions bf16 --variants plain_mlp,graphs &&
+            $python benchmarks/train_step.py --device cuda --multi_hot --max_table_size 10000000 \
+                --precisions bf16 --variants kernels,graphs &&
+            $python benchmarks/train_step.py --device cuda --multi_hot --max_table_size 10000000 \
+                --precisions bf16 --variants kernels,graphs --ragged 0.3" ;;
     cli)
         run_stage cli "${CLI_LIMIT:-300}" "$python" -m dlrm.scripts.main --dataset_type synthetic \
             --synthetic_dataset_table_sizes "$fl15" --synthetic_dataset_num_entries $((65536 * 600)) \

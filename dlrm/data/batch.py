@@ -17,11 +17,16 @@ class Bags:
     This is the layout ``torch.nn.functional.embedding_bag`` takes for all features at once
     (one joint table, ``offsets[:-1]``), and one-hot ids ``[B, F]`` are its special case of
     bags of one (``Bags.from_one_hot``). Pooling (sum or mean) is the model's, per feature.
+
+    ``padded`` bags (``padded_to``) hold more values than their bags do: ``values`` has a static
+    length and the entries past ``offsets[-1]`` belong to no bag. A captured CUDA graph needs
+    that (``dlrm.training.cuda_graphs``); only the ``joint_fused`` lookup takes them.
     """
 
-    values: torch.Tensor  # [nnz], any integer dtype (storage dtype on the host)
+    values: torch.Tensor  # [nnz], any integer dtype (storage dtype on the host); padded: [length >= nnz]
     offsets: torch.Tensor  # [num_features * batch_size + 1], int64, offsets[0] == 0, non-decreasing
     num_features: int
+    padded: bool = False  # values past offsets[-1] are padding
 
     @property
     def batch_size(self) -> int:
@@ -38,12 +43,23 @@ class Bags:
         """Ids per bag, ``[num_features, batch_size]``."""
         return (self.offsets[1:] - self.offsets[:-1]).view(self.num_features, self.batch_size)
 
+    def padded_to(self, length: int) -> "Bags":
+        """These bags with ``values`` zero-filled to ``length`` entries, the added ones in no bag:
+        ``offsets`` (so every bag, its ids and its true length) stay as they are. Shapes only,
+        no host sync."""
+        nnz = self.values.shape[0]
+        if length < nnz:
+            raise ValueError(f"cannot pad {nnz} values to {length}")
+        values = self.values.new_zeros(length)
+        values[:nnz] = self.values
+        return Bags(values, self.offsets, self.num_features, padded=True)
+
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Bags":
         return Bags(self.values.to(device, non_blocking=non_blocking),
-                    self.offsets.to(device, non_blocking=non_blocking), self.num_features)
+                    self.offsets.to(device, non_blocking=non_blocking), self.num_features, self.padded)
 
     def pin_memory(self) -> "Bags":
-        return Bags(self.values.pin_memory(), self.offsets.pin_memory(), self.num_features)
+        return Bags(self.values.pin_memory(), self.offsets.pin_memory(), self.num_features, self.padded)
 
     def select(self, features: Sequence[int]) -> "Bags":
         """The bags of ``features`` (indices into this ``Bags``), in that order: what a

@@ -8,6 +8,15 @@ of sample ``b``) is ``values[offsets[i]:offsets[i + 1]]``, possibly empty. Optio
 ``per_sample_weights [nnz]`` weigh each id (mean pooling is weights ``1 / len``), so sum is the
 only pooling the kernels know. ``offsets[0] == 0`` and ``offsets[-1] == nnz`` as in ``Bags``.
 
+Padded bags (``Bags.padded_to``, the static shapes a captured CUDA graph needs) hold more
+values than ``offsets[-1]``: the tail is in no bag. The kernels need no flag for it: the gather
+never reads past a bag's end, the updates find the tail's bag "one past the last" and load no
+gradient for it, and the lookup (``JointFusedEmbedding``) gives padding the row id ``rows``, one
+past the last row, which the updates skip and which their stable sort puts after every real id.
+So the real ids are sorted, cut into programs, summed and written exactly as without padding,
+and a row named only by padding keeps its weight and row-wise Adagrad state untouched. The
+references leave the tail out when told (``padded=True``).
+
 ``bag_gather(weight, values, offsets, per_sample_weights, out_dtype)`` is the pooled forward,
 ``out[i] = sum_j w_j * weight[values[j]]`` over bag ``i``, accumulated in fp32 whatever the
 weight and output dtypes, written straight in ``out_dtype``: ``[T*B, D]``, or ``[B, T, D]``
@@ -135,21 +144,39 @@ def bag_gather_reference(
     per_sample_weights: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     num_features: int | None = None,
+    padded: bool = False,
 ) -> torch.Tensor:
     """``torch.nn.functional.embedding_bag(mode="sum")`` of the bags, in fp32 (fp64 for an fp64
     weight) on the rows the bags use (no copy of the table), cast to ``out_dtype`` (default: the
-    weight's): ``[T*B, D]``, or ``[B, T, D]`` with ``num_features``."""
+    weight's): ``[T*B, D]``, or ``[B, T, D]`` with ``num_features``. ``padded``: values past
+    ``offsets[-1]`` are padding, left out (whatever their ids)."""
     out_dtype = out_dtype or weight.dtype
     acc_dtype = torch.promote_types(weight.dtype, torch.float32)
     _num_bags(offsets)  # raises on malformed offsets
     values = values.reshape(-1).to(torch.int64)
-    rows = weight.detach().index_select(0, values).to(acc_dtype)
+    nnz = values.shape[0]
+    positions = torch.arange(nnz, device=values.device)
     weights = None if per_sample_weights is None else per_sample_weights.reshape(-1).to(acc_dtype)
-    positions = torch.arange(values.shape[0], device=values.device)
-    pooled = F.embedding_bag(positions, rows, offsets.to(torch.int64), mode="sum",
-                             per_sample_weights=weights, include_last_offset=True)
+    if not padded:
+        rows = weight.detach().index_select(0, values).to(acc_dtype)
+        pooled = F.embedding_bag(positions, rows, offsets.to(torch.int64), mode="sum",
+                                 per_sample_weights=weights, include_last_offset=True)
+    else:
+        # embedding_bag would add the padding to the last bag: it points at an extra row
+        # (``nnz``) that padding_idx leaves out.
+        in_bags = _in_bags(offsets, nnz)
+        rows = torch.zeros(nnz + 1, weight.shape[1], dtype=acc_dtype, device=weight.device)
+        rows[:nnz] = weight.detach().index_select(0, torch.where(in_bags, values, 0))
+        pooled = F.embedding_bag(torch.where(in_bags, positions, nnz), rows, offsets.to(torch.int64), mode="sum",
+                                 per_sample_weights=weights, include_last_offset=True, padding_idx=nnz)
     pooled = pooled.to(out_dtype)
     return pooled if num_features is None else pooled_per_sample(pooled, num_features).contiguous()
+
+
+def _in_bags(offsets: torch.Tensor, nnz: int) -> torch.Tensor:
+    """``[nnz]`` bool: whether each position lies in a bag, i.e. before ``offsets[-1]`` (after
+    it: the padding of padded bags). On the device, no host sync."""
+    return torch.arange(nnz, device=offsets.device) < offsets[-1]
 
 
 def _summed_rows(
@@ -159,24 +186,46 @@ def _summed_rows(
     grad_pooled: torch.Tensor,
     per_sample_weights: torch.Tensor | None,
     acc_dtype: torch.dtype,
-):
-    """Sorted ids, the run index of each sorted position, and each run's summed gradient
-    ``[nnz, D]`` (rows past the number of runs are zero): torch ops, no host sync."""
+    padded: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(rows, run, sums, writes)``: the sorted ids, the run index of each sorted position, each
+    run's summed gradient ``[nnz, D]`` (rows past the number of runs are zero), and None. Torch
+    ops, no host sync. ``padded`` (values past ``offsets[-1]`` are padding): the padding sorts
+    last, as the id ``weight.shape[0]``, and adds nothing; its positions name the row of the last
+    position in a bag instead (so they write that row's value again), or row 0 when no position
+    is in a bag, and ``writes`` ``[nnz]`` says which positions hold a new value (False: rewrite
+    the old one)."""
     values = values.reshape(-1).to(torch.int64)
+    nnz = values.shape[0]
     num_bags = _num_bags(offsets)
     grad = _grad_per_bag(grad_pooled, num_bags)
     if grad.shape[1] != weight.shape[1]:
         raise ValueError(f"grad_pooled has {grad.shape[1]} columns, the weight {weight.shape[1]}")
-    contributions = grad.index_select(0, bag_of_positions(offsets, values.shape[0])).to(acc_dtype)
+    bags = bag_of_positions(offsets, nnz)
+    in_bags = _in_bags(offsets, nnz) if padded else None
+    if padded:
+        bags.clamp_(max=num_bags - 1)  # padding: "one past the last bag"; its contribution is dropped below
+        values = torch.where(in_bags, values, weight.shape[0])
+    contributions = grad.index_select(0, bags).to(acc_dtype)
     if per_sample_weights is not None:
         contributions *= per_sample_weights.reshape(-1, 1).to(acc_dtype)
-    sorted_rows, perm = torch.sort(values)
+    if padded:
+        contributions = torch.where(in_bags[:, None], contributions, 0.0)
+    # Stable: equal ids are summed in the order of their positions, with or without padding.
+    sorted_rows, perm = torch.sort(values, stable=True)
     starts = torch.ones_like(sorted_rows, dtype=torch.bool)
     starts[1:] = sorted_rows[1:] != sorted_rows[:-1]
     run = torch.cumsum(starts, 0) - 1
-    sums = torch.zeros(values.shape[0], weight.shape[1], dtype=acc_dtype, device=weight.device)
+    sums = torch.zeros(nnz, weight.shape[1], dtype=acc_dtype, device=weight.device)
     sums.index_add_(0, run, contributions.index_select(0, perm))
-    return sorted_rows, run, sums
+    if not padded:
+        return sorted_rows, run, sums, None
+    kept = in_bags.index_select(0, perm)  # in a bag, in sorted order: a prefix
+    last = (kept.sum() - 1).clamp_(min=0)
+    source = torch.where(kept, torch.arange(nnz, device=values.device), last)
+    writes = kept.index_select(0, source)  # False only when no position is in a bag
+    rows = torch.where(writes, sorted_rows.index_select(0, source), 0)
+    return rows, run.index_select(0, source), sums, writes
 
 
 @torch.no_grad()
@@ -190,20 +239,24 @@ def bag_sgd_update_reference(
     skip: torch.Tensor,
     per_sample_weights: torch.Tensor | None = None,
     rounding_step: torch.Tensor | None = None,
+    padded: bool = False,
 ) -> None:
     """In place: ``weight[r] -= lr * grad_scale * sum(w_j * grad_pooled[bag(j)] for
     values[j] == r)`` per distinct ``r``, nothing when ``skip``. Sums and steps in fp32 (fp64
     for an fp64 weight) and rounds each new row once into the weight's dtype, with
-    ``round_to(new, weight.dtype, rounding_step)``; no host sync, no dense ``[rows, D]``."""
-    if values.numel() == 0:
+    ``round_to(new, weight.dtype, rounding_step)``; no host sync, no dense ``[rows, D]``.
+    ``padded``: values past ``offsets[-1]`` are padding, left out (whatever their ids)."""
+    if values.numel() == 0 or _num_bags(offsets) == 0:
         return
     acc_dtype = torch.promote_types(weight.dtype, torch.float32)
-    sorted_rows, run, sums = _summed_rows(weight, values, offsets, grad_pooled, per_sample_weights, acc_dtype)
+    rows, run, sums, writes = _summed_rows(weight, values, offsets, grad_pooled, per_sample_weights, acc_dtype,
+                                           padded)
     factor = lr.to(acc_dtype) * grad_scale.to(acc_dtype)
-    old = weight.index_select(0, sorted_rows)
+    old = weight.index_select(0, rows)
     new = round_to(old.to(acc_dtype) - factor * sums.index_select(0, run), weight.dtype, rounding_step)
+    keep = skip.to(torch.bool) if writes is None else skip.to(torch.bool) | ~writes[:, None]
     # Duplicates of a row write the same value, so the order of the copies does not matter.
-    weight.index_copy_(0, sorted_rows, torch.where(skip.to(torch.bool), old, new))
+    weight.index_copy_(0, rows, torch.where(keep, old, new))
 
 
 @torch.no_grad()
@@ -219,26 +272,30 @@ def bag_rowwise_adagrad_update_reference(
     per_sample_weights: torch.Tensor | None = None,
     eps: float = ADAGRAD_EPS,
     rounding_step: torch.Tensor | None = None,
+    padded: bool = False,
 ) -> None:
     """In place, per distinct row ``r`` with summed gradient ``g = grad_scale * sum(w_j *
     grad_pooled[bag(j)] for values[j] == r)``: ``state[r] += mean(g * g)``, then
     ``weight[r] -= lr * g / (sqrt(state[r]) + eps)``; nothing when ``skip``. fp32 arithmetic
     (fp64 for an fp64 weight), each new row rounded once into the weight's dtype with
     ``round_to(new, weight.dtype, rounding_step)``; no host sync. The step is spelled
-    ``(lr / (sqrt(state) + eps)) * g``, as the kernel computes it, so both round alike."""
-    if values.numel() == 0:
+    ``(lr / (sqrt(state) + eps)) * g``, as the kernel computes it, so both round alike.
+    ``padded``: values past ``offsets[-1]`` are padding, left out (whatever their ids); a row
+    only padding names keeps its state and weight untouched (written back as they are)."""
+    if values.numel() == 0 or _num_bags(offsets) == 0:
         return
     acc_dtype = torch.promote_types(weight.dtype, torch.float32)
-    sorted_rows, run, sums = _summed_rows(weight, values, offsets, grad_pooled, per_sample_weights, acc_dtype)
+    rows, run, sums, writes = _summed_rows(weight, values, offsets, grad_pooled, per_sample_weights, acc_dtype,
+                                           padded)
     g = sums.index_select(0, run) * grad_scale.to(acc_dtype)
-    old_state = state.index_select(0, sorted_rows)
+    old_state = state.index_select(0, rows)
     new_state = old_state.to(acc_dtype) + (g * g).mean(dim=1)
-    old = weight.index_select(0, sorted_rows)
+    old = weight.index_select(0, rows)
     step = (lr.to(acc_dtype) / (new_state.sqrt() + eps))[:, None] * g
     new = round_to(old.to(acc_dtype) - step, weight.dtype, rounding_step)
-    skip = skip.to(torch.bool)
-    state.index_copy_(0, sorted_rows, torch.where(skip, old_state, new_state.to(state.dtype)))
-    weight.index_copy_(0, sorted_rows, torch.where(skip, old, new))
+    keep = skip.to(torch.bool) if writes is None else skip.to(torch.bool) | ~writes
+    state.index_copy_(0, rows, torch.where(keep, old_state, new_state.to(state.dtype)))
+    weight.index_copy_(0, rows, torch.where(keep[..., None], old, new))
 
 
 # ----------------------------------------------------------------------------- support checks
@@ -521,15 +578,17 @@ def bag_gather(
     per_sample_weights: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     num_features: int | None = None,
+    padded: bool = False,
 ) -> torch.Tensor:
     """Pooled bags, ``out[i] = sum_j w_j * weight[values[j]]`` over bag ``i``, accumulated in
     fp32 and written in ``out_dtype`` (default: the weight's dtype): ``[T*B, D]`` in bag order,
     or ``[B, T, D]`` per sample when ``num_features=T`` is given (written directly, no copy).
     Empty bags give zeros. The kernel when ``supports_bag_gather`` says so, else the reference;
-    not differentiable by itself (the updates consume its gradient)."""
+    not differentiable by itself (the updates consume its gradient). ``padded``: values past
+    ``offsets[-1]`` are padding (the kernel never reads them; the reference is told)."""
     out_dtype = out_dtype or weight.dtype
     if not supports_bag_gather(weight, values, offsets, per_sample_weights, out_dtype):
-        return bag_gather_reference(weight, values, offsets, per_sample_weights, out_dtype, num_features)
+        return bag_gather_reference(weight, values, offsets, per_sample_weights, out_dtype, num_features, padded)
     num_bags, dim = offsets.shape[0] - 1, weight.shape[1]
     if num_features is None:
         out = torch.empty(num_bags, dim, dtype=out_dtype, device=weight.device)
@@ -566,7 +625,9 @@ def _grad_strides(grad_pooled: torch.Tensor, num_bags: int) -> tuple[int, int, i
 def _prepare_update(values, offsets, grad_pooled, per_sample_weights):
     """Sorted ids, their permutation, every position's bag, and the kernel's layout arguments."""
     num_bags = offsets.shape[0] - 1
-    sorted_rows, perm = torch.sort(values)
+    # Stable: equal ids are summed in the order of their positions, so that padding (the id
+    # ``rows``, after every real one) leaves the sorted real ids, and so every sum, as they are.
+    sorted_rows, perm = torch.sort(values, stable=True)
     bags = bag_of_positions(offsets, values.shape[0])
     psw = values if per_sample_weights is None else per_sample_weights
     batch, stride_t, stride_b = _grad_strides(grad_pooled, num_bags)
@@ -583,6 +644,7 @@ def bag_sgd_update(
     skip: torch.Tensor,
     per_sample_weights: torch.Tensor | None = None,
     rounding_step: torch.Tensor | None = None,
+    padded: bool = False,
 ) -> None:
     """In place, per distinct row ``r``: ``weight[r] -= lr * grad_scale * sum(w_j *
     grad_pooled[bag(j)] for values[j] == r)``, duplicates within and across bags summed (fp32)
@@ -591,11 +653,12 @@ def bag_sgd_update(
     gets each new row computed in fp32 and rounded once, stochastically for bf16 when
     ``rounding_step`` (a 0-dim int64 device tensor) is given, else to nearest; an fp32 weight
     ignores ``rounding_step``. Sort + one kernel (two for half weights), no host sync; the
-    reference when ``supports_bag_update`` says no."""
+    reference when ``supports_bag_update`` says no. ``padded``: values past ``offsets[-1]`` are
+    padding (see the module's notes; the kernels need no flag, the reference is told)."""
     if not supports_bag_update(weight, values, offsets, grad_pooled, per_sample_weights, lr, grad_scale, skip,
                                rounding_step=rounding_step):
         bag_sgd_update_reference(weight, values, offsets, grad_pooled, lr, grad_scale, skip, per_sample_weights,
-                                 rounding_step)
+                                 rounding_step, padded)
         return
     _bag_sgd_update_triton(weight, values, offsets, grad_pooled, lr, grad_scale, skip, per_sample_weights,
                            rounding_step=rounding_step)
@@ -689,17 +752,19 @@ def bag_rowwise_adagrad_update(
     per_sample_weights: torch.Tensor | None = None,
     eps: float = ADAGRAD_EPS,
     rounding_step: torch.Tensor | None = None,
+    padded: bool = False,
 ) -> None:
     """In place, per distinct row ``r`` with ``g = grad_scale * sum(w_j * grad_pooled[bag(j)]
     for values[j] == r)``: ``state[r] += mean(g * g)`` (over ``D``), ``weight[r] -= lr * g /
     (sqrt(state[r]) + eps)``; nothing when ``skip``. FBGEMM's / TorchRec's row-wise Adagrad
     (``state`` is their ``momentum1``, fp32 ``[rows]``). fp32 arithmetic; an fp16/bf16 weight
     is rounded once per row as in ``bag_sgd_update`` (``rounding_step`` likewise). Sort + two
-    kernels, no host sync; the reference when ``supports_bag_rowwise_adagrad`` says no."""
+    kernels, no host sync; the reference when ``supports_bag_rowwise_adagrad`` says no.
+    ``padded``: as in ``bag_sgd_update``."""
     if not supports_bag_rowwise_adagrad(weight, state, values, offsets, grad_pooled, per_sample_weights,
                                         lr, grad_scale, skip, rounding_step=rounding_step):
         bag_rowwise_adagrad_update_reference(weight, state, values, offsets, grad_pooled, lr, grad_scale, skip,
-                                             per_sample_weights, eps, rounding_step)
+                                             per_sample_weights, eps, rounding_step, padded)
         return
     _bag_rowwise_adagrad_triton(weight, state, values, offsets, grad_pooled, lr, grad_scale, skip,
                                 per_sample_weights, eps, rounding_step=rounding_step)

@@ -29,7 +29,8 @@ from dlrm.data.batch import Bags
 from dlrm.data.feature_spec import POOLINGS
 from dlrm.kernels.backend import compute_dtype, exporting
 from dlrm.kernels.embedding import gather, sgd_update
-from dlrm.kernels.embedding_bag import ADAGRAD_EPS, bag_gather, bag_rowwise_adagrad_update, bag_sgd_update
+from dlrm.kernels.embedding_bag import (ADAGRAD_EPS, bag_gather, bag_of_positions, bag_rowwise_adagrad_update,
+                                       bag_sgd_update)
 from dlrm.kernels.rounding import HALF_DTYPES
 from dlrm.nn.init import init_table_rows_
 
@@ -179,11 +180,21 @@ class EmbeddingTables(nn.Module):
             )
         if values.dim() != 1:
             raise ValueError(f"expected Bags values of shape [nnz], got shape {list(values.shape)}")
+        if bags.padded and not self._takes_padded_bags():
+            raise ValueError(f"padded Bags (values past the last bag, for a captured CUDA graph) are pooled by the "
+                             f"`joint_fused` lookup only, not by {type(self).__name__}")
         return (offsets.shape[0] - 1) // self.num_tables
+
+    def _takes_padded_bags(self) -> bool:
+        """Whether ``forward`` pools padded ``Bags`` (``Bags.padded_to``): its own lookup must
+        leave the values past the last bag out."""
+        return False
 
     def _value_tables(self, bags: Bags, batch: int) -> torch.Tensor:
         """The table of every value, ``[nnz]`` int64: each feature's values are one contiguous run,
         of length ``offsets[(t+1)*B] - offsets[t*B]``. On the device, no host sync."""
+        if bags.padded:  # the padding, past the last bag, counts as the last table's (its row is masked later)
+            return bag_of_positions(bags.offsets[::batch], bags.values.shape[0]).clamp_(max=self.num_tables - 1)
         per_feature = bags.offsets[::batch].diff()  # offsets[::B] holds the T + 1 feature bounds
         tables = torch.arange(self.num_tables, device=bags.offsets.device)
         return torch.repeat_interleave(tables, per_feature, output_size=bags.values.shape[0])
@@ -220,9 +231,11 @@ class EmbeddingTables(nn.Module):
         mean-pooled bags, 1 elsewhere; None when every table sums (no weights at all)."""
         if "mean" not in self.poolings:
             return None
-        lengths = bags.offsets.diff()  # [T*B]
+        lengths = bags.offsets.diff()  # [T*B], the true lengths: padding is in no bag
         scale = lengths.clamp(min=1).to(dtype).reciprocal()
         scale = torch.where(self.mean_pooled[:, None], scale.view(self.num_tables, batch), 1.0).reshape(-1)
+        if bags.padded:  # the padding's bag is "one past the last": weight 0
+            return torch.cat([scale, scale.new_zeros(1)])[bag_of_positions(bags.offsets, bags.values.shape[0])]
         bag = torch.repeat_interleave(torch.arange(lengths.shape[0], device=lengths.device), lengths,
                                       output_size=bags.values.shape[0])
         return scale[bag]
@@ -323,7 +336,14 @@ class JointEmbedding(EmbeddingTables):
         tables = self._value_tables(bags, batch)
         ids, weights = self._bag_ids_and_weights(bags, batch, tables,
                                                  torch.promote_types(self.weight.dtype, torch.float32))
-        return ids + self.offsets[tables], weights
+        rows = ids + self.offsets[tables]
+        if bags.padded:
+            # Padding gets the row one past the last: the kernels read zeros for it and skip its
+            # update, and the updates' sort puts it after every real row, so the real rows are
+            # sorted, summed and written exactly as without padding.
+            positions = torch.arange(rows.shape[0], device=rows.device)
+            rows = torch.where(positions < bags.offsets[-1], rows, self.weight.shape[0])
+        return rows, weights
 
     def _pool_bags(self, bags: Bags) -> torch.Tensor:
         """One ``embedding_bag`` over the joint weight for every bag of every feature -> ``[B, T, D]``."""
@@ -405,6 +425,13 @@ class PendingBagUpdate(NamedTuple):
     grad: torch.Tensor  # [B, T, D], gradient of the pooled output
 
 
+class PaddedBagUpdate(PendingBagUpdate):
+    """A ``PendingBagUpdate`` of padded bags (``Bags.padded_to``): the values past ``offsets[-1]``
+    are padding, with the row id one past the last (no row), which the updates skip."""
+
+    __slots__ = ()
+
+
 class _FusedLookup(torch.autograd.Function):
     """``gather`` forward; the backward queues ``(rows, grad)`` on the module instead of
     returning a weight gradient, so no dense or COO gradient is ever built."""
@@ -444,6 +471,24 @@ class _FusedBagLookup(torch.autograd.Function):
         return None, None, None, None, None, None, None
 
 
+class _FusedPaddedBagLookup(_FusedBagLookup):
+    """``_FusedBagLookup`` of padded bags: the queued update is a ``PaddedBagUpdate``."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor,
+                per_sample_weights: torch.Tensor | None, out_dtype: torch.dtype, num_features: int,
+                pending: list) -> torch.Tensor:
+        ctx.save_for_backward(values, offsets, per_sample_weights)
+        ctx.pending = pending
+        return bag_gather(weight, values, offsets, per_sample_weights, out_dtype, num_features, padded=True)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        values, offsets, per_sample_weights = ctx.saved_tensors
+        ctx.pending.append(PaddedBagUpdate(values, offsets, per_sample_weights, grad_out.contiguous()))
+        return None, None, None, None, None, None, None
+
+
 class JointFusedEmbedding(JointEmbedding):
     """``JointEmbedding`` (same constructor, init, ``table_weight``/``load_table_`` and state
     dict) on fused kernels: the lookup writes ``[B, F, D]`` in the compute dtype (the autocast
@@ -462,6 +507,9 @@ class JointFusedEmbedding(JointEmbedding):
 
     Multi-hot ids (``Bags``) take ``bag_gather`` forward and queue ``(values, offsets,
     per_sample_weights, grad)``, applied by ``bag_sgd_update``; both kinds may share a queue.
+    Padded ``Bags`` (``Bags.padded_to``: the static shapes of a captured CUDA graph) are taken
+    too, one pass per update: the padding gets the row id one past the last, which the kernels
+    read as zeros and never update, and weight 0, so the step is the unpadded step's.
     Row-wise Adagrad runs ``bag_rowwise_adagrad_update`` on the whole queue as one bag batch (a
     one-hot item is bags of one), because its update is not linear in the gradient: a row's
     gradients of the whole step must be summed before its accumulator moves.
@@ -490,8 +538,13 @@ class JointFusedEmbedding(JointEmbedding):
         if batch == 0:
             return self.weight.new_zeros(0, self.num_tables, self.embedding_dim, dtype=self.output_dtype())
         rows, weights = self._joint_bags(bags, batch)
-        return _FusedBagLookup.apply(self.weight, rows, bags.offsets.to(torch.int64), weights,
-                                     self.output_dtype(), self.num_tables, self._pending)
+        lookup = _FusedPaddedBagLookup if bags.padded else _FusedBagLookup
+        return lookup.apply(self.weight, rows, bags.offsets.to(torch.int64), weights, self.output_dtype(),
+                            self.num_tables, self._pending)
+
+    def _takes_padded_bags(self) -> bool:
+        # A subclass with a lookup of its own (the host-table cache) must opt in itself.
+        return type(self).forward is JointFusedEmbedding.forward
 
     def output_dtype(self) -> torch.dtype:
         """The compute dtype, which the kernels write directly: autocast's when it is on (under
@@ -538,19 +591,21 @@ class JointFusedEmbedding(JointEmbedding):
         if not self._pending:
             return
         if rowwise_state is not None or self.weight.dtype in HALF_DTYPES:
-            values, offsets, per_sample_weights, grad = self._pending_as_one_bag_batch()
+            batch = self._pending_as_one_bag_batch()
+            values, offsets, per_sample_weights, grad = batch
+            padded = isinstance(batch, PaddedBagUpdate)
             if rowwise_state is not None:
                 bag_rowwise_adagrad_update(self.weight, rowwise_state, values, offsets, grad, lr_t, scale_t, skip_t,
-                                           per_sample_weights, eps, rounding_step=rounding_step)
+                                           per_sample_weights, eps, rounding_step=rounding_step, padded=padded)
             else:
                 bag_sgd_update(self.weight, values, offsets, grad, lr_t, scale_t, skip_t, per_sample_weights,
-                               rounding_step=rounding_step)
+                               rounding_step=rounding_step, padded=padded)
             self._pending.clear()
             return
         for item in self._pending:
             if isinstance(item, PendingBagUpdate):
                 bag_sgd_update(self.weight, item.values, item.offsets, item.grad, lr_t, scale_t, skip_t,
-                               item.per_sample_weights)
+                               item.per_sample_weights, padded=isinstance(item, PaddedBagUpdate))
             else:
                 rows, grad = item
                 sgd_update(self.weight, rows, grad, lr_t, scale_t, skip_t)
@@ -570,6 +625,10 @@ class JointFusedEmbedding(JointEmbedding):
                 items.append(PendingBagUpdate(rows, offsets, None, grad))
         if len(items) == 1:
             return items[0]
+        if any(isinstance(item, PaddedBagUpdate) for item in items):
+            # Concatenated, an item's padding would fall into the next item's first bag.
+            raise ValueError("padded Bags take one forward and backward per update: apply the update "
+                             "(`apply_update_`) before the next pass")
         values, offsets, weights, grads, start = [], [], [], [], 0
         for item in items:
             num_bags = item.offsets.shape[0] - 1

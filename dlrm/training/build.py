@@ -66,10 +66,6 @@ def start_processes(cfg: RunConfig, env: DistEnv | None, device: torch.device) -
 def model_config(cfg: RunConfig, device: torch.device) -> tuple[FeatureSpec, DLRMConfig]:
     """The data's feature spec and the model it and ``cfg.model`` describe (checked; nothing built)."""
     spec = load_feature_spec(cfg.data)
-    if cfg.train.cuda_graphs and spec.multi_hot_features:
-        raise ValueError(f"`cuda_graphs` needs one-hot data: the multi-hot features "
-                         f"({', '.join(spec.multi_hot_features)}) hold a different number of ids in every batch, "
-                         "which a captured graph cannot take; drop `cuda_graphs`")
     shape = cfg.model
     interaction_op = shape.interaction_op
     if interaction_op == "auto":

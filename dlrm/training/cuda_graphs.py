@@ -12,16 +12,27 @@ What a graph needs, and so the limits of this mode:
   wired up yet.
 The first ``warmup_steps`` steps run eagerly on a side stream, as PyTorch requires before a
 capture (they are real steps; only their speed differs).
+
+Multi-hot batches (``Bags``) hold a different number of ids every batch. Their ids are copied
+into a buffer of a static length, ``padded_length(nnz)``: the next of four steps an octave
+(``m * 2**k``, ``m`` in 4..7, so at most 25% padding), or the most a batch can hold when every
+bag has a fixed size (``fixed_bag_limit``), whichever is less. The ``offsets`` keep their shape
+(one per bag plus one) and their values, so the padding lies past the last bag
+(``Bags.padded_to``): the lookup gives it no row and weight 0, and the step is exactly the
+unpadded one (``dlrm.kernels.embedding_bag``). Each padded length is a bucket with a graph of
+its own (its own warm-up steps first); all graphs share one memory pool, and a batch whose
+bucket would pass ``max_graphs`` runs eagerly.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from dlrm.data.batch import Batch
+from dlrm.data.batch import Bags, Batch
 from dlrm.model.precision import Precision
 
 # The loader's background thread pins host memory and copies on its own stream while a step is
@@ -52,47 +63,132 @@ def check_cuda_graphs_supported(model: torch.nn.Module, device: torch.device, wo
         raise ValueError(f"`cuda_graphs` supports one process only, this run has {world_size}: set `cuda_graphs=False`")
 
 
+# Padded lengths of multi-hot ids: m * 2**k with m in MIN_STEP .. 2 * MIN_STEP - 1, i.e. four
+# buckets an octave (at most 25% padding, 1/8 on average), and never fewer than this many ids.
+MIN_STEP = 4
+MIN_PADDED_LENGTH = 64
+
+
+def padded_length(nnz: int, limit: int | None = None) -> int:
+    """The static length ``nnz`` multi-hot ids are padded to for a captured step: the smallest
+    ``m * 2**k >= nnz`` with ``m`` in 4..7 (at least ``MIN_PADDED_LENGTH``), or ``limit`` (the
+    most ids a batch can hold, ``fixed_bag_limit``) when that is less and ``nnz`` fits in it."""
+    length = MIN_PADDED_LENGTH
+    if nnz > length:
+        shift = nnz.bit_length() - MIN_STEP.bit_length()  # nnz / 2**shift in [MIN_STEP, 2 * MIN_STEP)
+        length = -(-nnz >> shift) << shift
+    if limit is not None and nnz <= limit:
+        length = min(length, limit)
+    return length
+
+
+def fixed_bag_limit(bag_sizes: Sequence[int | str | None], batch_size: int) -> int | None:
+    """The most ids a batch of ``batch_size`` samples holds when every feature has bags of at most
+    a fixed size (``FeatureSpec.bag_size``: an int ``L``, or None for a one-hot feature, one id),
+    else None (a ``"variable"`` feature has no bound)."""
+    if any(size is not None and not isinstance(size, int) for size in bag_sizes):
+        return None
+    return batch_size * sum(1 if size is None else size for size in bag_sizes)
+
+
+def padded_batch(batch: Batch, length: int | None = None) -> Batch:
+    """A copy of ``batch`` in buffers of its own, multi-hot ids padded to ``length`` values
+    (``Bags.padded_to``; one-hot ids ignore it): what ``GraphedTrainStep`` captures and
+    ``copy_batch_`` refills."""
+    c = batch.categorical
+    if isinstance(c, Bags):
+        c = Bags(c.padded_to(c.values.shape[0] if length is None else length).values, c.offsets.clone(),
+                 c.num_features, padded=True)
+    else:
+        c = c.clone()
+    return Batch(batch.numerical.clone(), c, batch.label.clone())
+
+
+def copy_batch_(static: Batch, batch: Batch) -> None:
+    """``batch`` into the buffers of ``static`` (``padded_batch``), in place: multi-hot ids fill
+    the front of the padded values, the rest is zeroed (it lies in no bag, whatever it holds)."""
+    static.numerical.copy_(batch.numerical)
+    static.label.copy_(batch.label)
+    if isinstance(batch.categorical, Bags):
+        values, nnz = static.categorical.values, batch.categorical.values.shape[0]
+        values[:nnz].copy_(batch.categorical.values)
+        values[nnz:].zero_()
+        static.categorical.offsets.copy_(batch.categorical.offsets)
+    else:
+        static.categorical.copy_(batch.categorical)
+
+
+@dataclass
+class _TrainGraph:
+    """One bucket's step: the static batch each call is copied into, the steps run so far, and
+    once captured, the graph and the loss it writes."""
+
+    batch: Batch
+    calls: int = 0
+    graph: torch.cuda.CUDAGraph | None = None
+    loss: torch.Tensor | None = None
+
+
 class GraphedTrainStep:
     """``GraphedTrainStep(step)(batch) -> loss``, where ``step(batch, capturing)`` is a sync-free
     training step (``fused_train_step`` bound to its model). Device-side inputs the step reads,
-    such as the learning rate, must be updated in place before each call, outside the graph."""
+    such as the learning rate, must be updated in place before each call, outside the graph.
 
-    def __init__(self, step: Callable[[Batch, bool], torch.Tensor], warmup_steps: int = 3) -> None:
+    One graph per bucket: one-hot batches have one, multi-hot ones one per padded length
+    (``padded_length``, capped by ``max_bag_values``, e.g. ``fixed_bag_limit``). Only batches
+    of the size of the first one captured are graphed; others (a partial last batch), and new
+    buckets past ``max_graphs``, run the step eagerly as they are."""
+
+    def __init__(self, step: Callable[[Batch, bool], torch.Tensor], warmup_steps: int = 3,
+                 max_bag_values: int | None = None, max_graphs: int = 8) -> None:
         self.step = step
         self.warmup_steps = warmup_steps
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.static_batch: Batch | None = None
-        self.static_loss: torch.Tensor | None = None
-        self.calls = 0
+        self.max_bag_values = max_bag_values
+        self.max_graphs = max_graphs
+        self.graphs: dict[tuple, _TrainGraph] = {}
+        self.pool: object | None = None  # one memory pool for every bucket's graph
+        self.rows: int | None = None  # the samples of a graphed batch, set by the first capture
+        self.replays = 0
+
+    def bucket(self, batch: Batch) -> tuple:
+        """The key of ``batch``'s graph: its shapes and dtypes, multi-hot ids by padded length."""
+        c = batch.categorical
+        key = (tuple(batch.numerical.shape), batch.numerical.dtype, tuple(batch.label.shape), batch.label.dtype)
+        if isinstance(c, Bags):
+            length = padded_length(c.values.shape[0], self.max_bag_values)
+            return key + (c.num_features, tuple(c.offsets.shape), c.offsets.dtype, c.values.dtype, length)
+        return key + (tuple(c.shape), c.dtype)
 
     def __call__(self, batch: Batch) -> torch.Tensor:
-        self.calls += 1
-        if self.calls <= self.warmup_steps:
+        if self.rows is not None and len(batch) != self.rows:
+            return self.step(batch, False)
+        key = self.bucket(batch)
+        entry = self.graphs.get(key)
+        if entry is None:
+            if len(self.graphs) >= self.max_graphs:
+                return self.step(batch, False)
+            length = key[-1] if isinstance(batch.categorical, Bags) else None
+            entry = self.graphs[key] = _TrainGraph(padded_batch(batch, length))
+        else:
+            copy_batch_(entry.batch, batch)
+        entry.calls += 1
+        if entry.calls <= self.warmup_steps:  # eagerly, on the static batch, as a capture needs
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                loss = self.step(batch, False)
+                loss = self.step(entry.batch, False)
             torch.cuda.current_stream().wait_stream(side)
             return loss
-        if self.graph is None:
-            self.static_batch = Batch(batch.numerical.clone(), batch.categorical.clone(), batch.label.clone())
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, capture_error_mode=CAPTURE_MODE):  # records only: replayed below
-                self.static_loss = self.step(self.static_batch, True)
-        elif not self._fits(batch):
-            return self.step(batch, False)
-        else:
-            for name in ("numerical", "categorical", "label"):
-                getattr(self.static_batch, name).copy_(getattr(batch, name))
-        self.graph.replay()
-        return self.static_loss.clone()
-
-    def _fits(self, batch: Batch) -> bool:
-        return all(
-            getattr(batch, name).shape == getattr(self.static_batch, name).shape
-            and getattr(batch, name).dtype == getattr(self.static_batch, name).dtype
-            for name in ("numerical", "categorical", "label")
-        )
+        if entry.graph is None:
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            entry.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(entry.graph, pool=self.pool, capture_error_mode=CAPTURE_MODE):
+                entry.loss = self.step(entry.batch, True)  # records only: replayed below
+            self.rows = len(batch)
+        entry.graph.replay()
+        self.replays += 1
+        return entry.loss.clone()
 
 
 # ---------------------------------------------------------------- inference
@@ -102,6 +198,7 @@ class GraphedTrainStep:
 # 
 # Limits: CUDA only; inputs of a new shape (say, the last, smaller batch of a test split) cost
 # one capture each, so serve a few fixed batch sizes; the returned logits are a copy, safe to keep.
+# Multi-hot ids (``Bags``) take the eager forward: their number changes with every batch.
 
 
 @dataclass
@@ -125,7 +222,9 @@ class GraphedInference:
         self.captured: dict[tuple, _Captured] = {}
 
     @torch.no_grad()
-    def __call__(self, numerical: torch.Tensor, categorical: torch.Tensor) -> torch.Tensor:
+    def __call__(self, numerical: torch.Tensor, categorical: torch.Tensor | Bags) -> torch.Tensor:
+        if isinstance(categorical, Bags):
+            return self._forward(numerical, categorical, cache=True)
         key = (tuple(numerical.shape), numerical.dtype, tuple(categorical.shape), categorical.dtype)
         entry = self.captured.get(key)
         if entry is None:
@@ -135,7 +234,7 @@ class GraphedInference:
         entry.graph.replay()
         return entry.logits.clone()
 
-    def _forward(self, numerical: torch.Tensor, categorical: torch.Tensor, cache: bool) -> torch.Tensor:
+    def _forward(self, numerical: torch.Tensor, categorical: torch.Tensor | Bags, cache: bool) -> torch.Tensor:
         with self.precision.autocast(cache_enabled=cache):
             return self.model(numerical, categorical)
 
