@@ -114,3 +114,91 @@ def test_cli_zipf_exponent_draws_the_ids_of_synthetic_dataset_with_that_exponent
 def test_cli_refuses_a_zipf_exponent_that_is_not_positive(cli, bad):
     proc = cli("dlrm.scripts.main", "--base_device", "cpu", f"--synthetic_zipf_exponent={bad}", check=False)
     assert proc.returncode == 2 and "--synthetic_zipf_exponent must be positive" in proc.stderr, proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# host_table_cache_rows=auto
+
+# The command-line run below: tables 30,300,4,1000,70 of dim 8 with row-wise Adagrad (36 bytes a
+# device row), table 3 on the host; batches of 512 (the test's of 256).
+AUTO_ARGS = ["--embedding_type", "joint_fused", "--host_tables", "3", "--host_table_cache_rows", "auto",
+             "--test_batch_size", "256", "--synthetic_dataset_num_entries", "4096",
+             "--synthetic_dataset_num_test_entries", "512"]
+CACHED_ROW = 8 * 4 + 4 + 19  # values, the cached accumulator, the slot's bookkeeping
+
+
+def test_planner_auto_caches_what_the_device_has_left_and_says_so():
+    """``auto``: (capacity - device tables - reserve - 4 bytes per host row) // bytes a cached row,
+    at most the host rows, at least one batch's rows (else a PlanError naming the setting)."""
+    from dlrm.distributed.planner import PlanError, plan_tables, size_host_cache
+
+    rows, dim, state = [1000, 5000, 200], 8, 4
+    device = (1000 + 200) * (dim * 4 + state)
+
+    def plan(capacity, batch_rows=(0, 300, 0)):
+        return plan_tables(rows, dim, 1, capacity, host_tables=[1], host_cache_rows="auto", host_cache_reserve=7000,
+                           host_cache_batch_rows=batch_rows, state_bytes_per_row=state)
+
+    capacity = device + 7000 + 4 * 5000 + 1234 * CACHED_ROW + CACHED_ROW - 1
+    chosen = plan(capacity)
+    assert (chosen.host, chosen.host_cache_rows) == ([1], 1234)
+    assert chosen.host_cache_bytes == 1234 * CACHED_ROW + 4 * 5000 and chosen.device_bytes(0) <= capacity
+    said = size_host_cache(chosen, dim, 4, 7000, (0, 300, 0)).describe()
+    assert (f"1,234 rows cached on the device = ({capacity:,} bytes of device - {device:,} bytes of device tables - "
+            "7,000 bytes for the dense part and a batch's activations - 20,000 bytes of slot map") in said, said
+    assert f"/ {CACHED_ROW} bytes a row (32 of values, 4 of row-wise Adagrad accumulator, 19 of slot bookkeeping)" \
+        in said, said
+    assert plan(10**9).host_cache_rows == 5000  # capped at the host rows
+    with pytest.raises(PlanError, match=r"`host_table_cache_rows=auto` finds room for 299 cached rows .* fewer than "
+                                        r"the 300 rows one batch may look up"):
+        plan(device + 7000 + 4 * 5000 + 300 * CACHED_ROW - 1)
+    assert plan_tables(rows, dim, 1, 10**9, host_cache_rows="auto").host_cache_rows == 0  # no host table
+
+
+def test_run_config_takes_auto_and_the_flags_say_it():
+    from dlrm.spark.launch import flag_args
+    from dlrm.training.run_config import ParallelConfig, RunConfig
+
+    for rows in ("auto", 7):
+        cfg = RunConfig(model=dlrm_flags.run_config(dlrm_flags.check_args(["--embedding_type=joint_fused"])).model,
+                        parallel=ParallelConfig(host_tables=[0], host_table_cache_rows=rows))
+        assert dlrm_flags.run_config(dlrm_flags.check_args(flag_args(dlrm_flags.config_flags(cfg)))) == cfg
+    for bad in ("many", "8", -1, True, 2.0):
+        with pytest.raises(ValueError, match=r'^`host_table_cache_rows` must be an integer >= 0 or "auto", got '):
+            ParallelConfig(host_table_cache_rows=bad)
+
+
+def test_cli_auto_sizes_the_cache_from_the_device_memory_and_trains(cli, tmp_path):
+    """``--device_memory_gb 0.00075`` (805,306 bytes): less the device tables, the MLPs with their
+    Adagrad state and a batch of 512's activations, and the slot map: the rows the log states,
+    fewer than the host table's 1,000; the run trains through them."""
+    from dlrm.model.dlrm import DLRM, DLRMConfig
+
+    log = str(tmp_path / "log.json")
+    out = cli("dlrm.scripts.main", *fused_args(log), *AUTO_ARGS, "--max_steps", "4", "--device_memory_gb",
+              "0.00075").stdout
+    config = DLRMConfig(13, [30, 300, 4, 1000, 70], 8, [16, 8], [32, 16, 1])
+    model = DLRM(config)
+    dense = sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in model.embeddings.parameters())
+    widths = 16 + 8 + model.interaction.num_outputs + 32 + 16 + 1  # bottom MLP, the interaction, top MLP
+    reserve = dense * (4 + 4 + 4) + 512 * 4 * (4 * 5 * 8 + 2 * widths)
+    device = (30 + 300 + 4 + 70) * (8 * 4 + 4)
+    expected = (int(0.00075 * 2**30) - device - reserve - 4 * 1000) // CACHED_ROW
+    assert 512 <= expected < 1000
+    plan = log_records(log, "plan")[0]
+    assert plan["host_cache_rows"] == plan["host_cache_auto"]["rows"] == expected
+    assert f"host_table_cache_rows=auto: {expected:,} rows cached on the device" in out, out
+    assert 0 < log_records(log, "host_cache")[0]["host_cache_hit_rate"] < 1
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--host_tables", "3"], "--host_table_cache_rows needs --embedding_type=joint_fused"),
+    (["--embedding_type", "joint_fused", "--host_tables", "none"], "--host_tables=none keeps none there"),
+    (["--embedding_type", "joint_fused"], "every table fits on the device"),  # host_tables auto: none on the CPU
+    (AUTO_ARGS + ["--device_memory_gb", "0.0007"], "--host_table_cache_rows=auto finds room for 0 cached rows"),
+])
+def test_cli_refuses_an_auto_cache_it_cannot_use_in_one_line(cli, tmp_path, extra, says):
+    proc = cli("dlrm.scripts.main", *rowwise_adagrad_cli_args(str(tmp_path / "log.json")), "--max_steps", "1",
+               "--host_table_cache_rows", "auto", *extra, check=False)
+    assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

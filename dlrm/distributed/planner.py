@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from dlrm.distributed.placement import Placement, load_placement
 from dlrm.distributed.placement_strategies import (
@@ -65,10 +66,11 @@ from dlrm.distributed.plan import (
     whole_number,
 )
 from dlrm.distributed.plan_report import format_plan
+from dlrm.nn.cached_embedding import SLOT_BOOKKEEPING_BYTES, SLOT_STATE_BYTES
 
 __all__ = [
-    "GIB", "Entry", "Placement", "Plan", "PlanError", "format_plan", "load_placement",
-    "plan_tables", "row_bounds", "table_bytes",
+    "GIB", "Entry", "HostCacheSizing", "Placement", "Plan", "PlanError", "format_plan", "load_placement",
+    "plan_tables", "row_bounds", "size_host_cache", "table_bytes",
 ]
 
 _ROW_WISE_MODES = ("auto", "never", "all")
@@ -150,7 +152,9 @@ def plan_tables(
     row_wise: str | Sequence[int] = "auto",
     host_tables: str | Sequence[int] | None = None,
     host_capacity: int | None = None,
-    host_cache_rows: int = 0,
+    host_cache_rows: int | str = 0,
+    host_cache_reserve: int = 0,
+    host_cache_batch_rows: Sequence[int] = (),
 ) -> Plan:
     """Place tables on ranks, whole or split row-wise, or (one process) in host memory; see
     docs/distributed.md for the algorithm and the flags.
@@ -177,7 +181,11 @@ def plan_tables(
     ``None`` (row-wise splitting is their answer), and with ``override`` too (it places every
     table). ``host_capacity`` bounds the host tables' bytes (None: no bound).
     ``host_cache_rows``: device rows caching the host tables (at most their rows), which with
-    their slot map (``cache_bytes``) must fit on the device beside its tables.
+    their slot map (``cache_bytes``) must fit on the device beside its tables; or ``"auto"``:
+    as many as fit in what the device has left (``size_host_cache``: the capacity less the
+    device tables, ``host_cache_reserve`` bytes for the dense part and a batch's activations,
+    and the slot map), at least the sum over the host tables of ``host_cache_batch_rows`` (per
+    table, the most distinct rows one batch may look up), at most the host tables' rows.
     Raises ``ValueError`` for malformed inputs and ``PlanError`` for placements that cannot work.
     """
     sizes = table_bytes(rows, dim, state_bytes_per_row, bytes_per_value)
@@ -199,10 +207,104 @@ def plan_tables(
     request = PlanRequest(sizes, [int(r) for r in rows], world_size, capacities, mode, listed, override,
                           advice_for(bytes_per_value))
     plan = _place_host(request, host_mode, host_listed, host_limit, bytes_per_value)
+    if host_cache_rows == "auto":
+        if not plan.host:
+            return plan
+        sizing = size_host_cache(plan, dim, bytes_per_value, host_cache_reserve, host_cache_batch_rows)
+        return dataclasses.replace(plan, host_cache_rows=sizing.rows, host_cache_bytes=sizing.cache_bytes)
     cache_rows = whole_number(host_cache_rows, "host cache rows")
     if cache_rows and plan.host:
         return _with_host_cache(plan, cache_rows, dim, state_bytes_per_row, bytes_per_value)
     return plan
+
+
+@dataclass(frozen=True)
+class HostCacheSizing:
+    """How ``host_cache_rows="auto"`` sizes the device cache of the host tables: as many rows as
+    fit in what the device has left once the plan's device tables, the dense part and a batch's
+    activations (``reserve``) and the slot map have their bytes, at most the host tables' rows.
+    A cached row costs its values, the fp32 accumulator every slot keeps (row-wise Adagrad's
+    state) and the slot's bookkeeping (``dlrm.nn.cached_embedding``)."""
+
+    capacity: int  # the device's bytes (the plan's capacity of rank 0)
+    device_tables: int  # the tables the plan keeps on the device, with their optimizer state
+    reserve: int  # the dense part (weights, gradients, optimizer state) and a batch's activations
+    host_rows: int  # rows of the host tables: the slot map holds 4 bytes for each
+    value_bytes: int  # a row's values: dim x bytes per value
+    batch_rows: int  # the most distinct host rows one batch may look up: the fewest the cache may hold
+
+    state_bytes = SLOT_STATE_BYTES
+    slot_bytes = SLOT_BOOKKEEPING_BYTES
+
+    @property
+    def row_bytes(self) -> int:
+        return self.value_bytes + self.state_bytes + self.slot_bytes
+
+    @property
+    def slot_map_bytes(self) -> int:
+        return 4 * self.host_rows
+
+    @property
+    def free_bytes(self) -> int:
+        return self.capacity - self.device_tables - self.reserve - self.slot_map_bytes
+
+    @property
+    def fitting_rows(self) -> int:
+        return max(self.free_bytes, 0) // self.row_bytes
+
+    @property
+    def rows(self) -> int:
+        return min(self.host_rows, self.fitting_rows)
+
+    @property
+    def cache_bytes(self) -> int:
+        return self.rows * self.row_bytes + self.slot_map_bytes
+
+    def describe(self) -> str:
+        """One line for the run log: the rows chosen and the arithmetic behind them."""
+        capped = self.fitting_rows > self.host_rows
+        return (
+            f"host_table_cache_rows=auto: {self.rows:,} rows cached on the device"
+            + (", every row of the host tables" if capped else "")
+            + f" = ({format_bytes(self.capacity)} of device - {format_bytes(self.device_tables)} of device tables"
+            f" - {format_bytes(self.reserve)} for the dense part and a batch's activations"
+            f" - {format_bytes(self.slot_map_bytes)} of slot map, 4 bytes x {self.host_rows:,} host rows)"
+            f" / {self.row_bytes} bytes a row ({self.value_bytes} of values, {self.state_bytes} of row-wise "
+            f"Adagrad accumulator, {self.slot_bytes} of slot bookkeeping)"
+            + (f", capped at the host tables' {self.host_rows:,} rows" if capped else "")
+            + f"; one batch looks up at most {self.batch_rows:,} of them"
+        )
+
+    def to_json(self) -> dict:
+        return {"rows": self.rows, "row_bytes": self.row_bytes, "value_bytes": self.value_bytes,
+                "state_bytes": self.state_bytes, "slot_bytes": self.slot_bytes, "capacity": self.capacity,
+                "device_tables": self.device_tables, "reserve": self.reserve, "slot_map_bytes": self.slot_map_bytes,
+                "free_bytes": self.free_bytes, "host_rows": self.host_rows, "batch_rows": self.batch_rows}
+
+
+def size_host_cache(plan: Plan, dim: int, bytes_per_value: int = BYTES_PER_VALUE, reserve: int = 0,
+                    batch_rows: Sequence[int] = ()) -> HostCacheSizing:
+    """The ``"auto"`` cache of ``plan``'s host tables (``HostCacheSizing``; ``plan_tables``
+    documents the arguments), or ``PlanError`` when fewer rows fit than one batch may look up."""
+    reserve = whole_number(reserve, "host cache reserve (bytes)")
+    if batch_rows and len(batch_rows) != plan.num_tables:
+        raise ValueError(f"batch_rows lists {len(batch_rows)} tables but the plan has {plan.num_tables}")
+    host_rows = sum(plan.rows[t] for t in plan.host)
+    need = sum(min(plan.rows[t], whole_number(batch_rows[t], f"batch rows of table {t}")) for t in plan.host) \
+        if batch_rows else 1
+    sizing = HostCacheSizing(plan.capacity[0], plan.rank_bytes(0), reserve, host_rows,
+                             whole_number(dim, "embedding dim", minimum=1) * bytes_per_value, max(need, 1))
+    if sizing.rows < sizing.batch_rows:
+        raise PlanError(
+            f"`host_table_cache_rows=auto` finds room for {sizing.fitting_rows:,} cached rows of "
+            f"{sizing.row_bytes} bytes ({format_bytes(max(sizing.free_bytes, 0))} of the device's "
+            f"{format_bytes(sizing.capacity)} after {format_bytes(sizing.device_tables)} of device tables, "
+            f"{format_bytes(sizing.reserve)} for the dense part and a batch's activations and "
+            f"{format_bytes(sizing.slot_map_bytes)} of slot map), fewer than the {sizing.batch_rows:,} rows one "
+            "batch may look up in the host tables; lower `batch_size` (and `test_batch_size`), give "
+            "`host_table_cache_rows` a number, or 0 to look the host tables up on the host"
+        )
+    return sizing
 
 
 def _with_host_cache(plan: Plan, cache_rows: int, dim: int, state_bytes_per_row: int, bytes_per_value: int) -> Plan:

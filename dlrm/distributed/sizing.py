@@ -9,7 +9,9 @@ Per process, for ``N`` processes and a global batch ``B``:
                 (the F embeddings of a sample, the exchange's send and receive buffers, and the
                 gradients of each; the MLP activations and their gradients): an estimate
 
-and ``N`` fits when ``tables <= 0.9 x device memory - dense - activations`` on every rank.
+and ``N`` fits when ``tables <= 0.9 x device memory - dense - activations`` on every rank. One
+process with tables in host memory caches their rows in what its device has left
+(``device_reserve_bytes``: the dense part and the activations; ``host_table_cache_rows=auto``).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def size_processes(
     """The sizing of each process count: tables placed by the planner (whole, or split row-wise
     when a table fits no process), in what each process has left after its dense part and its
     activations. ``dense_state_bytes`` is the dense optimizer's state per parameter (Adagrad: 4)."""
-    dense = dense_parameters(config) * (4 + 4 + dense_state_bytes)
+    dense = dense_bytes(config, dense_state_bytes)
     per_sample = activation_bytes_per_sample(config, compute_bytes)
     out = []
     for n in process_counts:
@@ -93,3 +95,18 @@ def format_sizing(sizings: list[Sizing], device_bytes: int) -> str:
     if any(s.plan is None for s in sizings):
         lines.append("* no placement fits: the tables' bytes evenly divided, for scale")
     return "\n".join(lines)
+
+
+def dense_bytes(config: DLRMConfig, dense_state_bytes: int = 0, training: bool = True) -> int:
+    """Device bytes of the dense part: fp32 weights, and when training their gradients and the
+    optimizer's state (``dense_state_bytes`` per weight)."""
+    return dense_parameters(config) * (4 + (4 + dense_state_bytes if training else 0))
+
+
+def device_reserve_bytes(config: DLRMConfig, batch_size: int, dense_state_bytes: int = 0, compute_bytes: int = 4,
+                         training: bool = True) -> int:
+    """What one process's device needs besides its tables for a batch of ``batch_size``: the
+    dense part (``dense_bytes``) and the activations (the module docstring's estimate). The
+    device cache of host tables is sized in what is left (``host_table_cache_rows=auto``)."""
+    return dense_bytes(config, dense_state_bytes, training) + batch_size * activation_bytes_per_sample(
+        config, compute_bytes)

@@ -248,6 +248,11 @@ class DLRM(nn.Module):
     def forward(self, numerical: torch.Tensor, categorical: torch.Tensor | Bags) -> torch.Tensor:
         return self.dense_forward(numerical, self.exchange(self.embed(categorical)))
 
+    def host_ids(self, categorical: torch.Tensor | Bags) -> torch.Tensor | Bags:
+        """The ids of the tables kept in host memory, what ``host_embeddings`` looks up (and
+        what its cache fetches ahead for the next batch)."""
+        return _columns(categorical, self._host_columns)
+
     def embed(self, categorical: torch.Tensor | Bags) -> torch.Tensor:
         """Ids ``[B, T]`` (any integer dtype) or ``Bags`` with ``T`` features, for the tables built
         here -> embeddings ``[B, T, D]`` (bags pooled by each table's pooling)."""
@@ -257,7 +262,7 @@ class DLRM(nn.Module):
         on_device = self.embeddings(_columns(categorical, self._device_columns)) if self._device_columns else None
         # The host tables' ids go to the host and their embeddings come back, in the device
         # part's dtype (cast before the copy: under AMP half the bytes cross the bus).
-        host_ids = _columns(categorical, self._host_columns)  # a cache looks them up on the device
+        host_ids = self.host_ids(categorical)  # a cache looks them up on the device
         on_host = self.host_embeddings(host_ids if isinstance(self.host_embeddings, CachedEmbedding)
                                        else host_ids.to("cpu"))
         on_host = on_host.to(on_device.dtype if on_device is not None else self.embeddings.output_dtype())

@@ -6,8 +6,11 @@ up in a fixed number of device slots, as TorchRec/FBGEMM's UVM caching does. Per
 1. the batch's rows, made unique on the device, are looked up in the slot map (``[rows]`` int32
    on the device, -1 for a row not cached: 4 bytes per row against ``4 * D`` for the row itself);
 2. the misses get slots: empty ones first, then the least recently (``"lru"``) or least often
-   (``"lfu"``) used slots that this step does not use; evicted rows are written back to the host
-   table (with their row-wise Adagrad accumulator) and the misses fetched in one batched copy;
+   (``"lfu"``) used slots that this step does not use (a selection of the ``misses`` lowest
+   scores, ties to the lowest slot: no sort of every slot); evicted rows that an update touched
+   since they were fetched or last written back (``slot_dirty``) are written back to the host
+   table with their row-wise Adagrad accumulator, clean ones are dropped (the host copy is
+   current), and the misses are fetched in one batched copy;
 3. the lookup and the deferred update run on the cache exactly as ``JointFusedEmbedding`` runs
    on its weight, with slots in place of rows: the same kernels, the same sums.
 
@@ -17,13 +20,25 @@ optimizer (row-wise Adagrad state keyed by that weight, ``[rows]`` on the host),
 accumulator follows its rows: it is bound at the first update (``apply_update_`` receives it),
 cached beside the rows and written back with them.
 
+Prefetch (``prefetch_``, wired into the training loop by ``prefetching``): the loop hands the
+cache the next batch's ids before the current step; the current step's forward, once its own
+rows hold their slots, fetches the next batch's misses into slots that the current step does
+not use (so a row with a queued update is never evicted, and a cached row is never fetched
+again). On CUDA that fetch runs on a side stream, overlapping the rest of the step, and the next
+forward's stream waits on its event; on the CPU it runs in place. A row fetched ahead counts as
+a miss of the lookup that first uses it, so the hit rate means the same with and without
+prefetch.
+
 Host syncs: the number of misses is read on the host once per call (to size the copy), so a
-step with a cache cannot be captured in a CUDA graph.
+step with a cache cannot be captured in a CUDA graph; a prefetch reads its own on the side
+stream, which waits only for the work queued before it (the current step's lookups), not for
+the step's MLPs, backward or update.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -35,6 +50,11 @@ from dlrm.kernels.rounding import HALF_DTYPES
 from dlrm.nn.embeddings import JointFusedEmbedding, PendingBagUpdate, _FusedBagLookup, _FusedLookup
 
 POLICIES = ("lru", "lfu")
+# Device bytes per slot besides the row and its accumulator: slot_row and slot_score (int64),
+# slot_pinned, slot_dirty and slot_prefetched (bool). The planner sizes ``auto`` caches with it.
+SLOT_BOOKKEEPING_BYTES = 8 + 8 + 3
+# The cached accumulator (fp32, one per slot whatever the optimizer: row-wise Adagrad's state).
+SLOT_STATE_BYTES = 4
 
 
 class CacheTooSmallError(ValueError):
@@ -47,14 +67,19 @@ class CachedEmbedding(JointFusedEmbedding):
 
     ``cache_device`` holds the slots (on a CPU machine it may be the CPU: the cache is then just
     another tensor, and every path runs). Counters: ``lookups``, ``lookup_misses`` (ids whose row
-    was not cached when looked up), ``unique_rows``, ``unique_misses`` (rows fetched),
-    ``writebacks`` (rows written back); ``hit_rate()`` is ``1 - lookup_misses / lookups``.
+    was not cached when their step asked for it: fetched by the lookup, or ahead of it by a
+    prefetch), ``unique_rows``, ``unique_misses`` (those rows, once per lookup), ``prefetched``
+    (rows fetched ahead by ``prefetch_``), ``writebacks`` (rows copied back to the host, on
+    eviction or flush: only rows an update touched since their last copy, unless
+    ``track_dirty=False``, which writes back every evicted row and flushes every cached one);
+    ``hit_rate()`` is ``1 - lookup_misses / lookups``.
     """
 
     def __init__(self, table_sizes: Sequence[int], embedding_dim: int, *args, cache_rows: int,
-                 cache_device: torch.device | str | None = None, policy: str = "lru", **kwargs) -> None:
+                 cache_device: torch.device | str | None = None, policy: str = "lru", track_dirty: bool = True,
+                 **kwargs) -> None:
         super().__init__(table_sizes, embedding_dim, *args, **kwargs)
-        if not isinstance(cache_rows, int) or cache_rows < 1:
+        if isinstance(cache_rows, bool) or not isinstance(cache_rows, int) or cache_rows < 1:
             raise ValueError(f"`cache_rows` must be a positive integer, got {cache_rows!r}")
         if policy not in POLICIES:
             raise ValueError(f"`policy` must be one of {list(POLICIES)}, got {policy!r}")
@@ -62,7 +87,7 @@ class CachedEmbedding(JointFusedEmbedding):
             raise ValueError("a cached table must be whole: row-wise blocks are not cached")
         device = torch.device(cache_device) if cache_device is not None else self.weight.device
         total = self.weight.shape[0]
-        self.cache_rows, self.policy = min(cache_rows, total), policy
+        self.cache_rows, self.policy, self.track_dirty = min(cache_rows, total), policy, track_dirty
         if device.type == "cuda" and not self.weight.is_pinned():
             self.weight.data = self.weight.data.pin_memory()  # fetches and write-backs by DMA
         slots = self.cache_rows
@@ -75,63 +100,114 @@ class CachedEmbedding(JointFusedEmbedding):
         self.register_buffer("slot_score", torch.full((slots,), -1, dtype=torch.int64, device=device),
                              persistent=False)
         self.register_buffer("slot_pinned", torch.zeros(slots, dtype=torch.bool, device=device), persistent=False)
+        # Slots an update changed since their row was fetched or written back: the host copy is stale.
+        self.register_buffer("slot_dirty", torch.zeros(slots, dtype=torch.bool, device=device), persistent=False)
+        # Slots a prefetch filled that no lookup has used yet (their first lookup counts them as misses).
+        self.register_buffer("slot_prefetched", torch.zeros(slots, dtype=torch.bool, device=device),
+                             persistent=False)
         for name in ("offsets", "rows", "row_start", "block_rows", "mean_pooled"):  # ids are prepared there
             setattr(self, name, getattr(self, name).to(device))
         self._host_state: torch.Tensor | None = None  # the optimizer's row-wise accumulator, once seen
-        self._dirty = False
+        self._dirty = False  # any update since the last flush (spares a flush the look at every slot)
         self._calls = 0
-        self.lookups = self.lookup_misses = self.unique_rows = self.unique_misses = self.writebacks = 0
+        self._score_limit = 0  # no slot scores more (the victims' keys must fit in int64)
+        self._request: torch.Tensor | None = None  # joint rows a prefetch_ queued for the next forward
+        self._stream: Any = None  # CUDA: the side stream prefetches run on
+        self._prefetch_done: Any = None  # CUDA: the event of the last prefetch, until a stream waits on it
+        # The CPU's sort is not stable: equal ids' gradients are summed in an order that depends on the
+        # ids' values, so the update runs on the rows' ranks (ordered as the rows, whatever their slots).
+        self._row_order = device.type == "cpu"
+        self.lookups = self.lookup_misses = self.unique_rows = self.unique_misses = 0
+        self.prefetched = self.writebacks = 0
 
     # ---------------------------------------------------------------------------------------
     # Slots
 
     @torch.no_grad()
-    def _slots_for(self, rows: torch.Tensor) -> torch.Tensor:
-        """Slots holding ``rows`` (joint rows, any device), fetching the misses: ``[N]`` int64."""
+    def _slots_for(self, rows: torch.Tensor, pin: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Slots holding ``rows`` (joint rows, any device), fetching the misses: ``([N] int64 per
+        id, the distinct slots)``. ``pin``: the lookup's backward will queue these slots (the
+        caller's grad mode: in here it is off), so none may move before the update."""
+        self._join_prefetch()
         device = self.cache_weight.device
         rows = rows.to(device=device, dtype=torch.int64)
         self._calls += 1
         unique, inverse, counts = torch.unique(rows, return_inverse=True, return_counts=True)
         slots = self.slot_map[unique].to(torch.int64)
         missing = slots < 0
-        num_missing = int(missing.sum())  # the host sync: sizes the fetch
+        needed = missing | (self.slot_prefetched[slots.clamp(min=0)] & ~missing)  # fetched ahead for this lookup
+        # The host sync: sizes the fetch (and reads the counters with it).
+        num_missing, num_needed, needed_ids = torch.stack(
+            [missing.sum(), needed.sum(), (counts * needed).sum()]).tolist()
         self.lookups += rows.numel()
-        self.lookup_misses += int(counts[missing].sum()) if num_missing else 0
+        self.lookup_misses += needed_ids
         self.unique_rows += unique.numel()
-        self.unique_misses += num_missing
+        self.unique_misses += num_needed
         if num_missing:
             slots[missing] = self._fill_(unique[missing], slots[~missing])
+        self.slot_prefetched[slots] = False
         if self.policy == "lru":
-            self.slot_score[slots] = self._calls
+            self.slot_score[slots] = self._score_limit = self._calls
         else:
             self.slot_score.index_add_(0, slots, counts)
-        if torch.is_grad_enabled():
-            self.slot_pinned[slots] = True  # the backward queues these slots: none may move before the update
-        return slots[inverse]
+            self._score_limit += rows.numel()
+        if pin:
+            self.slot_pinned[slots] = True
+        return slots[inverse], slots
 
     def _fill_(self, rows: torch.Tensor, hits: torch.Tensor) -> torch.Tensor:
         """Slots for the uncached ``rows``: free ones, then victims (written back), then fetched."""
-        free = torch.ones_like(self.slot_pinned)
+        free = ~self.slot_pinned
         free[hits] = False
-        free &= ~self.slot_pinned
         candidates = free.nonzero().squeeze(1)
         if candidates.numel() < rows.numel():
             raise CacheTooSmallError(
                 f"`cache_rows={self.cache_rows}` is too small: one step needs {rows.numel()} more rows than the "
                 f"{candidates.numel()} slots it may evict; give at least the distinct rows one batch looks up in "
                 f"the cached tables (at most the batch size times the ids per sample)")
-        # Empty slots score -1 and go first; ties fall to the lowest slot (a stable sort).
-        order = torch.sort(self.slot_score[candidates], stable=True).indices[: rows.numel()]
-        victims = candidates[order]
+        victims = self._victims(candidates, rows.numel())
+        self._place_(rows, victims)
+        return victims
+
+    def _victims(self, candidates: torch.Tensor, k: int) -> torch.Tensor:
+        """The ``k`` of ``candidates`` (ascending slots) with the lowest ``(score, slot)``, in that
+        order: what a stable sort of every candidate's score puts first (empty slots score -1 and
+        go first; ties fall to the lowest slot), selected without sorting every candidate: a
+        ``topk`` of ``(score + 1) * n + position``, one key per candidate (no ties), or where that
+        key could overflow int64, ``_victims_by_threshold``."""
+        n = candidates.numel()
+        scores = self.slot_score[candidates]
+        if (self._score_limit + 2) * n >= 2**62:
+            return self._victims_by_threshold(candidates, scores, k)
+        key = (scores + 1) * n + torch.arange(n, device=scores.device)
+        return candidates[torch.topk(key, k, largest=False, sorted=True).indices]
+
+    @staticmethod
+    def _victims_by_threshold(candidates: torch.Tensor, scores: torch.Tensor, k: int) -> torch.Tensor:
+        """``_victims`` by the k-th lowest score: the candidates below it, then of those at it the
+        lowest slots, then a sort of the k chosen (linear in the candidates but for that sort)."""
+        if k < candidates.numel():
+            threshold = scores.kthvalue(k).values
+            below = scores < threshold
+            tied = scores == threshold
+            room = k - below.sum()  # of the ties at the threshold, the lowest slots take the rest
+            chosen = below | (tied & (tied.cumsum(0) <= room))
+            candidates, scores = candidates[chosen], scores[chosen]
+        return candidates[torch.sort(scores, stable=True).indices]
+
+    def _place_(self, rows: torch.Tensor, victims: torch.Tensor) -> None:
+        """``rows`` into the slots ``victims`` (one each): the victims' rows written back if
+        dirty, then the rows (and accumulators) fetched from the host in one batched copy."""
         self._write_back_(victims)
         self.slot_map[rows] = victims.to(torch.int32)
         self.slot_row[victims] = rows
         self.slot_score[victims] = 0
+        self.slot_dirty[victims] = not self.track_dirty  # untracked: every cached row counts as changed
+        self.slot_prefetched[victims] = False
         host_rows = rows.cpu()
         self.cache_weight[victims] = self._to_cache(self.weight.detach().index_select(0, host_rows))
         if self._host_state is not None:
             self.cache_state[victims] = self._to_cache(self._host_state.index_select(0, host_rows))
-        return victims
 
     def _to_cache(self, host: torch.Tensor) -> torch.Tensor:
         """One batched host-to-device copy (pinned staging on CUDA)."""
@@ -140,24 +216,33 @@ class CachedEmbedding(JointFusedEmbedding):
         return host.to(self.cache_weight.device)
 
     def _write_back_(self, slots: torch.Tensor) -> None:
-        """Copies the rows in ``slots`` (those holding one) back to the host table and state, and
-        empties the slots."""
-        slots = slots[self.slot_row[slots] >= 0]
+        """Empties ``slots``, copying back to the host table and state the dirty ones (clean
+        rows: the host copy is already current)."""
+        held = self.slot_row[slots] >= 0
+        write = slots[held & self.slot_dirty[slots]]
+        slots = slots[held]
         if slots.numel() == 0:
             return
-        rows = self.slot_row[slots]
-        self._copy_to_host(slots, rows.cpu())
-        self.slot_map[rows] = -1
+        if write.numel():
+            self._copy_to_host(write, self.slot_row[write].cpu())
+            self.writebacks += write.numel()
+        self.slot_map[self.slot_row[slots]] = -1
         self.slot_row[slots] = -1
-        self.writebacks += slots.numel()
+        self.slot_dirty[slots] = False
 
     @torch.no_grad()
     def flush_(self) -> None:
-        """Writes every cached row (and its accumulator) back to the host; the rows stay cached."""
+        """Writes every dirty cached row (and its accumulator) back to the host; the rows stay
+        cached, clean."""
         if not self.__dict__.get("_dirty"):  # also while the parent constructor initialises the table
             return
-        slots = (self.slot_row >= 0).nonzero().squeeze(1)
-        self._copy_to_host(slots, self.slot_row[slots].cpu())
+        self._join_prefetch()
+        slots = (self.slot_dirty & (self.slot_row >= 0)).nonzero().squeeze(1)
+        if slots.numel():
+            self._copy_to_host(slots, self.slot_row[slots].cpu())
+            self.writebacks += slots.numel()
+            if self.track_dirty:
+                self.slot_dirty[slots] = False
         self._dirty = False
 
     def _copy_to_host(self, slots: torch.Tensor, host_rows: torch.Tensor) -> None:
@@ -168,16 +253,95 @@ class CachedEmbedding(JointFusedEmbedding):
 
     @torch.no_grad()
     def invalidate_(self) -> None:
-        """Drops every cached row without writing it back (the host copy was replaced)."""
+        """Drops every cached row without writing it back (the host copy was replaced), and any
+        queued prefetch."""
+        self._join_prefetch()
+        self._request = None
         self.slot_map.fill_(-1)
         self.slot_row.fill_(-1)
         self.slot_score.fill_(-1)
         self.slot_pinned.fill_(False)
+        self.slot_dirty.fill_(False)
+        self.slot_prefetched.fill_(False)
         self._dirty = False
 
     def hit_rate(self) -> float:
-        """Share of looked-up ids whose row was already cached (1.0 before any lookup)."""
+        """Share of looked-up ids whose row was already cached (1.0 before any lookup); a row a
+        prefetch fetched for a lookup is that lookup's miss."""
         return 1.0 - self.lookup_misses / self.lookups if self.lookups else 1.0
+
+    # ---------------------------------------------------------------------------------------
+    # Prefetch
+
+    @torch.no_grad()
+    def prefetch_(self, ids: torch.Tensor | Bags) -> None:
+        """Fetches the rows of ``ids`` (a later batch, as ``forward`` takes it) ahead: queued now,
+        fetched by the next ``forward`` once its own rows hold their slots, into slots neither it
+        nor a queued update uses (the current step's rows stay; a row already cached, with or
+        without a pending update, is not fetched again). As many misses as such slots allow are
+        fetched (the rest by their own lookup). On CUDA the fetch runs on a side stream while the
+        step goes on; the forward after it waits on its event. A later call replaces the queued
+        request."""
+        self._request = self._joint_rows(ids)
+
+    def _joint_rows(self, ids: torch.Tensor | Bags) -> torch.Tensor | None:
+        """The joint rows ``forward`` would look up for ``ids`` (None for an empty batch)."""
+        device = self.cache_weight.device
+        if isinstance(ids, Bags):
+            batch = self._bag_batch_size(ids)
+            if batch == 0:
+                return None
+            bags = Bags(ids.values.to(device), ids.offsets.to(device), ids.num_features)
+            return self._joint_bags(bags, batch)[0].to(torch.int64)
+        ids = ids.to(device)
+        rows = (self._prepare_ids(ids) + self.offsets).reshape(-1)
+        return rows if rows.numel() else None
+
+    def _run_request(self, used: torch.Tensor) -> None:
+        """The queued prefetch, after a lookup that uses the slots ``used``."""
+        rows, self._request = self._request, None
+        if rows is None:
+            return
+        if self.cache_weight.device.type != "cuda":
+            self._prefetch_rows(rows, used)
+            return
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=self.cache_weight.device)
+        stream = self._stream
+        stream.wait_stream(torch.cuda.current_stream(self.cache_weight.device))  # the lookup's fill and reads
+        with torch.cuda.stream(stream):
+            rows.record_stream(stream)  # made on the step's stream: not reused while the side stream reads them
+            used.record_stream(stream)
+            self._prefetch_rows(rows, used)
+            self._prefetch_done = torch.cuda.Event()
+            self._prefetch_done.record(stream)
+
+    def _prefetch_rows(self, rows: torch.Tensor, used: torch.Tensor) -> None:
+        """Fetches the uncached of ``rows`` into slots outside ``used``, the pinned ones and those
+        holding ``rows``; as many as there are such slots."""
+        unique = torch.unique(rows)
+        slots = self.slot_map[unique].to(torch.int64)
+        missing = slots < 0
+        blocked = self.slot_pinned.clone()
+        blocked[used] = True
+        blocked[slots[~missing]] = True
+        candidates = (~blocked).nonzero().squeeze(1)
+        fetch = unique[missing]
+        take = min(fetch.numel(), candidates.numel())
+        if take == 0:
+            return
+        victims = self._victims(candidates, take)
+        self._place_(fetch[:take], victims)
+        self.slot_prefetched[victims] = True
+        if self.policy == "lru":
+            self.slot_score[victims] = self._calls  # as recent as the current step's rows
+        self.prefetched += take
+
+    def _join_prefetch(self) -> None:
+        """Makes the current stream wait for the last prefetch (CUDA; nothing to wait for on the CPU)."""
+        if self._prefetch_done is not None:
+            torch.cuda.current_stream(self.cache_weight.device).wait_event(self._prefetch_done)
+            self._prefetch_done = None
 
     # ---------------------------------------------------------------------------------------
     # The JointFusedEmbedding interface, on the cache
@@ -190,17 +354,26 @@ class CachedEmbedding(JointFusedEmbedding):
             bags = Bags(ids.values.to(self.cache_weight.device), ids.offsets.to(self.cache_weight.device),
                         ids.num_features)
             rows, weights = self._joint_bags(bags, batch)
-            return _FusedBagLookup.apply(self._tracked_cache(), self._slots_for(rows), bags.offsets.to(torch.int64),
-                                         weights, self.output_dtype(), self.num_tables, self._pending)
-        ids = ids.to(self.cache_weight.device)
-        rows = (self._prepare_ids(ids) + self.offsets).reshape(-1)
-        out = _FusedLookup.apply(self._tracked_cache(), self._slots_for(rows), self.output_dtype(), self._pending)
-        return out.view(ids.shape[0], self.num_tables, self.embedding_dim)
+            slots, used = self._slots_for(rows, self._queues_update())
+            out = _FusedBagLookup.apply(self._tracked_cache(), slots, bags.offsets.to(torch.int64), weights,
+                                        self.output_dtype(), self.num_tables, self._pending)
+        else:
+            ids = ids.to(self.cache_weight.device)
+            rows = (self._prepare_ids(ids) + self.offsets).reshape(-1)
+            slots, used = self._slots_for(rows, self._queues_update())
+            out = _FusedLookup.apply(self._tracked_cache(), slots, self.output_dtype(), self._pending)
+            out = out.view(ids.shape[0], self.num_tables, self.embedding_dim)
+        self._run_request(used)
+        return out
+
+    def _queues_update(self) -> bool:
+        """Whether a lookup now has a backward, which queues an update of its slots."""
+        return self.weight.requires_grad and torch.is_grad_enabled()
 
     def _tracked_cache(self) -> torch.Tensor:
         """The cache as a leaf that requires grad (sharing its storage), so that autograd runs the
         lookup's backward, which queues the update; the cache itself is a buffer."""
-        return self.cache_weight.detach().requires_grad_(self.weight.requires_grad and torch.is_grad_enabled())
+        return self.cache_weight.detach().requires_grad_(self._queues_update())
 
     def output_dtype(self) -> torch.dtype:
         dtype = compute_dtype(self.cache_weight)
@@ -217,9 +390,9 @@ class CachedEmbedding(JointFusedEmbedding):
     def apply_update_(self, lr: float | torch.Tensor, grad_scale: float | torch.Tensor = 1.0,
                       skip: bool | torch.Tensor | None = None, rowwise_state: torch.Tensor | None = None,
                       eps: float = ADAGRAD_EPS, rounding_step: torch.Tensor | None = None) -> None:
-        """``JointFusedEmbedding.apply_update_`` on the cached rows (the queue holds slots).
-        ``rowwise_state`` is the optimizer's ``[rows]`` host accumulator: the cache keeps its
-        cached rows' part and writes it back with them."""
+        """``JointFusedEmbedding.apply_update_`` on the cached rows (the queue holds slots), which
+        turn dirty. ``rowwise_state`` is the optimizer's ``[rows]`` host accumulator: the cache
+        keeps its cached rows' part and writes it back with them."""
         if rounding_step is not None and self.weight.dtype in HALF_DTYPES:
             raise ValueError("a cached table rounds to nearest: stochastic rounding is keyed by row, not by slot; "
                              "set `stochastic_rounding=False`")
@@ -231,25 +404,48 @@ class CachedEmbedding(JointFusedEmbedding):
         pending, state = self._pending, (self.cache_state if rowwise_state is not None else None)
         if pending:
             self._dirty = True
+            for item in pending:  # a skipped update leaves them as they were: written back for nothing
+                self.slot_dirty[item.values if isinstance(item, PendingBagUpdate) else item[0]] = True
         if pending and (state is not None or self.cache_weight.dtype in HALF_DTYPES):
             values, offsets, weights, grad = self._pending_as_one_bag_batch()
             if state is not None:
-                bag_rowwise_adagrad_update(self.cache_weight, state, values, offsets, grad, lr_t, scale_t, skip_t,
-                                           weights, eps)
+                self._on_rows(values, True, lambda w, s, v: bag_rowwise_adagrad_update(
+                    w, s, v, offsets, grad, lr_t, scale_t, skip_t, weights, eps))
             else:
-                bag_sgd_update(self.cache_weight, values, offsets, grad, lr_t, scale_t, skip_t, weights)
+                self._on_rows(values, False, lambda w, s, v: bag_sgd_update(
+                    w, v, offsets, grad, lr_t, scale_t, skip_t, weights))
         elif pending:
             for item in pending:
                 if isinstance(item, PendingBagUpdate):
-                    bag_sgd_update(self.cache_weight, item.values, item.offsets, item.grad, lr_t, scale_t, skip_t,
-                                   item.per_sample_weights)
+                    self._on_rows(item.values, False, lambda w, s, v, item=item: bag_sgd_update(
+                        w, v, item.offsets, item.grad, lr_t, scale_t, skip_t, item.per_sample_weights))
                 else:
-                    sgd_update(self.cache_weight, item[0], item[1], lr_t, scale_t, skip_t)
+                    self._on_rows(item[0], False, lambda w, s, v, item=item: sgd_update(
+                        w, v, item[1], lr_t, scale_t, skip_t))
         self.discard_pending_()
+
+    def _on_rows(self, slots: torch.Tensor, with_state: bool,
+                 update: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor], None]) -> None:
+        """``update(weight, state, ids)`` of the cached rows in ``slots``. Where the kernels' sort
+        is not stable (the CPU), on a copy of the rows those slots hold, keyed by the rows' ranks,
+        so that equal ids' gradients are summed in the order the uncached table sums them."""
+        state = self.cache_state if with_state else None
+        if not self._row_order:
+            update(self.cache_weight, state, slots)
+            return
+        rows, ranks = torch.unique(self.slot_row[slots.to(torch.int64)], return_inverse=True)
+        held = self.slot_map[rows].to(torch.int64)  # ascending rows, so the ranks order ids as the rows do
+        weight = self.cache_weight[held]
+        state_rows = state[held] if state is not None else None
+        update(weight, state_rows, ranks.reshape(slots.shape))
+        self.cache_weight[held] = weight
+        if state is not None:
+            self.cache_state[held] = state_rows
 
     def _bind_state(self, state: torch.Tensor) -> None:
         """Takes the optimizer's accumulator: the cached rows' part comes from it (the host holds
         every row's current value: no update has used the cache's copy yet)."""
+        self._join_prefetch()
         self._host_state = state
         self.cache_state = self.cache_state.to(state.dtype)  # the kernels update it in the optimizer's dtype
         slots = (self.slot_row >= 0).nonzero().squeeze(1)
@@ -280,3 +476,44 @@ def _scalar(value: float | bool | torch.Tensor, dtype: torch.dtype, device: torc
     if isinstance(value, torch.Tensor):
         return value.to(device=device, dtype=dtype).reshape(())
     return torch.full((), value, dtype=dtype, device=device)
+
+
+class _Ahead:
+    """The batches of ``batches``, each handed out after ``prefetch`` got the next one's ids."""
+
+    def __init__(self, batches: Iterable[Any], prefetch: Callable[[Any], None]) -> None:
+        self.batches, self.prefetch = batches, prefetch
+
+    def __len__(self) -> int:
+        return len(self.batches)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Any]:
+        batches = iter(self.batches)
+        current = next(batches, None)
+        while current is not None:
+            following = next(batches, None)
+            if following is not None:
+                self.prefetch(following.categorical)
+            yield current
+            current = following
+
+    def close(self) -> None:
+        close = getattr(self.batches, "close", None)
+        if close is not None:
+            close()
+
+
+def prefetching(batches: Iterable[Any], model: torch.nn.Module) -> Iterable[Any]:
+    """``batches`` (of a model's training loop) with the model's host-table cache fetching each
+    next batch's rows during the step before (``CachedEmbedding.prefetch_``); ``batches`` itself
+    for a model without a cache. The model is DLRM-like: ``host_embeddings`` looks up the ids
+    ``host_ids(categorical)`` of each batch."""
+    cache = getattr(model, "host_embeddings", None)
+    host_ids = getattr(model, "host_ids", None)
+    if not isinstance(cache, CachedEmbedding) or host_ids is None:
+        return batches
+
+    def prefetch(categorical: torch.Tensor | Bags) -> None:
+        cache.prefetch_(host_ids(categorical))
+
+    return _Ahead(batches, prefetch)

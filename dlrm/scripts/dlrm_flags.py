@@ -185,12 +185,31 @@ flags.DEFINE_string("host_tables", "auto",
                     "to the host and their embeddings come back every step), so that a model whose tables do not all "
                     "fit on the GPU trains on one GPU. auto: the fewest largest tables that let the rest fit, only when "
                     "they do not (GPU runs); none; or comma-separated table indices.")
-flags.DEFINE_integer("host_table_cache_rows", 0,
-                     "One-process runs with --embedding_type joint_fused: rows of the host tables cached on the "
-                     "device (hot rows in device memory, misses fetched from the host in one copy per step, LRU "
-                     "eviction, updates written back); 0: host tables are looked up on the host. Costs per row "
-                     "the row and its optimizer state on the device, plus 4 bytes per host row (the slot map).",
-                     lower_bound=0)
+
+
+class _CacheRowsParser(flags.ArgumentParser):
+    """--host_table_cache_rows: an integer >= 0, or auto."""
+
+    def parse(self, argument: Any) -> int | str:
+        if argument == "auto":
+            return "auto"
+        text = str(argument).strip()
+        if isinstance(argument, bool) or not (text.isascii() and text.isdigit()):
+            raise ValueError(f"{argument} is not a non-negative integer or auto")
+        return int(text)
+
+    def flag_type(self) -> str:
+        return "int or auto"
+
+
+flags.DEFINE(_CacheRowsParser(), "host_table_cache_rows", 0,
+             "One-process runs with --embedding_type joint_fused: rows of the host tables cached on the device (hot "
+             "rows in device memory, misses fetched from the host in one copy per step and the next batch's ahead "
+             "of it, LRU eviction, changed rows written back); 0: host tables are looked up on the host. Costs per "
+             "row the row and its optimizer state on the device, plus 4 bytes per host row (the slot map). auto: as "
+             "many rows as fit in the device memory left after the device tables, the MLPs with their optimizer "
+             "state and a batch's activations (--device_memory_gb, else 90% of the GPU's; on a CPU run the same "
+             "budget of host RAM), at most every host row; the run log shows the arithmetic.")
 flags.DEFINE_string("table_placement", "auto",
                     "Where the embedding tables go. auto: whole tables balanced by bytes, a table split row-wise "
                     "across every process only when memory demands it; table_wise: whole tables only; row_wise: every "

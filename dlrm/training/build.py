@@ -28,7 +28,8 @@ import torch
 from dlrm.data.feature_spec import FeatureSpec
 from dlrm.data.sources import load_feature_spec, make_rank_source, make_source, table_sizes
 from dlrm.distributed.parallelize import parallelize
-from dlrm.distributed.planner import Plan, format_plan, load_placement, plan_tables
+from dlrm.distributed.planner import Plan, format_plan, load_placement, plan_tables, size_host_cache
+from dlrm.distributed.sizing import device_reserve_bytes
 from dlrm.engine.checkpoint_store import claim_checkpoint_path
 from dlrm.engine.collectives import Collectives, process_group_collectives
 from dlrm.engine.errors import DatasetError
@@ -103,23 +104,55 @@ def table_bytes(cfg: RunConfig, model_cfg: DLRMConfig) -> dict[str, int]:
     return {"state_bytes_per_row": state, "bytes_per_value": EMBEDDING_DTYPES[model_cfg.embedding_dtype].itemsize}
 
 
-def plan_one_device(cfg: RunConfig, model_cfg: DLRMConfig, device: torch.device, logger: RunLogger) -> Plan:
+def host_cache_budget(cfg: RunConfig, model_cfg: DLRMConfig, spec: FeatureSpec | None = None) -> tuple[int, list[int]]:
+    """What ``host_table_cache_rows=auto`` leaves out of the device's capacity, and the least it
+    must cache: the bytes a step needs besides the tables (the MLPs, with their gradients and
+    optimizer state when training, and the activations of the larger of the train and test
+    batches: ``device_reserve_bytes``), and per table the most distinct rows one batch may look
+    up (batch x ids per sample; a variable-length bag counts one id, a lower bound only)."""
+    training = cfg.mode == "train"
+    batch = max(cfg.batch_size, cfg.test_batch_size) if training else cfg.test_batch_size
+    reserve = device_reserve_bytes(model_cfg, batch, cfg.optimizer.dense_state_bytes(), 2 if cfg.amp else 4,
+                                   training)
+    ids = [1] * len(model_cfg.table_sizes)
+    if spec is not None:
+        ids = [size if isinstance(size, int) else 1 for size in (spec.bag_size(t) for t in range(len(ids)))]
+    return reserve, [min(rows, batch * n) for rows, n in zip(model_cfg.table_sizes, ids)]
+
+
+def plan_one_device(cfg: RunConfig, model_cfg: DLRMConfig, device: torch.device, logger: RunLogger,
+                    spec: FeatureSpec | None = None) -> Plan:
     """Every table on this device, or the largest in host memory when they do not all fit there
     (``host_tables``), with their device cache (``host_table_cache_rows``): logs the bytes, and
     stops with the numbers (not an out-of-memory crash half-way through building the model) when
-    they do not fit. Returns the plan (``host``, ``host_cache_rows``)."""
+    they do not fit. Returns the plan (``host``, ``host_cache_rows``).
+
+    ``host_table_cache_rows=auto`` caches as many rows as fit in the capacity (``capacity``:
+    ``device_memory_gb``, else 90% of the GPU) less the device tables, ``host_cache_budget``'s
+    reserve and the slot map, and logs that arithmetic. On a CPU run the capacity is the same
+    setting, else 90% of the host's RAM: well defined, and with the cache on the CPU usually
+    every host row (the host tables must be named there, ``host_tables=auto`` keeps none)."""
     host_tables = cfg.parallel.host_tables
     if device.type != "cuda" and host_tables == "auto":
         host_tables = "none"  # on the CPU the host's memory is the device's: nothing to gain
+    cache_rows = cfg.parallel.host_table_cache_rows
+    reserve, batch_rows = host_cache_budget(cfg, model_cfg, spec) if cache_rows == "auto" else (0, [])
+    sizes = table_bytes(cfg, model_cfg)
     plan = plan_tables(model_cfg.table_sizes, model_cfg.embedding_dim, 1, capacity(cfg, device, 1),
                        host_tables=host_tables, host_capacity=int(0.9 * device_memory_bytes(torch.device("cpu"), 1)),
-                       host_cache_rows=cfg.parallel.host_table_cache_rows, **table_bytes(cfg, model_cfg))
-    if cfg.parallel.host_table_cache_rows and not plan.host:
+                       host_cache_rows=cache_rows, host_cache_reserve=reserve, host_cache_batch_rows=batch_rows,
+                       **sizes)
+    if cache_rows and not plan.host:
         raise ValueError("`host_table_cache_rows` caches tables kept in host memory, and every table fits on the "
                          f"device ({device.type}): name the tables to keep there in `host_tables`")
     logger.print(format_plan(plan))
+    sizing = None
+    if cache_rows == "auto":
+        sizing = size_host_cache(plan, model_cfg.embedding_dim, sizes["bytes_per_value"], reserve, batch_rows)
+        logger.print(sizing.describe())
     if plan.host:
-        logger.record("plan", **plan.to_json(), bytes=[plan.device_bytes(0)], host_bytes=plan.host_bytes())
+        logger.record("plan", **plan.to_json(), bytes=[plan.device_bytes(0)], host_bytes=plan.host_bytes(),
+                      **({"host_cache_auto": sizing.to_json()} if sizing is not None else {}))
     return plan
 
 
@@ -172,7 +205,7 @@ def build_run(cfg: RunConfig, device: torch.device, env: DistEnv | None = None,
     precision = Precision.parse(cfg.amp, cfg.amp_dtype, device)
     spec, model_cfg = shape or model_config(cfg, device)
     if env is None:
-        plan = plan_one_device(cfg, model_cfg, device, logger)
+        plan = plan_one_device(cfg, model_cfg, device, logger, spec)
         model = DLRM(model_cfg, device=device, host_tables=plan.host, host_cache_rows=plan.host_cache_rows)
         source = lambda split, batch_size: make_source(cfg.data, spec, split, batch_size, device,  # noqa: E731
                                                        seed=cfg.seed)

@@ -97,15 +97,16 @@ class ParallelConfig:
     gradient_sync: str = "after_backward"
     gradient_bucket_mb: float = 25.0
     dist_timeout: float = 300.0
-    # Device rows caching the host tables (``DLRM(host_cache_rows=...)``); 0: looked up on the host.
-    host_table_cache_rows: int = 0
+    # Device rows caching the host tables (``DLRM(host_cache_rows=...)``); 0: looked up on the host;
+    # "auto": as many as the device has room for beside the plan (``dlrm.distributed.planner.size_host_cache``).
+    host_table_cache_rows: int | str = 0
 
     def __post_init__(self) -> None:
         check_positive(device_memory_gb=self.device_memory_gb, dist_timeout=self.dist_timeout,
                        gradient_bucket_mb=self.gradient_bucket_mb)
         rows = self.host_table_cache_rows
-        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
-            raise ValueError(f"`host_table_cache_rows` must be an integer >= 0, got {rows!r}")
+        if rows != "auto" and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
+            raise ValueError(f"`host_table_cache_rows` must be an integer >= 0 or \"auto\", got {rows!r}")
         if self.exchange_dtype not in EXCHANGE_DTYPES:
             raise ValueError(f"`exchange_dtype` must be one of {EXCHANGE_DTYPES}, got {self.exchange_dtype!r}")
         if self.gradient_sync not in GRADIENT_SYNC:

@@ -22,6 +22,7 @@ from dlrm.engine.collectives import Collectives
 from dlrm.engine.logger import RunLogger, format_eta
 from dlrm.engine.loop import LoopParts, LoopSettings, Meter, Window, run_loop, synchronize
 from dlrm.model.precision import Precision
+from dlrm.nn.cached_embedding import prefetching
 from dlrm.training import nvidia_checkpoint
 from dlrm.training.checkpoint import CheckpointError, TrainState, check_can_save, save_checkpoint
 from dlrm.training.cuda_graphs import GraphedInference, GraphedTrainStep, check_cuda_graphs_supported
@@ -345,7 +346,8 @@ class _DlrmRun:
             return []
         self.final_step = min(self.max_steps,
                               state.step + len(order) + (cfg.epochs - state.epoch - 1) * self.steps_per_epoch)
-        return PrefetchLoader(source, order, self.device, cfg.prefetch)
+        # A host-table cache fetches each next batch's rows during the step before (no-op without one).
+        return prefetching(PrefetchLoader(source, order, self.device, cfg.prefetch), self.model)
 
     def step(self, batch: Batch) -> tuple[torch.Tensor, int, bool]:
         self.lr = self.cfg.schedule.apply(self.optimizer, self.state.step + 1)
