@@ -274,11 +274,57 @@ def test_a_prefetch_never_moves_a_row_whose_update_is_queued():
         for module in (plain, cache):
             module(first).backward(grads[0])
             if module is cache:
-                cache.prefetch_(following)  # run by the next lookup
+                cache.prefetch_(following)  # run once the update of both lookups is queued
             module(second).backward(grads[1])
             module.apply_update_(0.1)
     assert cache.prefetched > 0
     assert torch.equal(cache.table_weight(0), plain.table_weight(0))
+
+
+def test_a_training_lookup_leaves_the_prefetch_to_its_update():
+    """The prefetch runs once the step's update is queued (on a GPU, beside the step's later
+    work), not at the lookup; a lookup that queues no update (evaluation) runs it at once."""
+    cache = CachedEmbedding([300], 2, cache_rows=64)
+    now, following = torch.arange(16)[:, None], torch.arange(100, 116)[:, None]
+    cache.prefetch_(following)
+    cache(now).backward(torch.ones(16, 1, 2))
+    assert cache.prefetched == 0 and bool((cache.slot_map[100:116] < 0).all())
+    cache.apply_update_(0.1)
+    assert cache.prefetched == 16 and bool((cache.slot_map[100:116] >= 0).all())
+    assert not bool(cache.slot_pinned.any()) and cache._used == []
+    cache.prefetch_(following + 50)
+    with torch.no_grad():
+        cache(now)
+    assert cache.prefetched == 32
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("adagrad", [False, True])
+def test_cuda_prefetch_on_its_stream_trains_as_the_uncached_table(adagrad):
+    """The cache on the GPU, each next batch fetched on the side stream while the step's update
+    runs, with evictions: lookups, tables and accumulators equal the uncached table's on the GPU
+    (the same kernels), up to the order of atomic adds of an id two update programs share."""
+    gen = torch.Generator().manual_seed(5)
+    steps = [(_ids(gen, 256), torch.randn(256, 2, 4, generator=gen)) for _ in range(30)]
+    plain = JointFusedEmbedding([500, 40], 4, device="cuda", init_device="cpu")  # the host table's values
+    cache = CachedEmbedding([500, 40], 4, init_seed=plain.init_seed, cache_rows=300, cache_device="cuda")
+    states = [torch.zeros(540, device="cuda"), torch.zeros(540)]
+    for i, (ids, grad) in enumerate(steps):
+        if i + 1 < len(steps):
+            cache.prefetch_(steps[i + 1][0].cuda())
+        for module, state in ((plain, states[0]), (cache, states[1])):
+            out = module(ids.cuda())
+            out.backward(grad.cuda())
+            module.apply_update_(0.1, rowwise_state=state if adagrad else None)
+            if module is plain:
+                expected = out.detach()
+        torch.testing.assert_close(out.detach(), expected, rtol=1e-5, atol=1e-6)
+    assert cache.prefetched > 0 and cache.writebacks > 0
+    for t in range(2):
+        torch.testing.assert_close(cache.table_weight(t).cuda(), plain.table_weight(t), rtol=1e-5, atol=1e-6)
+    if adagrad:
+        torch.testing.assert_close(states[1].cuda(), states[0], rtol=1e-5, atol=1e-6)
 
 
 def test_a_second_lookup_before_the_update_cannot_evict_the_first_ones_rows():

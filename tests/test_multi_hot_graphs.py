@@ -252,6 +252,18 @@ def test_fixed_bag_sizes_cap_the_padding():
     assert fixed.categorical.values.shape[0] == fixed_bag_limit(MAX_BAG, BATCH)
 
 
+def test_a_feature_spec_bounds_a_batch_of_fixed_bags_only():
+    """What ``--cuda_graphs`` runs pass as ``max_bag_values``: fixed bags (and one-hot features
+    beside them) bound a batch's ids, so full bags take an exact bucket; a variable bag does not."""
+    from dlrm.data.feature_spec import FeatureSpec
+    from dlrm.training.cuda_graphs import batch_bag_limit
+
+    fixed = FeatureSpec.default(2, [10, 20, 30], bag_sizes=[3, None, 5])
+    assert batch_bag_limit(fixed, 64) == 64 * (3 + 1 + 5)
+    assert batch_bag_limit(FeatureSpec.default(2, [10, 20], bag_sizes=[3, "variable"]), 64) is None
+    assert batch_bag_limit(FeatureSpec.default(2, [10, 20]), 64) is None
+
+
 def test_graphed_step_buckets_by_padded_length():
     step = GraphedTrainStep(lambda batch, capturing: None, max_bag_values=fixed_bag_limit(MAX_BAG, BATCH))
     variable, fixed, other = make_batch(1), make_batch(2, fixed=True), make_batch(3)
@@ -501,7 +513,9 @@ def test_cuda_make_train_step_graphs_multi_hot_data(amp_dtype):
     opt_e, opt_g = make_optimizer(eager, 0.1, cfg), make_optimizer(graphed, 0.1, cfg)
     precision = Precision("cuda", amp_dtype)
     step_e = make_train_step(eager, opt_e, precision.grad_scaler(), precision)
-    step_g = make_train_step(graphed, opt_g, precision.grad_scaler(), precision, cuda_graphs=True)
+    step_g = make_train_step(graphed, opt_g, precision.grad_scaler(), precision, cuda_graphs=True,
+                             max_bag_values=fixed_bag_limit(MAX_BAG, 256))
+    assert step_g.graphed.max_bag_values == fixed_bag_limit(MAX_BAG, 256)
     for batch in two_bucket_run():
         torch.testing.assert_close(step_g(batch), step_e(batch), rtol=1e-5, atol=1e-6)
     for (name, pe), pg in zip(eager.named_parameters(), graphed.parameters()):

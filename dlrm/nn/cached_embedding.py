@@ -21,18 +21,19 @@ accumulator follows its rows: it is bound at the first update (``apply_update_``
 cached beside the rows and written back with them.
 
 Prefetch (``prefetch_``, wired into the training loop by ``prefetching``): the loop hands the
-cache the next batch's ids before the current step; the current step's forward, once its own
-rows hold their slots, fetches the next batch's misses into slots that the current step does
-not use (so a row with a queued update is never evicted, and a cached row is never fetched
-again). On CUDA that fetch runs on a side stream, overlapping the rest of the step, and the next
-forward's stream waits on its event; on the CPU it runs in place. A row fetched ahead counts as
-a miss of the lookup that first uses it, so the hit rate means the same with and without
-prefetch.
+cache the next batch's ids before the current step; once the step's update is queued
+(``apply_update_``), the cache fetches the next batch's misses into slots that the step does not
+use (so a row with a queued update is never evicted, and a cached row is never fetched again).
+On CUDA that fetch runs on a side stream that waits only for the step's lookups, so the host's
+part (reading which rows miss, gathering them from the host table) runs while the GPU works
+through the step's MLPs, backward and update, and the next forward waits on its event; on the
+CPU it runs in place. A lookup without an update to queue (evaluation) runs a queued prefetch
+at once. A row fetched ahead counts as a miss of the lookup that first uses it, so the hit rate
+means the same with and without prefetch.
 
 Host syncs: the number of misses is read on the host once per call (to size the copy), so a
 step with a cache cannot be captured in a CUDA graph; a prefetch reads its own on the side
-stream, which waits only for the work queued before it (the current step's lookups), not for
-the step's MLPs, backward or update.
+stream, which waits only for the step's lookups, not for its MLPs, backward or update.
 """
 
 from __future__ import annotations
@@ -114,6 +115,8 @@ class CachedEmbedding(JointFusedEmbedding):
         self._request: torch.Tensor | None = None  # joint rows a prefetch_ queued for the next forward
         self._stream: Any = None  # CUDA: the side stream prefetches run on
         self._prefetch_done: Any = None  # CUDA: the event of the last prefetch, until a stream waits on it
+        self._used: list[torch.Tensor] = []  # slots of the lookups whose update is queued (the pinned ones)
+        self._lookup_done: Any = None  # CUDA: the event of the last lookup's fill, which a prefetch waits for
         # The CPU's sort is not stable: equal ids' gradients are summed in an order that depends on the
         # ids' values, so the update runs on the rows' ranks (ordered as the rows, whatever their slots).
         self._row_order = device.type == "cpu"
@@ -276,12 +279,12 @@ class CachedEmbedding(JointFusedEmbedding):
     @torch.no_grad()
     def prefetch_(self, ids: torch.Tensor | Bags) -> None:
         """Fetches the rows of ``ids`` (a later batch, as ``forward`` takes it) ahead: queued now,
-        fetched by the next ``forward`` once its own rows hold their slots, into slots neither it
-        nor a queued update uses (the current step's rows stay; a row already cached, with or
-        without a pending update, is not fetched again). As many misses as such slots allow are
-        fetched (the rest by their own lookup). On CUDA the fetch runs on a side stream while the
-        step goes on; the forward after it waits on its event. A later call replaces the queued
-        request."""
+        fetched once the next update is queued (``apply_update_``; or by the next lookup that
+        queues none), into slots no lookup since the last update uses (those rows stay; a row
+        already cached, with or without a pending update, is not fetched again). As many misses
+        as such slots allow are fetched (the rest by their own lookup). On CUDA the fetch runs on
+        a side stream while the step goes on; the forward after it waits on its event. A later
+        call replaces the queued request."""
         self._request = self._joint_rows(ids)
 
     def _joint_rows(self, ids: torch.Tensor | Bags) -> torch.Tensor | None:
@@ -297,8 +300,22 @@ class CachedEmbedding(JointFusedEmbedding):
         rows = (self._prepare_ids(ids) + self.offsets).reshape(-1)
         return rows if rows.numel() else None
 
+    def _note_lookup(self, used: torch.Tensor, queues_update: bool) -> None:
+        """After a lookup of the slots ``used``: kept until the update when it queues one (a
+        prefetch must leave them alone), else the queued prefetch runs now."""
+        if queues_update:
+            self._used.append(used)
+            if used.device.type == "cuda":
+                self._lookup_done = torch.cuda.Event()
+                self._lookup_done.record(torch.cuda.current_stream(used.device))
+        elif self._request is not None:
+            self._lookup_done = None  # this lookup's fill is newer than that event: wait for the stream
+            self._run_request(torch.cat([*self._used, used]))
+
     def _run_request(self, used: torch.Tensor) -> None:
-        """The queued prefetch, after a lookup that uses the slots ``used``."""
+        """The queued prefetch, into slots outside ``used`` (every slot a lookup since the last
+        update holds). On CUDA on the side stream, after the last lookup's fill only: the step's
+        later work, queued or not, goes on beside it."""
         rows, self._request = self._request, None
         if rows is None:
             return
@@ -308,7 +325,10 @@ class CachedEmbedding(JointFusedEmbedding):
         if self._stream is None:
             self._stream = torch.cuda.Stream(device=self.cache_weight.device)
         stream = self._stream
-        stream.wait_stream(torch.cuda.current_stream(self.cache_weight.device))  # the lookup's fill and reads
+        if self._lookup_done is not None:  # the lookups' fills and slot maps: what the prefetch reads
+            stream.wait_event(self._lookup_done)
+        else:
+            stream.wait_stream(torch.cuda.current_stream(self.cache_weight.device))
         with torch.cuda.stream(stream):
             rows.record_stream(stream)  # made on the step's stream: not reused while the side stream reads them
             used.record_stream(stream)
@@ -317,12 +337,13 @@ class CachedEmbedding(JointFusedEmbedding):
             self._prefetch_done.record(stream)
 
     def _prefetch_rows(self, rows: torch.Tensor, used: torch.Tensor) -> None:
-        """Fetches the uncached of ``rows`` into slots outside ``used``, the pinned ones and those
+        """Fetches the uncached of ``rows`` into slots outside ``used`` (which hold every pinned
+        slot: ``slot_pinned`` itself is not read, the step's stream may be clearing it) and those
         holding ``rows``; as many as there are such slots."""
         unique = torch.unique(rows)
         slots = self.slot_map[unique].to(torch.int64)
         missing = slots < 0
-        blocked = self.slot_pinned.clone()
+        blocked = torch.zeros_like(self.slot_pinned)
         blocked[used] = True
         blocked[slots[~missing]] = True
         candidates = (~blocked).nonzero().squeeze(1)
@@ -354,16 +375,18 @@ class CachedEmbedding(JointFusedEmbedding):
             bags = Bags(ids.values.to(self.cache_weight.device), ids.offsets.to(self.cache_weight.device),
                         ids.num_features)
             rows, weights = self._joint_bags(bags, batch)
-            slots, used = self._slots_for(rows, self._queues_update())
+            queues_update = self._queues_update()
+            slots, used = self._slots_for(rows, queues_update)
             out = _FusedBagLookup.apply(self._tracked_cache(), slots, bags.offsets.to(torch.int64), weights,
                                         self.output_dtype(), self.num_tables, self._pending)
         else:
             ids = ids.to(self.cache_weight.device)
             rows = (self._prepare_ids(ids) + self.offsets).reshape(-1)
-            slots, used = self._slots_for(rows, self._queues_update())
+            queues_update = self._queues_update()
+            slots, used = self._slots_for(rows, queues_update)
             out = _FusedLookup.apply(self._tracked_cache(), slots, self.output_dtype(), self._pending)
             out = out.view(ids.shape[0], self.num_tables, self.embedding_dim)
-        self._run_request(used)
+        self._note_lookup(used, queues_update)
         return out
 
     def _queues_update(self) -> bool:
@@ -422,7 +445,10 @@ class CachedEmbedding(JointFusedEmbedding):
                 else:
                     self._on_rows(item[0], False, lambda w, s, v, item=item: sgd_update(
                         w, v, item[1], lr_t, scale_t, skip_t))
+        used = self._used
         self.discard_pending_()
+        if self._request is not None:  # the next batch's rows, while the device works through this step
+            self._run_request(torch.cat(used) if used else self.slot_pinned.new_zeros(0, dtype=torch.int64))
 
     def _on_rows(self, slots: torch.Tensor, with_state: bool,
                  update: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor], None]) -> None:
@@ -454,6 +480,8 @@ class CachedEmbedding(JointFusedEmbedding):
     def discard_pending_(self) -> None:
         self._pending.clear()
         self.slot_pinned.fill_(False)
+        self._used = []
+        self._lookup_done = None
 
     def table_weight(self, i: int) -> torch.Tensor:
         """The host table, flushed first: what checkpoints save is current (the accumulator too)."""

@@ -56,7 +56,7 @@ from dlrm.training.build import (
     Run, build_run, claim_outputs, host_cache_hit_rate, model_config, start_processes, start_training, table_bytes,
     validate_sources,
 )
-from dlrm.training.cuda_graphs import GraphedInference
+from dlrm.training.cuda_graphs import GraphedInference, batch_bag_limit
 from dlrm.training.lr_schedule import LRSchedule
 from dlrm.training.optimizers import OptimizerConfig
 from dlrm.training.run_config import (
@@ -203,7 +203,8 @@ def _train(run: Run) -> dict[str, Any]:
             summary = train_loop(run.model, optimizer, scaler, run.precision, train_source, test_source, cfg.train,
                                  run.device, run.logger, state=state, run_config=cfg.to_dict(),
                                  should_stop=stop.event.is_set if stop else lambda: False,
-                                 collectives=run.collectives, seed=cfg.seed)
+                                 collectives=run.collectives, seed=cfg.seed,
+                                 max_bag_values=batch_bag_limit(run.spec, cfg.batch_size))
         finally:
             if stop is not None:
                 stop.over()

@@ -91,6 +91,14 @@ def fixed_bag_limit(bag_sizes: Sequence[int | str | None], batch_size: int) -> i
     return batch_size * sum(1 if size is None else size for size in bag_sizes)
 
 
+def batch_bag_limit(spec, batch_size: int) -> int | None:
+    """``fixed_bag_limit`` of a ``FeatureSpec``'s categorical features: None for one-hot data
+    (nothing to pad) and for data with a variable-length bag (no bound)."""
+    if not spec.multi_hot_features:
+        return None
+    return fixed_bag_limit([spec.bag_size(j) for j in range(spec.num_categorical)], batch_size)
+
+
 def padded_batch(batch: Batch, length: int | None = None) -> Batch:
     """A copy of ``batch`` in buffers of its own, multi-hot ids padded to ``length`` values
     (``Bags.padded_to``; one-hot ids ignore it): what ``GraphedTrainStep`` captures and

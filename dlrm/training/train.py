@@ -180,9 +180,12 @@ def make_train_step(
     precision: Precision,
     collectives: Collectives = Collectives(),
     cuda_graphs: bool = False,
+    max_bag_values: int | None = None,
 ) -> Callable[[Batch], torch.Tensor]:
     """``step(batch) -> loss``: ``train_step`` for sparse-gradient embeddings, ``fused_train_step``
-    for ``joint_fused`` ones, captured in a CUDA graph with ``cuda_graphs``."""
+    for ``joint_fused`` ones, captured in a CUDA graph with ``cuda_graphs`` (``max_bag_values``:
+    the most multi-hot ids a batch can hold, ``fixed_bag_limit``, so that full bags are not
+    padded; the step's ``graphed`` attribute is its ``GraphedTrainStep``)."""
     device = next(model.parameters()).device
     if cuda_graphs:
         check_cuda_graphs_supported(model, device, collectives.world_size)
@@ -196,7 +199,7 @@ def make_train_step(
         return fused_train_step(model, batch, optimizer, scaler, precision, collectives, lr, not capturing,
                                 rounding_step)
 
-    run = GraphedTrainStep(fused) if cuda_graphs else fused
+    run = GraphedTrainStep(fused, max_bag_values=max_bag_values) if cuda_graphs else fused
 
     def step(batch: Batch) -> torch.Tensor:
         # outside any graph: the schedule moves the lr, and the rounding key changes, every step
@@ -205,6 +208,7 @@ def make_train_step(
             rounding_step.fill_(optimizer.take_rounding_step())
         return run(batch)
 
+    step.graphed = run if cuda_graphs else None
     return step
 
 
@@ -421,6 +425,7 @@ def train(
     should_stop: Callable[[], bool] = lambda: False,
     collectives: Collectives = Collectives(),
     seed: int = 12345,
+    max_bag_values: int | None = None,
 ) -> dict[str, Any]:
     """Trains until ``epochs`` or ``max_steps`` are done, the AUC threshold is reached, or
     ``should_stop()`` turns true (checked between steps, so a stop never splits an update).
@@ -428,7 +433,8 @@ def train(
     another batch size. The loop's guarantees (the summary record, the save on a stop or an
     error, ``NonFiniteLoss`` when the loss turns non-finite, with the last finite checkpoint
     kept) are ``run_loop``'s. ``seed``: the shuffled batch order's (``shuffle_batch_order``), a
-    run's one seed (``RunConfig.seed``); ``run_config``: what the checkpoints record of the run."""
+    run's one seed (``RunConfig.seed``); ``run_config``: what the checkpoints record of the run;
+    ``max_bag_values``: ``make_train_step``'s (with ``cuda_graphs`` on multi-hot data)."""
     state = state or TrainState()
     run = _DlrmRun(model, optimizer, scaler, precision, train_source, test_source, cfg, device, logger, state,
                    run_config, collectives, seed)
@@ -438,6 +444,7 @@ def train(
             nvidia_checkpoint.check_can_write(model.config)
         if cfg.save_checkpoint_path and collectives.rank == 0:
             check_can_save(cfg.save_checkpoint_path, model)  # now, not at the first save after hours of training
-        run.step_fn = make_train_step(model, optimizer, scaler, precision, collectives, cfg.cuda_graphs)
+        run.step_fn = make_train_step(model, optimizer, scaler, precision, collectives, cfg.cuda_graphs,
+                                      max_bag_values)
     model.train()
     return run_loop(run.parts(), cfg.loop, device, logger, collectives, should_stop)
