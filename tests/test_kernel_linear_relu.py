@@ -373,3 +373,25 @@ def test_traced_mlp_records_plain_ops():
     assert not any("PythonOp" in kind or "addmm_activation" in kind for kind in kinds), kinds
     mlp.use_kernel = False
     torch.testing.assert_close(traced(other), mlp(other), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_cuda_a_kernel_that_cannot_be_built_falls_back_with_a_warning(monkeypatch):
+    """A compiler error at the first launch (planted: Triton's own cannot be provoked on
+    purpose) warns once; that GPU's MLPs then take the reference, with the same result."""
+    calls = []
+
+    def unbuildable(*args, **kwargs):
+        calls.append(1)
+        raise RuntimeError("planted compiler error\nsecond line")
+
+    monkeypatch.setattr(kernel, "_relu_bias_grad", unbuildable)
+    monkeypatch.setattr(kernel, "_UNBUILDABLE", set())
+    grad_out, out = randn((64, 48), torch.float32, "cuda", 0), randn((64, 48), torch.float32, "cuda", 1)
+    expected = kernel.relu_bias_grad_reference(grad_out, out, torch.float32)
+    with pytest.warns(RuntimeWarning, match="could not be built .*planted compiler error"):
+        got = kernel.relu_bias_grad(grad_out, out, torch.float32)
+    again = kernel.relu_bias_grad(grad_out, out, torch.float32)
+    assert len(calls) == 1
+    for result in (got, again):
+        assert all(torch.equal(a, b) for a, b in zip(result, expected))
