@@ -109,10 +109,14 @@ for stage in "${stages[@]}"; do
         # Tables larger than device memory (issue 28, item 4): the cached run is held to 16 GiB of
         # HBM and trains 32 GiB of FL15-shaped fp32 tables (twice its HBM) kept in pinned host
         # memory behind a cache of a quarter of their rows; the same model at half size (16 GiB)
-        # trains all in HBM; then the hit rate against cache size for the same ids
+        # trains all in HBM; then the hit rate against cache size for the same ids; then auto
+        # sizing, prefetch and dirty tracking side by side, and the victims' selection
         run_stage host_cache "${HOST_CACHE_LIMIT:-420}" bash -c "$python benchmarks/host_cache.py train --device cuda \
             --table_gib 32 --hbm_gib 16 --cache_fraction 0.25 --batch_size 65536 --steps 30 &&
-            $python benchmarks/host_cache.py hit_rate --table_gib 32 --batch_size 65536 --steps 100" ;;
+            $python benchmarks/host_cache.py hit_rate --table_gib 32 --batch_size 65536 --steps 100 &&
+            $python benchmarks/host_cache.py features --device cuda --table_gib 8 --cache_fraction 0.05 \
+                --batch_size 65536 --steps 30 &&
+            $python benchmarks/host_cache.py victims --device cuda --slots 10000000 --misses 1000,50000,500000" ;;
     *)
         echo "unknown stage $stage" >&2; exit 2 ;;
     esac

@@ -6,6 +6,7 @@ against cache size, and training throughput cached against every table in device
     python benchmarks/host_cache.py train --device cuda --table_gib 40 --hbm_gib 40 --cache_fraction 0.25
     python benchmarks/host_cache.py features --device cpu --tables 20000,5000 --batch_size 256 --steps 20 \
         --cache_fraction 0.05
+    python benchmarks/host_cache.py victims --device cpu --slots 1000000 --misses 1000,50000
 
 ``hit_rate`` looks up power-law ids (``--zipf_exponent``) through caches of several sizes (a
 fraction of all rows) and prints the share of ids found cached, after a warm-up. ``train`` trains
@@ -22,6 +23,10 @@ many rows the time per step and hit rate without and with prefetch of the next b
 and the rows written back to the host over the steps and a read-only evaluation pass with
 dirty tracking and with every evicted row written back (``track_dirty=False``, the cache before
 dirty tracking).
+
+``victims`` times the choice of the slots a step's misses evict among ``--slots`` slots with
+LRU scores (many ties), ``CachedEmbedding._victims`` against the stable sort of every
+candidate's score it replaced, and checks that both choose the same slots.
 """
 
 from __future__ import annotations
@@ -171,9 +176,37 @@ def features(config: DLRMConfig, device: torch.device, batch_size: int, steps: i
           f"tracking: {total[next(iter(runs))]:,}, without: {total[list(runs)[2]]:,}")
 
 
+def victim_times(device: torch.device, slots: int, misses: list[int], repeats: int = 20) -> None:
+    """Prints ms per choice of ``k`` victims among ``slots`` free slots: the cache's selection and
+    the full stable sort of every candidate's score (the plain path), on the same scores."""
+    cache = CachedEmbedding([slots], 1, cache_rows=slots, cache_device=device)
+    gen = torch.Generator().manual_seed(0)
+    cache.slot_score.copy_(torch.randint(-1, 200, (slots,), generator=gen))  # last step used: ties galore
+    cache._score_limit = 200
+    candidates = torch.arange(slots, device=device)
+
+    def timed(fn) -> tuple[float, torch.Tensor]:
+        fn()
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            out = fn()
+        synchronize(device)
+        return (time.perf_counter() - start) / repeats * 1e3, out
+
+    for k in misses:
+        old_ms, expected = timed(lambda: candidates[torch.sort(cache.slot_score[candidates], stable=True).indices[:k]])
+        new_ms, chosen = timed(lambda: cache._victims(candidates, k))
+        assert torch.equal(chosen, expected)
+        print(f"{slots:,} slots, {k:,} victims: selection {new_ms:.2f} ms, full stable sort {old_ms:.2f} ms "
+              f"({old_ms / new_ms:.2f}x), same slots")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=["hit_rate", "train", "features"])
+    parser.add_argument("mode", choices=["hit_rate", "train", "features", "victims"])
+    parser.add_argument("--slots", type=int, default=1_000_000, help="victims: cache slots")
+    parser.add_argument("--misses", default="1000,50000", help="victims: rows a step fetches")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--tables", default="", help="row counts (default: FL15 proportions, see --table_gib)")
     parser.add_argument("--table_gib", type=float, default=1.0, help="fp32 GiB of all tables (dim 128)")
@@ -188,6 +221,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
     device = torch.device(args.device)
+    if args.mode == "victims":
+        print(f"device: {device_name(device)}")
+        victim_times(device, args.slots, [int(k) for k in args.misses.split(",")])
+        return
     if args.tables:
         tables = [int(n) for n in args.tables.split(",")]
     else:

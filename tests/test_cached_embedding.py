@@ -144,12 +144,18 @@ def test_a_cache_smaller_than_one_step_is_refused():
 # Victim selection, dirty rows, prefetch
 
 
+@pytest.mark.parametrize("select_below", [1, None])
 @pytest.mark.parametrize("huge_scores", [False, True])
-def test_victims_are_those_a_stable_sort_of_every_candidate_puts_first(huge_scores):
+def test_victims_are_those_a_stable_sort_of_every_candidate_puts_first(huge_scores, select_below, monkeypatch):
     """The selection (the k lowest scores, ties to the lowest slot, in that order) equals the
     stable sort of every candidate's score it replaces: scores with many ties (empty slots at
     -1 among them), candidates any subset of the slots, k from 1 to all of them; by the unique
-    key, and by the threshold where scores may be too large for that key."""
+    key, and by the threshold where scores may be too large for that key; selected for every k
+    (``SELECT_BELOW=1``), or as the cache chooses between selection and sort."""
+    from dlrm.nn import cached_embedding
+
+    if select_below is not None:
+        monkeypatch.setattr(cached_embedding, "SELECT_BELOW", select_below)
     cache = CachedEmbedding([400], 2, cache_rows=200)
     gen = torch.Generator().manual_seed(11)
     for trial in range(30):

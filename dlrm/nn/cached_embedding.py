@@ -56,6 +56,9 @@ POLICIES = ("lru", "lfu")
 SLOT_BOOKKEEPING_BYTES = 8 + 8 + 3
 # The cached accumulator (fp32, one per slot whatever the optimizer: row-wise Adagrad's state).
 SLOT_STATE_BYTES = 4
+# Victims are selected (top-k) when they are fewer than 1/SELECT_BELOW of the candidates, as a
+# step's misses usually are; more of them are taken from a sort, which is then the cheaper.
+SELECT_BELOW = 16
 
 
 class CacheTooSmallError(ValueError):
@@ -177,9 +180,12 @@ class CachedEmbedding(JointFusedEmbedding):
         order: what a stable sort of every candidate's score puts first (empty slots score -1 and
         go first; ties fall to the lowest slot), selected without sorting every candidate: a
         ``topk`` of ``(score + 1) * n + position``, one key per candidate (no ties), or where that
-        key could overflow int64, ``_victims_by_threshold``."""
+        key could overflow int64, ``_victims_by_threshold``; when ``k`` is a large share of the
+        candidates, that stable sort itself."""
         n = candidates.numel()
         scores = self.slot_score[candidates]
+        if k * SELECT_BELOW > n:  # many victims: one sort costs less than selecting them (benchmarks/host_cache.py)
+            return candidates[torch.sort(scores, stable=True).indices[:k]]
         if (self._score_limit + 2) * n >= 2**62:
             return self._victims_by_threshold(candidates, scores, k)
         key = (scores + 1) * n + torch.arange(n, device=scores.device)
