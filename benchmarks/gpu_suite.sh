@@ -8,7 +8,8 @@
 # recommender, host_cache. All of them take longer than one short loan of a device; the figures
 # the open GPU goals ask for come first with (the code not yet run on a GPU checked first)
 #
-#     GPU_TESTS="tests/test_kernel_linear_relu.py tests/test_multi_hot_graphs.py tests/test_cached_embedding.py" \
+#     GPU_TESTS="tests/test_kernel_linear_relu.py tests/test_multi_hot_graphs.py tests/test_cli_multi_hot.py
+#         tests/test_cached_embedding.py" \
 #         bash benchmarks/gpu_suite.sh LOGDIR env tests cli dlrmv2 host_cache
 #
 # Each writes LOGDIR/<stage>.log; a summary of exit codes goes to the end of stdout.
