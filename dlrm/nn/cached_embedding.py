@@ -384,7 +384,7 @@ class CachedEmbedding(JointFusedEmbedding):
             queues_update = self._queues_update()
             slots, used = self._slots_for(rows, queues_update)
             out = _FusedBagLookup.apply(self._tracked_cache(), slots, bags.offsets.to(torch.int64), weights,
-                                        self.output_dtype(), self.num_tables, self._pending)
+                                        self.output_dtype(), self.num_tables, self._pending, False)
         else:
             ids = ids.to(self.cache_weight.device)
             rows = (self._prepare_ids(ids) + self.offsets).reshape(-1)

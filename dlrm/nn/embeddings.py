@@ -453,40 +453,24 @@ class _FusedLookup(torch.autograd.Function):
 
 class _FusedBagLookup(torch.autograd.Function):
     """``bag_gather`` forward (pooled ``[B, T, D]`` in ``out_dtype``); the backward queues a
-    ``PendingBagUpdate`` on the module instead of returning a weight gradient."""
+    ``PendingBagUpdate`` on the module instead of returning a weight gradient (a
+    ``PaddedBagUpdate`` for ``padded`` bags, ``Bags.padded_to``)."""
 
     @staticmethod
     def forward(ctx, weight: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor,
                 per_sample_weights: torch.Tensor | None, out_dtype: torch.dtype, num_features: int,
-                pending: list) -> torch.Tensor:
+                pending: list, padded: bool) -> torch.Tensor:
         ctx.save_for_backward(values, offsets, per_sample_weights)
-        ctx.pending = pending
-        return bag_gather(weight, values, offsets, per_sample_weights, out_dtype, num_features)
+        ctx.pending, ctx.padded = pending, padded
+        return bag_gather(weight, values, offsets, per_sample_weights, out_dtype, num_features, padded=padded)
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         values, offsets, per_sample_weights = ctx.saved_tensors
+        update = PaddedBagUpdate if ctx.padded else PendingBagUpdate
         # contiguous: upstream gradients may be expanded views (stride 0) the kernel cannot read
-        ctx.pending.append(PendingBagUpdate(values, offsets, per_sample_weights, grad_out.contiguous()))
-        return None, None, None, None, None, None, None
-
-
-class _FusedPaddedBagLookup(_FusedBagLookup):
-    """``_FusedBagLookup`` of padded bags: the queued update is a ``PaddedBagUpdate``."""
-
-    @staticmethod
-    def forward(ctx, weight: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor,
-                per_sample_weights: torch.Tensor | None, out_dtype: torch.dtype, num_features: int,
-                pending: list) -> torch.Tensor:
-        ctx.save_for_backward(values, offsets, per_sample_weights)
-        ctx.pending = pending
-        return bag_gather(weight, values, offsets, per_sample_weights, out_dtype, num_features, padded=True)
-
-    @staticmethod
-    def backward(ctx, grad_out: torch.Tensor):
-        values, offsets, per_sample_weights = ctx.saved_tensors
-        ctx.pending.append(PaddedBagUpdate(values, offsets, per_sample_weights, grad_out.contiguous()))
-        return None, None, None, None, None, None, None
+        ctx.pending.append(update(values, offsets, per_sample_weights, grad_out.contiguous()))
+        return None, None, None, None, None, None, None, None
 
 
 class JointFusedEmbedding(JointEmbedding):
@@ -538,9 +522,8 @@ class JointFusedEmbedding(JointEmbedding):
         if batch == 0:
             return self.weight.new_zeros(0, self.num_tables, self.embedding_dim, dtype=self.output_dtype())
         rows, weights = self._joint_bags(bags, batch)
-        lookup = _FusedPaddedBagLookup if bags.padded else _FusedBagLookup
-        return lookup.apply(self.weight, rows, bags.offsets.to(torch.int64), weights, self.output_dtype(),
-                            self.num_tables, self._pending)
+        return _FusedBagLookup.apply(self.weight, rows, bags.offsets.to(torch.int64), weights, self.output_dtype(),
+                                     self.num_tables, self._pending, bags.padded)
 
     def _takes_padded_bags(self) -> bool:
         # A subclass with a lookup of its own (the host-table cache) must opt in itself.
