@@ -21,7 +21,6 @@ from typing import Callable
 
 import numpy as np
 
-from dlrm.data.batch import Batch
 from dlrm.data.feature_spec import SPEC_FILE_NAME, FeatureSpec, dtype_for_cardinality
 from dlrm.data.split_binary_writer import SplitBinaryWriter
 from preproc.fragments import record_dtype
@@ -44,6 +43,8 @@ class SplitFragments:
 
 
 def _write_records(writer: SplitBinaryWriter, records: np.ndarray, advance: Callable[[int], None]) -> None:
+    from dlrm.data.batch import Batch  # torch: only once there is a dataset to write, so a refused input fails fast
+
     for a in range(0, len(records), _WRITE_ROWS):
         rec = records[a : a + _WRITE_ROWS]
         ids = np.empty((len(rec), NUM_CATEGORICAL), dtype=np.int64)

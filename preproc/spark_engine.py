@@ -54,6 +54,7 @@ from preproc.progress import Progress
 from preproc.reference import ERROR_REASONS
 from preproc.report import MalformedSummary, classify, empty_split_error, malformed_error
 from preproc.spark_worker import SUMMARY_SCHEMA, hex_column, make_fragment_writer
+from preproc.textio import check_lines
 from preproc.vocab import Vocabulary
 from preproc.workdir import WorkDir, file_stamp
 
@@ -314,6 +315,8 @@ class SparkEngine:
             depends = [self.stamps[i] for i in files]
             marker = work.done(f"spark/lines/g{g}", depends)
             if marker is None:
+                for i in files:  # a line over the bound, or binary data, refused before Spark reads it
+                    check_lines(job.inputs[i].path)
                 with _Status(self.spark, self.progress):
                     marker = self._lines_group(files)
                 work.commit(f"spark/lines/g{g}", marker, depends)

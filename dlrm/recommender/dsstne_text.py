@@ -15,6 +15,8 @@ Rules (DSSTNE's, made strict where DSSTNE silently dropped data):
   than one comma in a field, a value that is not a finite number, a sample given twice, a name
   (of a sample, a feature, or an index entry) holding a tab, a newline or another control
   character (``check_name``: it could not be written to an index file and read back);
+- a line longer than ``MAX_SAMPLE_LINE`` characters (index files: ``MAX_LINE_BYTES``), or one
+  holding a NUL, is refused before more than that is read (``dlrm.engine.text_lines``);
 - a file whose fields carry values gives a dataset with values; a field without a value then
   counts as 1.0 (an indicator), where DSSTNE stored 0.
 
@@ -39,7 +41,13 @@ import numpy as np
 
 from dlrm.engine.atomic import write_atomically, write_text_atomically
 from dlrm.engine.errors import DatasetError, finite_number
+from dlrm.engine.text_lines import MAX_LINE_BYTES, bounded_lines
 from dlrm.recommender.csr_dataset import CsrRows, write_csr
+
+# The longest sample line read: one user's whole history. A field is a name and maybe a value,
+# about 20 characters; the heaviest user of the public sets (Netflix) has about 17,000 ratings,
+# some 350 KB, so 16 MiB holds a history of some 800,000 items.
+MAX_SAMPLE_LINE = 16 << 20
 
 
 # What no name may hold: the separators of DSSTNE text and of the index files (tab, newline,
@@ -100,7 +108,7 @@ class NameIndex:
         (same name, same index), so two indexes that number differently fail loudly."""
         path = os.fspath(path)
         with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
-            for number, line in enumerate(f, 1):
+            for number, line in enumerate(bounded_lines(f, path), 1):
                 line = line.rstrip("\r\n")
                 try:
                     check_utf8(line)
@@ -294,7 +302,7 @@ def parse_text(paths: str | os.PathLike | Iterable[str | os.PathLike], features:
     for path in paths:
         path = os.fspath(path)
         with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
-            skipped += _parse_lines(f, path, features, samples, add_features, acc)
+            skipped += _parse_lines(bounded_lines(f, path, MAX_SAMPLE_LINE), path, features, samples, add_features, acc)
     return ParsedSamples(_to_rows(acc, features.size, samples.size), features, samples, skipped)
 
 

@@ -51,6 +51,7 @@ from typing import BinaryIO, Iterator, Sequence
 import numpy as np
 
 from dlrm.engine.errors import DatasetError, finite_number
+from dlrm.engine.text_lines import MAX_LINE_BYTES, LineBound
 from dlrm.recommender.csr_dataset import CsrRows
 from dlrm.recommender.dsstne_text import _BAD_NAME_CHARACTER, NameIndex, check_name
 
@@ -165,12 +166,12 @@ def _is_number(text: str) -> bool:
 
 def _read_first_line(path: str, f: BinaryIO) -> tuple[str, int]:
     """The first line (BOM and line end stripped) and the byte offset after it."""
-    raw = f.readline(1 << 20)
+    raw = f.readline(MAX_LINE_BYTES)
     if not raw.strip():
         what = "empty" if not raw else "blank on its first line"
         raise DatasetError(f"{path}:1: the file is {what}; a ratings file starts with a header (user, item, rating, "
                            f"time columns) or its first rating")
-    if not raw.endswith(b"\n") and len(raw) == 1 << 20:
+    if not raw.endswith(b"\n") and len(raw) == MAX_LINE_BYTES:
         raise DatasetError(f"{path}:1: the first line is longer than 1 MiB; this is not a ratings file")
     end = len(raw)
     if raw.startswith(b"\xef\xbb\xbf"):
@@ -272,8 +273,9 @@ def _looks_like_header(fields: list[str], specs: dict[str, str | int | None]) ->
 # ---------------------------------------------------------------------------- reading
 
 
-def _blocks(f: BinaryIO, size: int) -> Iterator[bytes]:
-    """The rest of the file in blocks of whole lines, each ending with a newline."""
+def _blocks(f: BinaryIO, size: int, bound: LineBound) -> Iterator[bytes]:
+    """The rest of the file in blocks of whole lines, each ending with a newline; ``bound``
+    refuses a line over its length or a NUL byte before the partial line kept grows past it."""
     rest = b""
     while True:
         data = f.read(size)
@@ -281,6 +283,7 @@ def _blocks(f: BinaryIO, size: int) -> Iterator[bytes]:
             if rest:
                 yield rest + b"\n"
             return
+        bound.feed(data)
         data = rest + data if rest else data
         cut = data.rfind(b"\n") + 1
         if cut == 0:
@@ -522,7 +525,7 @@ def _read(path: str | os.PathLike, specs: dict[str, str | int | None], delimiter
             if f.read(3) != b"\xef\xbb\xbf":
                 f.seek(0)
             line = 1
-        for buf in _blocks(f, block_bytes):
+        for buf in _blocks(f, block_bytes, LineBound(path, MAX_LINE_BYTES, line)):
             block = _Block(buf, line, layout)
             line += buf.count(b"\n")
             for role, number in layout.columns.items():

@@ -21,6 +21,7 @@ import numpy as np
 
 from dlrm.engine.atomic import write_atomically
 from dlrm.engine.errors import DatasetError, finite_number
+from dlrm.engine.text_lines import MAX_LINE_BYTES, binary_content, bounded_lines
 from dlrm.recommender.csr_dataset import CsrRows, write_csr
 from dlrm.recommender.dsstne_text import NameIndex, check_utf8, write_text
 
@@ -42,6 +43,8 @@ class _Chunk:
 def _check_header(path: str) -> None:
     with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as f:
         first = f.readline(1 << 16).rstrip("\r\n")
+    if "\0" in first:
+        raise binary_content(path, 1)
     fields = tuple(x.strip() for x in first.split(","))
     if fields != MOVIELENS_HEADER:
         raise DatasetError(f"{path}:1: header is {first[:80]!r}, expected {','.join(MOVIELENS_HEADER)!r} "
@@ -76,8 +79,8 @@ def _python_chunks(path: str, chunk_rows: int) -> Iterator[_Chunk]:
     """The stdlib reader: slower, but needs nothing and names the line of any problem."""
     rows: list[tuple[int, int, float, int]] = []
     with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as f:  # bad bytes: by line, below
-        f.readline()
-        for number, line in enumerate(f, 2):
+        f.readline(MAX_LINE_BYTES)
+        for number, line in enumerate(bounded_lines(f, path, MAX_LINE_BYTES, first=2), 2):
             line = line.rstrip("\r\n")
             try:
                 check_utf8(line)
