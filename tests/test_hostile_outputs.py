@@ -96,7 +96,7 @@ WRITERS = [
            lambda i, dest, scratch: ["--dataset", i["dataset"], "--url", "localhost:1", "--timeout_s", "5",
                                      "--log_path", dest],
            lambda i: os.path.join(i["dataset"], "feature_spec.yaml"), ["dlrm.inference.triton_client", "dlrm.scripts.cli"],
-           control=lambda result: result["returncode"] == 1 and "--log_path" not in result["stderr"]),
+           control=lambda result: result["returncode"] == 2 and "--log_path" not in result["stderr"]),
     # The Spark jobs check --output on the driver before Spark starts; their control run names a
     # model that is not there, which is checked next: that error shows the command got past --output.
     Writer("dlrm.scripts.spark_score", "output", True,

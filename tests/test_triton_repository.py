@@ -91,7 +91,7 @@ def test_config_without_preferred_sizes_and_with_threads():
         ({"format": "tflite"}, "format must be one of"),
         ({"numerical_type": "int8"}, "numerical_type must be one of"),
         ({"instance_kind": "tpu"}, "instance_kind must be one of"),
-        ({"model_name": "a/b"}, "plain directory name"),
+        ({"model_name": "a/b"}, "is not a model name"),
         ({"max_batch_size": 0}, "max_batch_size must be at least 1"),
         ({"preferred_batch_sizes": [64, 100_000]}, "outside [1, max_batch_size=65536]"),
         ({"max_queue_delay_us": -1}, "must not be negative"),

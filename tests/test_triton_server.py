@@ -176,7 +176,8 @@ def test_torchscript_model_and_client_script_over_grpc(server, server_env, train
     assert re.search(r"latency ms: mean [\d.]+  p50 [\d.]+  p90 [\d.]+  p99 [\d.]+", proc.stdout)
     import json
 
-    (record,) = [json.loads(line) for line in open(log)]
+    header, record = [json.loads(line) for line in open(log)]
+    assert header["type"] == "header" and header["program"] == "dlrm-engine"
     assert record["type"] == "score" and record["samples"] == TEST_SAMPLES
     assert record["auc"] == pytest.approx(trained["auc"], abs=1e-6)
 
@@ -233,15 +234,15 @@ def test_mismatched_shapes(server, trained, tmp_path):
         with pytest.raises(TritonClientError, match=re.escape("got numerical [2, 13] and categorical [3, 6]")):
             client.infer(np.zeros((2, 13), np.float32), np.zeros((3, 6), np.int64))
     proc = run_script("client.py", f"--url={server.http_url}", "--model_name=dlrm_onnx", f"--dataset={other}")
-    assert proc.returncode == 1 and "error: shape mismatch" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "error: shape mismatch" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_client_script_errors(server, trained):
     url = f"127.0.0.1:{free_port()}"
     proc = run_script("client.py", f"--url={url}", f"--dataset={trained['dataset']}", "--timeout_s=5")
-    assert proc.returncode == 1 and f"cannot reach the Triton server at http://{url}" in proc.stderr
+    assert proc.returncode == 2 and f"cannot reach the Triton server at http://{url}" in proc.stderr
     proc = run_script("client.py", f"--url={server.http_url}", "--model_name=nope", f"--dataset={trained['dataset']}")
-    assert proc.returncode == 1 and "model 'nope'" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "model 'nope'" in proc.stderr and "Traceback" not in proc.stderr
     proc = run_script("client.py", f"--url={server.http_url}", f"--dataset={trained['dataset']}", "--soak_seconds=1")
     assert proc.returncode != 0 and "--protocol grpc" in proc.stderr
 

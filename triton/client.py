@@ -5,28 +5,29 @@ r"""Score a dataset split through a Triton Inference Server, and optionally soak
         [--soak_seconds 10 --soak_streams 16 --soak_batch_size 64]      # the soak needs --protocol grpc
 
 Prints throughput, latency percentiles and the AUC (the same as the checkpoint's offline AUC
-when the server runs the deployed model); --log_path also writes them as JSON lines. Exits
-non-zero when the server cannot be reached, lacks the model, the shapes do not match the
-dataset, or any soak request fails. Logic: dlrm/inference/triton_client.py.
+when the server runs the deployed model); --log_path also writes them as JSON lines. When the
+server cannot be reached, errs, lacks the model, or the shapes do not match the dataset, one line
+names the server, the model and the fix, exit 2; a soak with failed requests exits 1.
+--model_name takes Triton's model names (1 to 128 characters from A-Z a-z 0-9 _ . - not starting
+with a dot) and --url host:port. Logic: dlrm/inference/triton_client.py.
 """
 
 import json
-import sys
 
 from absl import app, flags
 
 from dlrm.data.sources import DataConfig, load_feature_spec
 from dlrm.data.split_binary import SplitBinaryReader
 from dlrm.engine.errors import DatasetError
-from dlrm.engine.outputs import LOG, claim_output
+from dlrm.engine.outputs import LOG, claim_output, header_record
 from dlrm.inference.triton_client import (PROTOCOLS, DLRMTritonClient, TritonClientError, check_url, score_split,
                                           soak)
-from dlrm.scripts import cli
+from dlrm.scripts import cli, serving_flags
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("url", None, "Server host:port (default: localhost:8000 for http, localhost:8001 for grpc).")
 flags.DEFINE_enum("protocol", "http", list(PROTOCOLS), "Protocol to send requests with.")
-flags.DEFINE_string("model_name", "dlrm", "Model name in the server's repository.")
+flags.DEFINE_flag(serving_flags.model_name_flag("dlrm", "Model name in the server's repository."))
 flags.DEFINE_string("dataset", None, "Split-binary dataset directory.")
 flags.DEFINE_string("feature_spec", "feature_spec.yaml", "Feature spec inside --dataset (or an absolute path).")
 flags.DEFINE_string("split", "test", "Split to score.")
@@ -62,40 +63,38 @@ def main(argv: list[str]) -> int:
     if FLAGS.log_path:  # appended to: a log of this program's, or a new file (dlrm.engine.outputs), checked now
         claim_output(FLAGS.log_path, LOG, "log_path", inputs={"dataset": FLAGS.dataset}, keep=True)
     records = []
-    try:
-        spec = load_feature_spec(DataConfig(dataset=FLAGS.dataset, feature_spec=FLAGS.feature_spec))
-        if FLAGS.split not in spec.splits:
-            raise DatasetError(f"{FLAGS.dataset} has no split {FLAGS.split!r} (it has {sorted(spec.splits)})")
-        with SplitBinaryReader(spec, FLAGS.split, FLAGS.batch_size) as reader, \
-                DLRMTritonClient(url, FLAGS.model_name, FLAGS.protocol, FLAGS.timeout_s) as client:
-            report = score_split(client, reader, FLAGS.max_batches, FLAGS.warmup_requests)
-            print(f"{FLAGS.model_name} at {FLAGS.protocol}://{client.url}, split {FLAGS.split}: {report.samples} "
-                  f"samples in {report.requests} requests of up to {FLAGS.batch_size}")
-            print(f"  auc {report.auc:.6f}  throughput {report.throughput:,.0f} samples/s  latency ms: {_ms(report)}")
-            records.append({"type": "score", "split": FLAGS.split, "batch_size": FLAGS.batch_size,
-                            "protocol": FLAGS.protocol, **report.summary()})
-            first = reader.read_batch(0)
-        soak_report = None
-        if FLAGS.soak_seconds:
-            rows = min(FLAGS.soak_batch_size, len(first))
-            soak_report = soak(url, FLAGS.model_name, first.numerical[:rows].numpy(), first.categorical[:rows].numpy(),
-                               FLAGS.soak_streams, FLAGS.soak_seconds, FLAGS.timeout_s)
-            print(f"soak: {soak_report.streams} gRPC streams for {soak_report.seconds:.1f} s, batch {rows}: "
-                  f"{soak_report.requests} requests, {soak_report.errors} errors, "
-                  f"{soak_report.throughput:,.0f} samples/s  latency ms: {_ms(soak_report)}")
-            for message in soak_report.first_errors:
-                print(f"  error: {message}")
-            records.append({"type": "soak", "batch_size": rows, **vars(soak_report)})
-    except TritonClientError as e:  # the server: unreachable, no such model, shapes that do not match
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    # a bad --dataset raises DatasetError: cli.run prints it as one line and exits 2
+    # the server's errors (TritonClientError) and a bad --dataset: one line each, exit 2 (cli.run)
+    spec = load_feature_spec(DataConfig(dataset=FLAGS.dataset, feature_spec=FLAGS.feature_spec))
+    if FLAGS.split not in spec.splits:
+        raise DatasetError(f"{FLAGS.dataset} has no split {FLAGS.split!r} (it has {sorted(spec.splits)})")
+    with SplitBinaryReader(spec, FLAGS.split, FLAGS.batch_size) as reader, \
+            DLRMTritonClient(url, FLAGS.model_name, FLAGS.protocol, FLAGS.timeout_s) as client:
+        report = score_split(client, reader, FLAGS.max_batches, FLAGS.warmup_requests)
+        print(f"{FLAGS.model_name} at {FLAGS.protocol}://{client.url}, split {FLAGS.split}: {report.samples} "
+              f"samples in {report.requests} requests of up to {FLAGS.batch_size}")
+        print(f"  auc {report.auc:.6f}  throughput {report.throughput:,.0f} samples/s  latency ms: {_ms(report)}")
+        records.append({"type": "score", "split": FLAGS.split, "batch_size": FLAGS.batch_size,
+                        "protocol": FLAGS.protocol, **report.summary()})
+        first = reader.read_batch(0)
+    soak_report = None
+    if FLAGS.soak_seconds:
+        rows = min(FLAGS.soak_batch_size, len(first))
+        soak_report = soak(url, FLAGS.model_name, first.numerical[:rows].numpy(), first.categorical[:rows].numpy(),
+                           FLAGS.soak_streams, FLAGS.soak_seconds, FLAGS.timeout_s)
+        print(f"soak: {soak_report.streams} gRPC streams for {soak_report.seconds:.1f} s, batch {rows}: "
+              f"{soak_report.requests} requests, {soak_report.errors} errors, "
+              f"{soak_report.throughput:,.0f} samples/s  latency ms: {_ms(soak_report)}")
+        for message in soak_report.first_errors:
+            print(f"  error: {message}")
+        records.append({"type": "soak", "batch_size": rows, **vars(soak_report)})
     if FLAGS.log_path:
         with open(FLAGS.log_path, "a") as log:
+            if log.tell() == 0:  # a new log starts with this program's mark (dlrm.engine.outputs)
+                records.insert(0, header_record())
             for record in records:
                 log.write(json.dumps(record) + "\n")
     return 1 if soak_report is not None and soak_report.errors else 0
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(main, errors=(*cli.DEFAULT_ERRORS, TritonClientError))

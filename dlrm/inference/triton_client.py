@@ -4,7 +4,10 @@
 shapes from the server (so it serves every repository flavour the deployer writes), and sends
 binary tensors. ``score_split`` scores a dataset split batch by batch and reports latency,
 throughput and the AUC; ``soak`` keeps many gRPC streams busy for a fixed time and counts
-errors. Failures name the server URL, the model and, for shapes, what was expected and got.
+errors. Failures name the server URL, the model and, for shapes, what was expected and got;
+every error the server or the connection can give becomes a ``TritonClientError`` of one line
+(what the server said is cut short: it is text from outside). Model names are checked
+(``dlrm.inference.model_names``) before they reach a URL.
 
 Needs ``tritonclient[grpc,http]`` (the ``serving`` extra).
 """
@@ -25,6 +28,7 @@ import torch
 
 from dlrm.data.metrics import roc_auc
 from dlrm.inference.export import INPUT_NAMES, OUTPUT_NAME
+from dlrm.inference.model_names import check_model_name, model_path
 
 PROTOCOLS = ("http", "grpc")
 NUMPY_TYPES = {"FP32": np.float32, "FP16": np.float16, "INT64": np.int64}
@@ -32,6 +36,23 @@ NUMPY_TYPES = {"FP32": np.float32, "FP16": np.float16, "INT64": np.int64}
 
 class TritonClientError(RuntimeError):
     """The server cannot be reached, lacks the model, or the model does not fit the data."""
+
+
+_SAID = 160  # characters of a server's or library's message quoted in an error
+
+
+def said(error: BaseException) -> str:
+    """What an exception from the server's side says, on one line and cut short, for a message."""
+    text = " ".join(f"{type(error).__name__}: {error}".split())
+    return text if len(text) <= _SAID else text[:_SAID] + "..."
+
+
+# Methods of tritonclient's clients -> the request they make, as messages name it ("{}": the model).
+_REQUESTS = {
+    "is_server_live": "GET v2/health/live", "is_model_ready": "GET {}/ready", "get_model_metadata": "GET {}",
+    "get_model_config": "GET {}/config", "get_model_repository_index": "POST v2/repository/index",
+    "infer": "POST {}/infer",
+}
 
 
 def _protocol_module(protocol: str) -> Any:
@@ -101,7 +122,8 @@ def _pick(tensors: list[dict], name: str, what: str, where: str) -> dict:
     for tensor in tensors:
         if tensor["name"] == name or tensor["name"].startswith(f"{name}__"):
             return tensor
-    raise TritonClientError(f"{where} has no {what} named {name!r} (it has {[t['name'] for t in tensors]}): "
+    names = ascii([t["name"] for t in tensors])
+    raise TritonClientError(f"{where} has no {what} named {name!r} (it has {names[:_SAID]}): "
                             "deploy it with triton/deployer.py")
 
 
@@ -127,9 +149,9 @@ class DLRMTritonClient:
 
     def __init__(self, url: str, model_name: str, protocol: str = "http", timeout_s: float = 60.0) -> None:
         self.url = check_url(url, protocol)  # before the client library, which fails on a bad one noisily
+        self.model_name = check_model_name(model_name)  # it goes into URLs: never "..", "/" or "?"
         self.module = _protocol_module(protocol)
         self.protocol = protocol
-        self.model_name = model_name
         self.where = f"model {model_name!r} on the Triton server at {protocol}://{self.url}"
         self.timeout_s = timeout_s
         if protocol == "http":
@@ -145,9 +167,23 @@ class DLRMTritonClient:
             raise
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """One request through the client library; whatever fails (the connection, an HTTP or gRPC
+        error, an answer that is not JSON) becomes one ``TritonClientError`` naming the request."""
         if self.protocol == "grpc":
             kwargs.setdefault("client_timeout", self.timeout_s)
-        return getattr(self.client, method)(*args, **kwargs)
+        try:
+            return getattr(self.client, method)(*args, **kwargs)
+        except Exception as e:  # each client library (and its HTTP or gRPC stack) has its own types
+            raise self._failed(method, e) from e
+
+    def _failed(self, method: str, error: Exception) -> TritonClientError:
+        request = _REQUESTS.get(method, method).format(model_path(self.model_name))
+        server = f"{self.protocol}://{self.url}"
+        if isinstance(error, (ConnectionError, TimeoutError, OSError)) and not isinstance(error, ConnectionResetError):
+            return TritonClientError(f"cannot reach the Triton server at {server} ({request}: {said(error)}): is it "
+                                     f"running, and is that its {self.protocol} port?")
+        return TritonClientError(f"the Triton server at {server} failed {request} ({said(error)}): see the server's "
+                                 f"log; is that a Triton server, and did model {self.model_name!r} load?")
 
     def _json(self, method: str, *args: Any) -> Any:
         return self._call(method, *args, **({"as_json": True} if self.protocol == "grpc" else {}))
@@ -155,37 +191,54 @@ class DLRMTritonClient:
     def _check_server(self) -> None:
         try:
             live = self._call("is_server_live")
-        except Exception as e:  # connection refused, DNS, timeouts: each client library has its own types
-            raise TritonClientError(f"cannot reach the Triton server at {self.protocol}://{self.url}: "
-                                    f"{type(e).__name__}: {e}. Is it running, and is that its {self.protocol} "
-                                    "port?") from e
+        except TritonClientError as e:  # connection refused, DNS, timeouts: no server there
+            cause = e.__cause__ if isinstance(e.__cause__, Exception) else e
+            raise TritonClientError(f"cannot reach the Triton server at {self.protocol}://{self.url} "
+                                    f"({said(cause)}): is it running, and is that its {self.protocol} port?") from e
         if not live:
             raise TritonClientError(f"the Triton server at {self.protocol}://{self.url} is not live")
         if not self._call("is_model_ready", self.model_name):
-            try:
-                index = self._json("get_model_repository_index")
-                models = index.get("models", []) if isinstance(index, dict) else index
-                listing = ", ".join(f"{m['name']} ({m.get('state', 'unknown')})" for m in models) or "none"
-            except Exception as e:
-                listing = f"unknown ({e})"
-            raise TritonClientError(f"{self.where} is missing or not ready; the server has: {listing}")
+            raise TritonClientError(f"{self.where} is missing or not ready (the server lists: {self._listing()}): "
+                                    "check `model_name`, and the server's log for why the model did not load")
+
+    def _listing(self) -> str:
+        """The server's models and their states, cut short, for a message (or why it is unknown)."""
+        try:
+            index = self._json("get_model_repository_index")
+            models = index.get("models", []) if isinstance(index, dict) else index
+            listing = ", ".join(f"{m['name']} ({m.get('state', 'unknown')})" for m in models) or "none"
+        except Exception as e:
+            cause = e.__cause__ if isinstance(e.__cause__, Exception) else e
+            return f"unknown, {said(cause)}"
+        listing = " ".join(listing.split())
+        return listing if len(listing) <= _SAID else listing[:_SAID] + "..."
 
     def _read_signature(self) -> ModelSignature:
         metadata = self._json("get_model_metadata", self.model_name)
         config = self._json("get_model_config", self.model_name)
+        try:
+            return self._signature(metadata, config)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:  # fields missing or mistyped
+            raise TritonClientError(f"{self.where} answered metadata or a config this client cannot read "
+                                    f"({said(e)}): is that a Triton server, and a model triton/deployer.py "
+                                    "wrote?") from e
+
+    def _signature(self, metadata: Any, config: Any) -> ModelSignature:
+        """The signature from the server's answers (JSON as dicts; fields checked as used)."""
         config = config.get("config", config)  # gRPC wraps it
         numerical = _pick(metadata["inputs"], INPUT_NAMES[0], "input", self.where)
         categorical = _pick(metadata["inputs"], INPUT_NAMES[1], "input", self.where)
         output = _pick(metadata["outputs"], OUTPUT_NAME, "output", self.where)
         if numerical["datatype"] not in ("FP32", "FP16") or categorical["datatype"] != "INT64":
-            raise TritonClientError(f"{self.where} takes {numerical['datatype']} numerical and "
-                                    f"{categorical['datatype']} categorical inputs; expected FP32 or FP16, and INT64")
+            raise TritonClientError(f"{self.where} takes {ascii(numerical['datatype'])[:20]} numerical and "
+                                    f"{ascii(categorical['datatype'])[:20]} categorical inputs; expected FP32 or FP16, "
+                                    "and INT64")
         dims = {}
         for tensor in (numerical, categorical):
             shape = [int(d) for d in tensor["shape"]]
             if len(shape) != 2:
-                raise TritonClientError(f"{self.where}: input {tensor['name']!r} has shape {shape}, expected "
-                                        "[batch, features]")
+                raise TritonClientError(f"{self.where}: input {ascii(tensor['name'])[:60]} has shape {shape[:8]}, "
+                                        "expected [batch, features]")
             dims[tensor["name"]] = shape[1]
         return ModelSignature(
             numerical=numerical["name"], numerical_datatype=numerical["datatype"],
@@ -234,10 +287,7 @@ class DLRMTritonClient:
     def infer(self, numerical: np.ndarray, categorical: np.ndarray) -> np.ndarray:
         """Click probabilities ``[B]`` for one batch."""
         inputs = self.inputs(numerical, categorical)
-        try:
-            result = self._call("infer", self.model_name, inputs, outputs=self.outputs())
-        except Exception as e:
-            raise TritonClientError(f"inference on {self.where} failed: {e}") from e
+        result = self._call("infer", self.model_name, inputs, outputs=self.outputs())
         out = result.as_numpy(self.signature.output)
         if out is None or out.shape != (len(numerical), 1):
             got = None if out is None else list(out.shape)
@@ -372,7 +422,7 @@ def soak(
                     own_errors.append(f"no answer within {timeout_s} s")
                     break  # the stream is stuck: a late answer would be matched to the wrong request
                 if error is not None:
-                    own_errors.append(str(error))
+                    own_errors.append(said(error))
                     continue
                 out = result.as_numpy(client.signature.output)
                 if out is None or out.shape != (len(numerical), 1) or not np.isfinite(out).all():
@@ -380,7 +430,7 @@ def soak(
                     continue
                 own_latencies.append(time.perf_counter() - begin)
         except Exception as e:
-            own_errors.append(f"{type(e).__name__}: {e}")
+            own_errors.append(said(e))
         finally:
             client.client.stop_stream()
         with lock:

@@ -14,11 +14,16 @@ repository never advertises a model that computes something else.
 Deploying adds a model to a repository (``TRITON_REPOSITORY``: model folders and nothing else;
 a folder holding anything else is refused); a model folder that exists already
 (``TRITON_MODEL``) is written over only with ``overwrite`` (``dlrm.engine.outputs``).
+
+Model names follow one rule (``dlrm.inference.model_names``), checked where they enter; every
+string in ``config.pbtxt`` is written through ``pbtxt_string``, and the text is read back
+(``dlrm.inference.pbtxt``) and compared with what was meant before anything is written.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,6 +32,8 @@ from typing import TYPE_CHECKING
 from dlrm.engine.atomic import check_can_create, write_atomically, write_text_atomically
 from dlrm.engine.outputs import OutputKind, claim_output, holds_only
 from dlrm.inference import triton_python_model
+from dlrm.inference.model_names import check_model_name, check_version, pbtxt_string
+from dlrm.inference.pbtxt import ConfigCheckError, ConfigSummary, check_config
 
 if TYPE_CHECKING:
     from dlrm.model.dlrm import DLRM
@@ -39,19 +46,15 @@ INSTANCE_KINDS = {"gpu": "KIND_GPU", "cpu": "KIND_CPU"}
 CONFIG = "config.pbtxt"
 
 
+# What ``deploy`` writes in a model folder besides CONFIG: version folders of the model file
+# (FORMATS) and, for the python backend, ``model.py`` (a folder may be empty while being filled).
+_VERSION_FILES = re.compile(r"[0-9]+/(model\.onnx|model\.pt|model\.py)?")
+
+
 def is_triton_model(path: str) -> bool:
-    """Whether directory ``path`` is a model folder of a Triton repository and nothing else: its
-    ``config.pbtxt`` and numbered version folders of model files (any backend's)."""
-    try:
-        names = os.listdir(path)
-    except OSError:
-        return False
-    for name in names:
-        full = os.path.join(path, name)
-        if not (name == CONFIG or name.endswith(".tmp") or (name.isdigit() and os.path.isdir(full)
-                                                            and not os.path.islink(full))):
-            return False
-    return holds_only(path, [CONFIG, "[0-9]*/*"], required=[CONFIG])
+    """Whether directory ``path`` is a model folder that ``deploy`` wrote and nothing else: its
+    ``config.pbtxt`` and numbered version folders of the files it writes there."""
+    return holds_only(path, [CONFIG, _VERSION_FILES], required=[CONFIG])
 
 
 def is_triton_repository(path: str) -> bool:
@@ -75,6 +78,7 @@ def claim_repository(repository: str, model_name: str, overwrite: bool, inputs: 
     course), and the model folder new, or an earlier one replaced with ``overwrite``; never one
     of ``inputs``. ``settings``: how messages name the two. A file system that refuses the write
     (read-only, no permission) is a ``StorageError`` now too. Returns the model folder."""
+    check_model_name(model_name, settings[1])  # a plain folder name: no "..", no "/"
     claim_output(repository, TRITON_REPOSITORY, settings[0], inputs=inputs, keep=True)
     model_dir = os.path.join(os.path.abspath(repository), model_name)
     claim_output(model_dir, TRITON_MODEL, settings[1], inputs=inputs, replace=overwrite)
@@ -104,10 +108,13 @@ class TritonModelConfig:
     version: int = 1
     intra_op_threads: int = 0  # python backend only: CPU threads per instance, 0 = the runtime's default
 
+    def __post_init__(self) -> None:
+        """The name is checked when the config is made, for API users as for the command line."""
+        check_model_name(self.model_name)
+
     def validate(self) -> None:
         """Raise ValueError naming the field, its value and what is allowed."""
-        if not self.model_name or "/" in self.model_name or self.model_name.startswith("."):
-            raise ValueError(f"model_name must be a plain directory name, got {self.model_name!r}")
+        check_model_name(self.model_name)
         choices = {"format": FORMATS, "numerical_type": NUMERICAL_TYPES, "instance_kind": INSTANCE_KINDS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -115,6 +122,7 @@ class TritonModelConfig:
         for name in ("max_batch_size", "instance_count", "version"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        check_version(self.version)
         bad = [b for b in self.preferred_batch_sizes if not 1 <= b <= self.max_batch_size]
         if bad:
             raise ValueError(f"preferred_batch_sizes {bad} are outside [1, max_batch_size={self.max_batch_size}]")
@@ -138,41 +146,76 @@ class TritonModelConfig:
         return INPUT_NAMES[0], INPUT_NAMES[1], OUTPUT_NAME
 
 
+def _python_parameters(cfg: TritonModelConfig) -> dict[str, str]:
+    """The python backend's parameters (``triton_python_model`` reads them)."""
+    parameters = {"model_file": cfg.model_file}
+    if cfg.intra_op_threads:
+        parameters["intra_op_threads"] = str(cfg.intra_op_threads)
+    return parameters
+
+
 def render_config(cfg: TritonModelConfig, num_numerical: int, num_categorical: int) -> str:
-    """``config.pbtxt`` text (protobuf text format of Triton's ``ModelConfig``)."""
+    """``config.pbtxt`` text (protobuf text format of Triton's ``ModelConfig``). Every string goes
+    through ``pbtxt_string``, checked names included: a value can never end its string."""
     cfg.validate()
+    q = pbtxt_string
     numerical, categorical, output = cfg.tensor_names()
     if cfg.python_backend:
-        runtime = 'backend: "python"'
+        runtime = f"backend: {q('python')}"
     else:
-        runtime = f'platform: "{FORMATS[cfg.format][1]}"\ndefault_model_filename: "{cfg.model_file}"'
-    preferred = ", ".join(str(b) for b in cfg.preferred_batch_sizes)
-    gpus = f"\n    gpus: [ {', '.join(map(str, cfg.gpus))} ]" if cfg.gpus else ""
+        runtime = f"platform: {q(FORMATS[cfg.format][1])}\ndefault_model_filename: {q(cfg.model_file)}"
+    preferred = ", ".join(str(int(b)) for b in cfg.preferred_batch_sizes)
+    gpus = f"\n    gpus: [ {', '.join(str(int(g)) for g in cfg.gpus)} ]" if cfg.gpus else ""
     lines = [
-        f'name: "{cfg.model_name}"',
+        f"name: {q(cfg.model_name)}",
         runtime,
-        f"max_batch_size: {cfg.max_batch_size}",
+        f"max_batch_size: {int(cfg.max_batch_size)}",
         "input [",
-        f'  {{ name: "{numerical}" data_type: {NUMERICAL_TYPES[cfg.numerical_type][0]} dims: [ {num_numerical} ] }},',
-        f'  {{ name: "{categorical}" data_type: TYPE_INT64 dims: [ {num_categorical} ] }}',
+        f"  {{ name: {q(numerical)} data_type: {NUMERICAL_TYPES[cfg.numerical_type][0]} "
+        f"dims: [ {int(num_numerical)} ] }},",
+        f"  {{ name: {q(categorical)} data_type: TYPE_INT64 dims: [ {int(num_categorical)} ] }}",
         "]",
         "output [",
-        f'  {{ name: "{output}" data_type: TYPE_FP32 dims: [ 1 ] }}',
+        f"  {{ name: {q(output)} data_type: TYPE_FP32 dims: [ 1 ] }}",
         "]",
         "dynamic_batching {",
         *([f"  preferred_batch_size: [ {preferred} ]"] if preferred else []),
-        f"  max_queue_delay_microseconds: {cfg.max_queue_delay_us}",
+        f"  max_queue_delay_microseconds: {int(cfg.max_queue_delay_us)}",
         "}",
         "instance_group [",
-        f"  {{\n    kind: {INSTANCE_KINDS[cfg.instance_kind]}\n    count: {cfg.instance_count}{gpus}\n  }}",
+        f"  {{\n    kind: {INSTANCE_KINDS[cfg.instance_kind]}\n    count: {int(cfg.instance_count)}{gpus}\n  }}",
         "]",
     ]
     if cfg.python_backend:
-        parameters = {"model_file": cfg.model_file}
-        if cfg.intra_op_threads:
-            parameters["intra_op_threads"] = str(cfg.intra_op_threads)
-        lines += [f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in parameters.items()]
+        lines += [f"parameters {{ key: {q(k)} value: {{ string_value: {q(v)} }} }}"
+                  for k, v in _python_parameters(cfg).items()]
     return "\n".join(lines) + "\n"
+
+
+def intended_summary(cfg: TritonModelConfig, num_numerical: int, num_categorical: int) -> ConfigSummary:
+    """What ``render_config`` means to say, field by field, to compare its text with."""
+    numerical, categorical, output = cfg.tensor_names()
+    return ConfigSummary(
+        name=cfg.model_name, platform="" if cfg.python_backend else FORMATS[cfg.format][1],
+        backend="python" if cfg.python_backend else "",
+        default_model_filename="" if cfg.python_backend else cfg.model_file, max_batch_size=cfg.max_batch_size,
+        inputs=[(numerical, NUMERICAL_TYPES[cfg.numerical_type][0], [num_numerical]),
+                (categorical, "TYPE_INT64", [num_categorical])],
+        outputs=[(output, "TYPE_FP32", [1])],
+        parameters=_python_parameters(cfg) if cfg.python_backend else {},
+    )
+
+
+def checked_config(cfg: TritonModelConfig, num_numerical: int, num_categorical: int) -> str:
+    """``render_config``'s text after reading it back: ``ConfigCheckError`` (a ValueError) if it
+    does not parse or says something else than ``cfg``, before anything is written."""
+    text = render_config(cfg, num_numerical, num_categorical)
+    try:
+        check_config(text, intended_summary(cfg, num_numerical, num_categorical))
+    except ConfigCheckError as e:
+        raise ConfigCheckError(f"the config.pbtxt made for `model_name` {cfg.model_name} does not read back: {e}; "
+                               "nothing was written (please report this)") from None
+    return text
 
 
 @dataclass
@@ -192,12 +235,14 @@ def deploy_model(
     """Exports ``model`` (on the CPU) into ``repository`` as ``cfg`` describes, checks the file
     against the eager model, then writes the config (and ``model.py`` for the python backend).
 
-    The repository and model folder are claimed first (``claim_repository``): an existing model
-    folder of that name is written into only with ``overwrite``. Files of other versions in it
-    are left alone; the ones written here replace earlier ones atomically. A failed deploy
-    removes the folders it made.
+    The config is made and read back first (``checked_config``), and the repository and model
+    folder claimed (``claim_repository``): an existing model folder of that name is written into
+    only with ``overwrite``. Files of other versions in it are left alone; the ones written here
+    replace earlier ones atomically. A failed deploy removes the folders it made, with the files
+    it wrote in them.
     """
     cfg.validate()
+    text = checked_config(cfg, model.config.num_numerical_features, model.config.num_categorical_features)
     model_dir = claim_repository(repository, cfg.model_name, overwrite)
     version_dir = os.path.join(model_dir, str(cfg.version))
     created = []  # deepest first
@@ -205,19 +250,33 @@ def deploy_model(
     while not os.path.exists(missing):
         created.append(missing)
         missing = os.path.dirname(missing)
+    written: list[str] = []
     try:
-        return _deploy(model, model_dir, version_dir, cfg, check_batch_sizes)
+        return _deploy(model, model_dir, version_dir, cfg, check_batch_sizes, text, written)
     except BaseException:
-        for directory in created:
-            try:
-                os.rmdir(directory)
-            except OSError:
-                pass
+        _remove_made(created, written)
         raise
 
 
+def _remove_made(created: list[str], written: list[str]) -> None:
+    """Removes what a failed deploy made: files it wrote inside folders it created, then those
+    folders (deepest first). Files in folders that were there before are left alone."""
+    for path in written:
+        if os.path.dirname(path) in created:
+            for name in (path, path + ".tmp"):
+                try:
+                    os.remove(name)
+                except OSError:
+                    pass
+    for directory in created:
+        try:
+            os.rmdir(directory)
+        except OSError:
+            pass
+
+
 def _deploy(model: DLRM, model_dir: str, version_dir: str, cfg: TritonModelConfig,
-            check_batch_sizes: Sequence[int]) -> DeployedModel:
+            check_batch_sizes: Sequence[int], text: str, written: list[str]) -> DeployedModel:
     import torch
 
     from dlrm.inference.export import check_export, export_onnx, export_torchscript
@@ -225,22 +284,20 @@ def _deploy(model: DLRM, model_dir: str, version_dir: str, cfg: TritonModelConfi
     os.makedirs(version_dir, exist_ok=True)
     model_path = os.path.join(version_dir, cfg.model_file)
     numerical_dtype = getattr(torch, NUMERICAL_TYPES[cfg.numerical_type][1])
+    written.append(model_path)
     if cfg.format == "onnx":
         export_onnx(model, model_path, numerical_dtype=numerical_dtype)
     else:
         export_torchscript(model, model_path)
     errors = check_export(model, model_path, batch_sizes=check_batch_sizes, numerical_dtype=numerical_dtype)
-    files = [model_path]
     if cfg.python_backend:
         script = os.path.join(version_dir, "model.py")
+        written.append(script)
         write_atomically(script, lambda tmp: shutil.copyfile(triton_python_model.__file__, tmp))
-        files.append(script)
     config_path = os.path.join(model_dir, CONFIG)
-    config = model.config
-    text = render_config(cfg, config.num_numerical_features, config.num_categorical_features)
+    written.append(config_path)
     write_text_atomically(config_path, text)
-    files.append(config_path)
-    return DeployedModel(model_dir=model_dir, files=files, max_abs_errors=errors)
+    return DeployedModel(model_dir=model_dir, files=list(written), max_abs_errors=errors)
 
 
 def check_quantized_target(cfg: TritonModelConfig, quantize_tables: str | Sequence[str]) -> None:

@@ -10,7 +10,8 @@ r"""Write a Triton Inference Server model repository from a checkpoint.
 
 --model_repository is new, empty or a Triton model repository (the model is added to it; a folder
 holding anything else is refused); a model folder of --model_name that exists already is written
-over only with --overwrite.
+over only with --overwrite. --model_name takes Triton's model names: 1 to 128 characters from
+A-Z a-z 0-9 _ . - not starting with a dot; anything else is refused before anything is written.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("checkpoint", None, "Checkpoint directory (as written by training).")
 flags.DEFINE_string("model_repository", None, "Triton model repository directory (created if missing; an existing "
                     "one must be empty or a Triton repository, to which the model is added).")
-flags.DEFINE_string("model_name", "dlrm", "Model name: the directory inside the repository, and what clients ask for.")
+flags.DEFINE_flag(serving_flags.model_name_flag(
+    "dlrm", "Model name: the directory inside the repository, and what clients ask for."))
 flags.DEFINE_enum("format", "onnx", sorted(FORMATS),
                   "onnx: platform onnxruntime_onnx (one file, weights up to 2 GiB); torchscript: pytorch_libtorch.")
 flags.DEFINE_boolean("python_backend", False,
@@ -67,16 +69,16 @@ def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     absl_logging.set_verbosity(absl_logging.WARNING)  # the ONNX exporter logs every graph pass at INFO
-    cfg = TritonModelConfig(
-        model_name=FLAGS.model_name, format=FLAGS.format, python_backend=FLAGS.python_backend,
-        numerical_type=FLAGS.numerical_type, max_batch_size=FLAGS.max_batch_size,
-        preferred_batch_sizes=_ints(FLAGS.preferred_batch_sizes, "preferred_batch_sizes"),
-        max_queue_delay_us=FLAGS.max_queue_delay_us, instance_kind=FLAGS.instance_kind,
-        instance_count=FLAGS.instance_count, gpus=_ints(FLAGS.gpus, "gpus"), version=FLAGS.version,
-        intra_op_threads=FLAGS.intra_op_threads,
-    )
     quantize_tables = serving_flags.quantize_tables()
-    try:
+    try:  # a config field out of range: one line naming its flag
+        cfg = TritonModelConfig(
+            model_name=FLAGS.model_name, format=FLAGS.format, python_backend=FLAGS.python_backend,
+            numerical_type=FLAGS.numerical_type, max_batch_size=FLAGS.max_batch_size,
+            preferred_batch_sizes=_ints(FLAGS.preferred_batch_sizes, "preferred_batch_sizes"),
+            max_queue_delay_us=FLAGS.max_queue_delay_us, instance_kind=FLAGS.instance_kind,
+            instance_count=FLAGS.instance_count, gpus=_ints(FLAGS.gpus, "gpus"), version=FLAGS.version,
+            intra_op_threads=FLAGS.intra_op_threads,
+        )
         cfg.validate()
         check_quantized_target(cfg, quantize_tables)
     except ValueError as e:
@@ -89,7 +91,7 @@ def main(argv: list[str]) -> int:
     try:
         deployed = deploy_checkpoint(FLAGS.checkpoint, FLAGS.model_repository, cfg, check_batch_sizes, FLAGS.overwrite,
                                      quantize_tables, FLAGS.quantize_min_rows)
-    except ValueError as e:  # --quantize_tables that does not fit the checkpoint's model
+    except ValueError as e:  # --quantize_tables that does not fit the model; a config that reads back wrong
         raise app.UsageError(cli.flag_terms(str(e), FLAGS)) from None
     flavour = "python backend" if cfg.python_backend else f"platform {FORMATS[cfg.format][1]}"
     print(f"deployed {cfg.model_name!r} ({flavour}, {cfg.format}, numerical {cfg.numerical_type}) "

@@ -1,9 +1,14 @@
 """The serving precision flags, shared by ``main`` (``--mode test``, ``inference_benchmark``,
-``plan``), ``export`` and ``deploy``: the same words mean the same tables everywhere."""
+``plan``), ``export`` and ``deploy``: the same words mean the same tables everywhere; and the
+model-name flag of ``deploy`` and ``triton/client.py``, checked as it is parsed."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from absl import app, flags
+
+from dlrm.inference.model_names import NAME_RULE, is_model_name, shown
 
 flags.DEFINE_list("quantize_tables", ["fp32"],
                   "Store the embedding tables for serving at fp32 (as trained), fp16, or row-wise quantized int8, "
@@ -32,3 +37,21 @@ def quantize_tables(values: flags.FlagValues = flags.FLAGS, mode: str | None = N
                              f"{', '.join(SERVING_MODES)}, or with dlrm.scripts.export / deploy (training keeps "
                              "float tables; see --embedding_dtype)")
     return chosen[0] if len(chosen) == 1 else list(chosen)
+
+
+class ModelNameFlag(flags.Flag):
+    """A string flag that takes model names only (``dlrm.inference.model_names``). Refused while
+    the command line is parsed, in one line naming the flag and the rule, without echoing the
+    whole value (absl's own messages repeat it verbatim, newlines and all)."""
+
+    def parse(self, argument: Any) -> None:
+        if not is_model_name(argument):
+            raise flags.IllegalFlagValueError(f"--{self.name} {shown(argument)} is not a model name: use {NAME_RULE}")
+        super().parse(argument)
+
+
+def model_name_flag(default: str, help_text: str, name: str = "model_name") -> ModelNameFlag:
+    """The flag for ``flags.DEFINE_flag(...)``, called in the script that owns it (so that its
+    --help lists it)."""
+    return ModelNameFlag(flags.ArgumentParser(), flags.ArgumentSerializer(), name, default,
+                         f"{help_text} Names: {NAME_RULE}.")
