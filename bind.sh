@@ -68,6 +68,19 @@ die() {
     exit 2
 }
 
+# Text from a file or the environment as an error message may show it: printable ASCII only
+# (any other byte, a terminal escape included, becomes '?'), at most 60 characters.
+shown() {
+    local LC_ALL=C
+    local text=${1//[^ -~]/?}
+    (( ${#text} <= 60 )) || text="${text:0:60}..."
+    printf '%s' "$text"
+}
+
+# Integers are decimal, at most 9 digits: bash arithmetic is 64-bit and wraps silently
+# (18446744073709551615 is -1), so a longer number is refused rather than read.
+readonly INT_RE='^[0-9]{1,9}$'
+
 usage_error() {
     printf '%s: %s\n' "$PROG" "$*" >&2
     printf "Try '%s --help'.\n" "$PROG" >&2
@@ -103,7 +116,7 @@ check_mode() {
     [[ -n $value ]] || usage_error "$option needs a value"
     local IFS='|'
     [[ -f $value && -r $value ]] \
-        || usage_error "$option: '$value' is neither a mode ($*) nor a readable file"
+        || usage_error "$option: '$(shown "$value")' is neither a mode ($*) nor a readable file"
     printf '%s\n' "$value"
 }
 
@@ -185,7 +198,7 @@ first_set() {
 # variable. The 10# prefix keeps bash from reading '08' as a bad octal number.
 read_int() {
     local name=$1 value=$2
-    [[ $value =~ ^[0-9]+$ ]] || die "$name='$value' is not a non-negative integer"
+    [[ $value =~ $INT_RE ]] || die "$name='$(shown "$value")' is not a non-negative integer of at most 9 digits"
     printf '%d\n' "$((10#$value))"
 }
 
@@ -245,17 +258,17 @@ read_topology() {
         line=${line%$'\r'}
         [[ -z $line || $line == \#* ]] && continue
         IFS=, read -r cpu core socket node _ <<<"$line"
-        [[ $cpu =~ ^[0-9]+$ ]] || die "unexpected line from lscpu: '$line'"
+        [[ $cpu =~ $INT_RE ]] || die "unexpected line from lscpu: '$(shown "$line")'"
         # Empty fields mean lscpu has no information: no NUMA support counts as a single node
         # 0, an unknown core as a core of its own.
         [[ -n $core ]] || core=$cpu
         [[ -n $socket ]] || socket=0
         [[ -n $node ]] || node=0
-        [[ $core =~ ^[0-9]+$ && $socket =~ ^[0-9]+$ && $node =~ ^[0-9]+$ ]] \
-            || die "unexpected line from lscpu: '$line'"
+        [[ $core =~ $INT_RE && $socket =~ $INT_RE && $node =~ $INT_RE ]] \
+            || die "unexpected line from lscpu: '$(shown "$line")'"
         cpu=$((10#$cpu)) core=$((10#$core)) socket=$((10#$socket)) node=$((10#$node))
         (( core <= FIELD_MAX && socket <= FIELD_MAX && node <= FIELD_MAX )) \
-            || die "lscpu numbers too large to handle: '$line'"
+            || die "lscpu numbers too large to handle: '$(shown "$line")'"
         key=$(( (node << (2 * FIELD_BITS)) | (socket << FIELD_BITS) | core ))
         if [[ -z ${core_first[key]:-} ]] || (( cpu < core_first[key] )); then
             core_first[key]=$cpu
@@ -344,8 +357,19 @@ file_line() {
     # numactl list syntax: numbers, ranges, commas, and its 'all', '!' and '+' forms. Anything
     # else (a second column, stray text) is a mistake in the file.
     [[ $line =~ ^[[:alnum:],!+-]+$ ]] \
-        || die "$option: line $((local_rank + 1)) of $file is not a numactl list: '$line'"
+        || die "$option: line $((local_rank + 1)) of $file is not a numactl list: '$(shown "$line")'"
+    check_list_numbers "$option: line $((local_rank + 1)) of $file" "$line"
     printf '%s\n' "$line"
+}
+
+# Stops unless every number in numactl list $2 (CPU or node numbers) has at most 9 digits.
+check_list_numbers() {
+    local where=$1 rest=$2 number
+    while [[ $rest =~ [0-9]+ ]]; do
+        number=${BASH_REMATCH[0]}
+        [[ $number =~ $INT_RE ]] || die "$where: a CPU or node number of ${#number} digits; at most 9 are read"
+        rest=${rest#*"$number"}
+    done
 }
 
 # Mapping files in NVIDIA's form (its dgxa100_ccx.sh, which NVIDIA's bind.sh sources): bash
@@ -374,7 +398,7 @@ read_nvidia_map() {
     local option=$1 file=$2
     local lines=() line rest name='' start=0 index=0 value n=0 key
     local re_open='^(declare[[:space:]]+-[aA]+[[:space:]]+)?([A-Za-z_][A-Za-z0-9_]*)=\('
-    local re_index='^\[([0-9]+)\]='
+    local re_index='^\[([0-9]{1,9})\]='
     local re_double='^"([^"]*)"'
     local re_single="^'([^']*)'"
     local re_bare='^([[:alnum:],!+-]+)'
@@ -392,7 +416,8 @@ read_nvidia_map() {
             [[ -z $rest || $rest == \#* ]] && break
             if [[ -z $name ]]; then
                 [[ $rest =~ $re_open ]] \
-                    || die "$where: '$rest' is not an array such as bind_cpu_cores=([0]=\"0-7\" [1]=\"8-15\")" \
+                    || die "$where: '$(shown "$rest")' is not an array such as" \
+                           "bind_cpu_cores=([0]=\"0-7\" [1]=\"8-15\")" \
                            "(a file of one list per line is not named *.sh and has no '=' or '#')"
                 name=${BASH_REMATCH[2]}
                 case $name in
@@ -421,12 +446,14 @@ read_nvidia_map() {
                 value=${BASH_REMATCH[1]}
                 rest=${rest:${#BASH_REMATCH[0]}}
             else
-                die "$where: cannot read '$rest' in $name: write [i]=\"LIST\" or LIST, e.g. [0]=\"0-7\""
+                die "$where: cannot read '$(shown "$rest")' in $name: write [i]=\"LIST\" or LIST, e.g. [0]=\"0-7\""
             fi
             [[ -z $rest || $rest =~ $re_end ]] \
-                || die "$where: '$value' runs into '$rest' in $name: separate the elements with blanks"
+                || die "$where: '$(shown "$value")' runs into '$(shown "$rest")' in $name: separate the elements" \
+                       "with blanks"
             [[ $value =~ ^[[:alnum:],!+-]+$ ]] \
-                || die "$where: '$value' in $name is not a numactl list (e.g. 0-7,64-71 or 3)"
+                || die "$where: '$(shown "$value")' in $name is not a numactl list (e.g. 0-7,64-71 or 3)"
+            check_list_numbers "$where: $name" "$value"
             map_value[$name/$index]=$value
             index=$(( index + 1 ))
         done
@@ -485,7 +512,8 @@ bind_ib() {
     if [[ -n ${BIND_IB_DEVICES:-} ]]; then
         read -r -a devices <<<"${BIND_IB_DEVICES//,/ }"
         for device in "${devices[@]}"; do
-            [[ $device =~ ^[A-Za-z0-9_.:-]+$ ]] || die "BIND_IB_DEVICES: '$device' is not a device name (e.g. mlx5_0)"
+            [[ $device =~ ^[A-Za-z0-9_.:-]+$ ]] \
+                || die "BIND_IB_DEVICES: '$(shown "$device")' is not a device name (e.g. mlx5_0)"
         done
     elif [[ -d /sys/class/infiniband ]]; then
         local names=()

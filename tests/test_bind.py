@@ -368,6 +368,73 @@ def test_bad_cpu_file(tmp_path, content, message):
 
 
 # ---------------------------------------------------------------------------------------------
+# Integers past bash's 64-bit arithmetic, and file content shown in errors
+# ---------------------------------------------------------------------------------------------
+
+# 2**64 - 1 is -1 in bash arithmetic: read, it would bind rank "-1" to the last rank's line.
+@pytest.mark.parametrize("env", [
+    {"LOCAL_RANK": "18446744073709551615"},
+    {"LOCAL_RANK": "9223372036854775808"},
+    {"LOCAL_RANK": "0000000000"},  # ten digits, though small: the bound is on length
+    {"SLURM_LOCALID": "18446744073709551617"},
+])
+def test_huge_ranks_are_refused_not_wrapped(tmp_path, env):
+    path = tmp_path / "cpus.txt"
+    path.write_text("0-3\n4-7\n")
+    proc = run_bind([f"--cpu={path}", "--mem=off", "--", "train"], env, [make_bin(tmp_path)])
+    assert (proc.returncode, proc.stdout) == (2, "")
+    (text,) = proc.stderr.splitlines()
+    assert "at most 9 digits" in text and next(iter(env)) in text, text
+
+
+@pytest.mark.parametrize("env", [
+    {"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "18446744073709551616"},
+    {"LOCAL_RANK": "0", "SLURM_TASKS_PER_NODE": "99999999999999999999(x2)"},
+])
+def test_huge_sizes_are_refused(fake_bin, env):
+    proc = run_bind(["--", "train"], env, [fake_bin("2s4n")])
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert "at most 9 digits" in proc.stderr and len(proc.stderr.splitlines()) == 1
+
+
+def test_huge_lscpu_numbers_are_refused(tmp_path):
+    rows = [(0, 0, 0, 0), (1, 1, 0, 18446744073709551615)]
+    proc = run_bind(["--", "train"], torchrun_env(0, 1), [make_bin(tmp_path, rows)])
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert "unexpected line from lscpu" in proc.stderr and len(proc.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("name, content", [
+    ("cpus.txt", "0-3\n4-18446744073709551615\n"),
+    ("map.sh", "bind_cpu_cores=([0]=\"0-3\" [1]=\"4-99999999999\")\n"),
+    ("map.sh", "bind_cpu_cores=([0]=\"0-3\" [18446744073709551617]=\"4-7\")\n"),
+], ids=["list", "map-value", "map-index"])
+def test_huge_numbers_in_mapping_files_are_refused(tmp_path, name, content):
+    path = tmp_path / name
+    path.write_text(content)
+    proc = run_bind([f"--cpu={path}", "--mem=off", "--", "train"], {"LOCAL_RANK": "1"}, [make_bin(tmp_path)])
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.parametrize("name, content", [
+    ("cpus.txt", "0-3\n\x1b[31mred\x1b]0;title\x07\n"),
+    ("map.sh", "bind_cpu_cores=([0]=\"0-3\" [1]=\"\x1b[2J\x1b]0;x\x07" + "9" * 500 + "\")\n"),
+    ("map.sh", "bind_cpu_cores=([0]=\"0-3\")\n\x1b[2J" + "x" * 500 + "\n"),
+], ids=["list-escapes", "map-escapes-long", "map-stray-line"])
+def test_errors_show_only_printable_text_of_a_file(tmp_path, name, content):
+    """A mapping file's bytes in an error are printable ASCII, bounded: no terminal escapes."""
+    path = tmp_path / name
+    path.write_bytes(content.encode())
+    proc = subprocess.run([BASH, BIND, "--dry-run", f"--cpu={path}", "--mem=off", "--", "train"],
+                          env={"PATH": os.environ["PATH"], "LOCAL_RANK": "1"}, capture_output=True, timeout=30)
+    assert (proc.returncode, proc.stdout) == (2, b"")
+    (text,) = proc.stderr.splitlines()
+    assert all(32 <= byte < 127 for byte in text), text
+    assert len(text) < 300 + len(str(path)), text
+
+
+# ---------------------------------------------------------------------------------------------
 # Mapping files in NVIDIA's form (its dgxa100_ccx.sh): bash arrays indexed by local rank
 # ---------------------------------------------------------------------------------------------
 

@@ -121,7 +121,7 @@ def test_every_flag_of_recommender_train_lands_in_its_setting_of_the_config():
      "`validation_users` 0: without validation, give `epochs`"),
     (lambda: dict(model=api.ModelConfig(model="autoencoder")), "`model` autoencoder needs `network`"),
     (lambda: dict(batch_size=0), "`batch_size` 0: must be >= 1"),
-    (lambda: dict(batch_size="64"), "`batch_size` '64': must be a number"),
+    (lambda: dict(batch_size="64"), "`batch_size` must be an integer, got '64' (str)"),
 ])
 def test_a_config_refuses_what_no_run_can_do_naming_the_setting(make, says):
     with pytest.raises(api.ConfigError) as refused:
@@ -238,11 +238,11 @@ def test_every_flag_of_predict_and_evaluate_lands_in_its_field_of_the_config(scr
     (dict(output=""), "`output` is required"),
     (dict(k=0), "`k` 0: must be >= 1"),
     (dict(batch_size=0), "`batch_size` 0: must be >= 1"),
-    (dict(k="10"), "`k` '10': must be a number"),
+    (dict(k="10"), "`k` must be an integer, got '10' (str)"),
     (dict(score_format="%d"), "`score_format` '%d': give a printf format of one float"),
     (dict(amp_dtype="fp8"), "`amp_dtype` 'fp8': must be one of auto, bf16, fp16"),
     (dict(dist_timeout=0.5), "`dist_timeout` 0.5: must be >= 1"),
-    (dict(filter=5), "`filter` 5: must be a sequence"),
+    (dict(filter=5), "`filter` must be a list of strings, got 5 (int)"),
 ])
 def test_a_predict_config_refuses_what_no_run_can_do_naming_the_setting(settings, says):
     with pytest.raises(api.ConfigError) as refused:
@@ -255,10 +255,10 @@ def test_a_predict_config_refuses_what_no_run_can_do_naming_the_setting(settings
     (dict(heldout=""), "`heldout` is required"),
     (dict(k=[]), "`k` is empty; give at least one cut-off"),
     (dict(k=[5, 0]), "`k` 5,0: every K must be >= 1, got 0"),
-    (dict(k=["5"]), "`k` '5': every K must be an integer"),
+    (dict(k=["5"]), "`k` must be an integer or a list of integers, got ['5'] (list)"),
     (dict(baselines=["pop", "mf"]), "`baselines`: unknown 'pop'; choose from popularity,itemknn,mf,ease"),
     (dict(ease_lambda=0), "`ease_lambda` 0: must be > 0"),
-    (dict(baselines=["mf"], ease_lambda="x"), "`ease_lambda` 'x': must be a number"),
+    (dict(baselines=["mf"], ease_lambda="x"), "`ease_lambda` must be a finite number, got 'x' (str)"),
     (dict(baselines=[]), "nothing to evaluate: give `load_checkpoint_path`"),
     (dict(batch_size=0), "`batch_size` 0: must be >= 1"),
     (dict(mf_factors=0), "`mf_factors` 0: must be >= 1"),

@@ -60,7 +60,7 @@ def test_a_python_run_is_the_command_lines_run(cli, tmp_path):
     (dict(checkpoint=CheckpointConfig(resume=True)), "`resume` continues a training run"),
     (dict(data=DataConfig(dataset_type="split_binary")), "`dataset_type=split_binary` needs `dataset`"),
     (dict(data=DataConfig(dataset_type="synthetic", synthetic_table_sizes=[5, 0])), "`synthetic_table_sizes`"),
-    (dict(train=TrainConfig(LRSchedule(float("nan")))), "`lr` must be a finite number >= 0"),
+    (dict(train=TrainConfig(LRSchedule(-1.0))), "`lr` must be a finite number >= 0"),  # NaN: at LRSchedule
     (dict(train=TrainConfig(LRSchedule(1.0), auc_threshold=1.5)), "`auc_threshold` must be in (0, 1]"),
     (dict(model=ModelSettings(embedding_type="joint_fused"), optimizer=OptimizerConfig("adagrad")),
      "`embedding_type=joint_fused`"),

@@ -19,6 +19,7 @@ from torch import nn
 
 from dlrm.data.batch import Bags
 from dlrm.data.feature_spec import POOLINGS
+from dlrm.engine.config_check import check_types
 from dlrm.nn.cached_embedding import CachedEmbedding
 from dlrm.nn.embeddings import (
     JointEmbedding,
@@ -62,6 +63,9 @@ class DLRMConfig:
     # How the tables are stored: "fp32", or "fp16" / "bf16" (half the bytes; updated in fp32
     # arithmetic and rounded once per row, see dlrm.kernels.rounding). Last, so older configs load.
     embedding_dtype: str = "fp32"
+
+    def __post_init__(self) -> None:
+        check_types(self)  # the shape's bounds: validate()
 
     @property
     def num_categorical_features(self) -> int:

@@ -38,6 +38,8 @@ import numbers
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Sequence
 
+from dlrm.engine.config_check import check_float32, check_seed, check_types
+
 MODELS = ("auto", "linear", "autoencoder")
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adagrad", "rmsprop", "adam")
 AMP_DTYPES = ("auto", "bf16")
@@ -85,6 +87,9 @@ class DataConfig:
     input: str | None = None
     output: str | None = None
 
+    def __post_init__(self) -> None:
+        check_types(self, ConfigError, paths=("input", "output"))
+
 
 @dataclass
 class OptimizerOverrides:
@@ -96,6 +101,8 @@ class OptimizerOverrides:
     lambda_: float | None = None  # Optimizer.Lambda, L2 weight decay of the weights (>= 0); --lambda
 
     def __post_init__(self) -> None:
+        check_types(self, ConfigError)
+        check_float32(ConfigError, alpha=self.alpha, **{"lambda": self.lambda_})  # the step's arithmetic
         _check_choice("optimizer", self.optimizer, OPTIMIZERS, optional=True)
         if self.alpha is not None and not (self.alpha > 0 and math.isfinite(self.alpha)):
             raise ConfigError(f"`alpha` {self.alpha:g}: the learning rate must be > 0")
@@ -114,6 +121,7 @@ class LinearConfig:
     linear_max_memory_gb: float | None = None
 
     def __post_init__(self) -> None:
+        check_types(self, ConfigError)
         _check_at_least(0, linear_max_memory_gb=self.linear_max_memory_gb)
 
 
@@ -129,6 +137,7 @@ class ModelConfig:
     optimizer: OptimizerOverrides = field(default_factory=OptimizerOverrides)
 
     def __post_init__(self) -> None:
+        check_types(self, ConfigError, paths=("network",))
         _check_choice("model", self.model, MODELS)
         if self.model == "autoencoder" and not self.network:
             raise ConfigError("`model` autoencoder needs `network` (a DSSTNE JSON network, e.g. "
@@ -160,6 +169,7 @@ class ValidationSettings:
     patience_steps: int = 200
 
     def __post_init__(self) -> None:
+        check_types(self, ConfigError)
         _check_share(validation_users=self.validation_users, validation_items=self.validation_items)
         _check_at_least(1, validation_max_users=self.validation_max_users, validation_k=self.validation_k,
                         patience=self.patience)
@@ -187,6 +197,7 @@ class TrainSettings:
     amp_dtype: str = "auto"
 
     def __post_init__(self) -> None:
+        check_types(self, ConfigError)
         _check_at_least(1, epochs=self.epochs, max_epochs=self.max_epochs, max_steps=self.max_steps,
                         negatives=self.negatives)
         _check_at_least(0, log_every_steps=self.log_every_steps, eval_every_steps=self.eval_every_steps,
@@ -206,6 +217,7 @@ class CheckpointConfig:
     overwrite: bool = False
 
     def __post_init__(self) -> None:
+        check_types(self, ConfigError)
         if self.resume and self.overwrite:
             raise ConfigError("`resume` continues the checkpoint at `save_checkpoint_path` and `overwrite` starts "
                               "over in its place: pass one of them")
@@ -231,10 +243,8 @@ class RecommenderConfig:
     tensorboard_dir: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("data", "model", "validation", "train", "checkpoint"):
-            part = getattr(self, name)
-            if not isinstance(part, _PARTS[name]):
-                raise ConfigError(f"`{name}` must be a {_PARTS[name].__name__}, got {type(part).__name__}")
+        check_types(self, ConfigError)  # the parts are of their classes, each checked when built
+        check_seed(self.seed, error=ConfigError)
         if not self.data.input:
             raise ConfigError(f"`input` is required; give a CSR dataset directory{DATASET_HINT}")
         if not self.checkpoint.save_checkpoint_path:
@@ -287,8 +297,6 @@ class RecommenderConfig:
         return out
 
 
-_PARTS = {"data": DataConfig, "model": ModelConfig, "validation": ValidationSettings, "train": TrainSettings,
-          "checkpoint": CheckpointConfig}
 # Settings of the autoencoder's training alone (named as in ``leaves``).
 _AUTOENCODER_SETTINGS = ("network", "output", "batch_size", "epochs", "max_epochs", "patience", "patience_steps",
                          "eval_every_steps", "resume", "checkpoint_every_steps", "max_steps", "amp", "amp_dtype",
@@ -383,6 +391,7 @@ class PredictConfig:
     dist_timeout: float = 300.0
 
     def __post_init__(self) -> None:
+        check_types(self, ConfigError, paths=("input", "output", "features_index", "samples_index"))
         _check_required({"load_checkpoint_path": ": the checkpoint directory of recommender_train to load",
                          "input": f"; give a CSR dataset directory{DATASET_HINT}",
                          "output": ": the text file the recommendations are written to"},
@@ -408,7 +417,7 @@ class EvaluateConfig:
     load_checkpoint_path: str | None = None
     best: bool = True
     baselines: Sequence[str] = BASELINES
-    k: Sequence[int] = (1, 5, 10, 20)
+    k: int | Sequence[int] = (1, 5, 10, 20)
     batch_size: int = 1024
     output: str | None = None
     overwrite: bool = False
@@ -424,6 +433,8 @@ class EvaluateConfig:
     dist_timeout: float = 300.0
 
     def __post_init__(self) -> None:
+        check_types(self, ConfigError, paths=("input", "heldout", "output"))
+        check_seed(self.seed, error=ConfigError)
         _check_required({"input": f"; give a CSR dataset directory{DATASET_HINT}",
                          "heldout": "; give a CSR dataset directory (e.g. DIR/heldout of recommender_generate)"},
                         {"input": self.input, "heldout": self.heldout})

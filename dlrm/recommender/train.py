@@ -19,6 +19,7 @@ import torch
 
 from dlrm.engine import checkpoint_store as store
 from dlrm.engine.checkpoint_store import CheckpointLock
+from dlrm.engine.config_check import check_types
 from dlrm.engine.logger import RunLogger, format_eta
 from dlrm.engine.loop import LoopParts, LoopSettings, Meter, Window, run_loop
 from dlrm.recommender import checkpoint
@@ -50,6 +51,9 @@ class TrainConfig:
     # steps, and patience counted in epochs alone stops a run that is still improving.
     patience_steps: int = 0
     eval_every_steps: int = 0  # validate every this many steps; 0: at the end of every epoch
+
+    def __post_init__(self) -> None:
+        check_types(self)  # built from a checked RecommenderConfig; typed again for direct callers
 
     @property
     def loop(self) -> LoopSettings:

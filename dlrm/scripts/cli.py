@@ -63,6 +63,7 @@ DEFAULT_ERRORS: tuple[type[BaseException] | str, ...] = (
     "dlrm.engine.atomic.StorageError",
     "dlrm.engine.outputs.OutputError",
     "dlrm.engine.logger.LogOpenError",
+    "dlrm.engine.config_check.ConfigValueError",  # a config setting of the wrong type or past its bounds
     "dlrm.nn.cached_embedding.CacheTooSmallError",
     "dlrm.engine.loop.NonFiniteLoss",  # exit code 3 (its exit_code)
 )

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dlrm.engine.config_check import check_types
+
 
 @dataclass(frozen=True)
 class LRSchedule:
@@ -33,6 +35,7 @@ class LRSchedule:
     decay_end_lr: float = 0.0
 
     def __post_init__(self) -> None:
+        check_types(self)  # typed first: the bounds below compare numbers
         if self.warmup_steps < 0 or self.decay_steps < 0 or self.decay_start_step < 0:
             raise ValueError("`warmup_steps`, `decay_steps` and `decay_start_step` must be >= 0")
         if self.warmup_factor < 0:

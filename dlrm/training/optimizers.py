@@ -40,6 +40,7 @@ import math
 
 import torch
 
+from dlrm.engine.config_check import check_types
 from dlrm.kernels.rounding import HALF_DTYPES, round_to
 
 EMBEDDING_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
@@ -62,6 +63,11 @@ class OptimizerConfig:
     stochastic_rounding: bool = True  # bf16 tables: round updated rows stochastically (else to nearest)
     freeze_dense: bool = False  # gradients computed, the dense part never updated (NVIDIA's --freeze_mlps)
     freeze_embeddings: bool = False  # the same for the embedding tables (NVIDIA's --freeze_embeddings)
+
+    def __post_init__(self) -> None:
+        # named as dlrm.scripts.main's flags, as validate() names them; the choices and bounds: validate()
+        check_types(self, names={"embedding": "optimizer", "dense": "dense_optimizer", "eps": "optimizer_eps",
+                                 "freeze_dense": "freeze_mlps"})
 
     @property
     def dense_optimizer(self) -> str:

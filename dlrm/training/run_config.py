@@ -27,12 +27,15 @@ from typing import Any
 
 from dlrm.data.sources import SPLIT_BINARY_TYPES, SYNTHETIC_TYPES, DataConfig
 from dlrm.engine.collectives import GRADIENT_SYNC
-from dlrm.model.dlrm import EMBEDDING_DTYPES
+from dlrm.engine.config_check import (ConfigValueError, check_float32, check_float32_positive, check_seed, check_types,
+                                       shown)
+from dlrm.model.dlrm import EMBEDDING_DTYPES, EMBEDDING_TYPES, INTERACTION_OPS
 from dlrm.training.lr_schedule import LRSchedule
 from dlrm.training.optimizers import OptimizerConfig
 from dlrm.training.train import TrainConfig
 
 MODES = ("train", "test", "inference_benchmark", "plan")
+AMP_DTYPES = ("auto", "float16", "bfloat16")
 EXCHANGE_DTYPES = ("auto", "fp32", "fp16", "bf16")
 LOG_FORMATS = ("json", "dllogger")
 BENCHMARK_BACKENDS = ("eager", "onnxruntime", "torchscript")
@@ -41,6 +44,9 @@ SERVING_MODES = ("test", "inference_benchmark", "plan")
 # was a flags dict); its value is the layout's version.
 VERSION_KEY = "run_config_version"
 VERSION = 1
+# The longest a collective may wait (s): datetime.timedelta, which torch.distributed takes, ends
+# at 999999999 days.
+MAX_TIMEOUT_S = 1e9
 
 
 def check_positive(**settings: float | None) -> None:
@@ -55,6 +61,19 @@ def check_count(minimum: int, **settings: int | None) -> None:
     for name, value in settings.items():
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
             raise ValueError(f"`{name}` must be an integer >= {minimum}, got {value!r}")
+
+
+def check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    """The setting must be one of ``choices`` (its type checked first, so the message stays short)."""
+    if value not in choices:
+        raise ValueError(f"`{name}` must be one of {', '.join(choices)}, got {shown(value)}")
+
+
+def check_at_most(most: float, **settings: float | None) -> None:
+    """Each setting given (not None) must be <= ``most``."""
+    for name, value in settings.items():
+        if value is not None and value > most:
+            raise ValueError(f"`{name}` must be at most {most:g}, got {value:g}")
 
 
 def check_non_negative(**settings: float) -> None:
@@ -81,6 +100,9 @@ class ModelSettings:
     max_table_size: int | None = None
 
     def __post_init__(self) -> None:
+        check_types(self)
+        check_choice("interaction_op", self.interaction_op, ("auto", *INTERACTION_OPS))
+        check_choice("embedding_type", self.embedding_type, EMBEDDING_TYPES)
         check_positive(max_table_size=self.max_table_size)
         if self.embedding_dtype not in EMBEDDING_DTYPES:
             raise ValueError(f"`embedding_dtype` must be one of {list(EMBEDDING_DTYPES)}, got {self.embedding_dtype!r}")
@@ -102,11 +124,13 @@ class ParallelConfig:
     host_table_cache_rows: int | str = 0
 
     def __post_init__(self) -> None:
+        rows = self.host_table_cache_rows  # first: its own message says both forms it takes
+        if rows != "auto" and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
+            raise ConfigValueError(f"`host_table_cache_rows` must be an integer >= 0 or \"auto\", got {shown(rows)}")
+        check_types(self, paths=("table_placement",))
+        check_at_most(MAX_TIMEOUT_S, dist_timeout=self.dist_timeout)
         check_positive(device_memory_gb=self.device_memory_gb, dist_timeout=self.dist_timeout,
                        gradient_bucket_mb=self.gradient_bucket_mb)
-        rows = self.host_table_cache_rows
-        if rows != "auto" and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
-            raise ValueError(f"`host_table_cache_rows` must be an integer >= 0 or \"auto\", got {rows!r}")
         if self.exchange_dtype not in EXCHANGE_DTYPES:
             raise ValueError(f"`exchange_dtype` must be one of {EXCHANGE_DTYPES}, got {self.exchange_dtype!r}")
         if self.gradient_sync not in GRADIENT_SYNC:
@@ -127,6 +151,9 @@ class CheckpointConfig:
     overwrite: bool = False
     verify: bool = True  # compare the files' checksums with meta.json's
 
+    def __post_init__(self) -> None:
+        check_types(self)
+
 
 @dataclass
 class OutputConfig:
@@ -141,6 +168,7 @@ class OutputConfig:
     tensorboard_dir: str | None = None
 
     def __post_init__(self) -> None:
+        check_types(self)
         if self.log_format not in LOG_FORMATS:
             raise ValueError(f"`log_format` must be one of {LOG_FORMATS}, got {self.log_format!r}")
 
@@ -158,6 +186,7 @@ class InferenceBenchmarkConfig:
     inference_benchmark_threads: int = 0
 
     def __post_init__(self) -> None:
+        check_types(self)
         sizes = self.inference_benchmark_batch_sizes
         if not sizes:
             raise ValueError("`inference_benchmark_batch_sizes` is empty: give one batch size or more")
@@ -183,6 +212,7 @@ class ServingConfig:
     def __post_init__(self) -> None:
         from dlrm.kernels.quantized_rows import PRECISION_BITS
 
+        check_types(self)
         chosen = [self.quantize_tables] if isinstance(self.quantize_tables, str) else list(self.quantize_tables)
         bad = [p for p in chosen if p not in PRECISION_BITS] or ([] if chosen else ["(none)"])
         if bad:
@@ -269,13 +299,15 @@ class RunConfig:
         return _build(cls, values)
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"`mode` must be one of {MODES}, got {self.mode!r}")
-        check_count(0, seed=self.seed)
+        check_types(self)
+        check_choice("mode", self.mode, MODES)
+        check_choice("amp_dtype", self.amp_dtype, AMP_DTYPES)
+        check_seed(self.seed)
         check_count(1, plan_max_processes=self.plan_max_processes)
         if self.serving.quantizing and self.mode not in SERVING_MODES:
-            raise ValueError(f"`quantize_tables` stores a trained model's tables for serving: use it with `mode` "
-                             f"{', '.join(SERVING_MODES)} (training keeps float tables; see `embedding_dtype`)")
+            raise ValueError(f"`quantize_tables` and `quantize_min_rows` store a trained model's tables for serving: "
+                             f"use them with `mode` {', '.join(SERVING_MODES)} (training keeps float tables; see "
+                             "`embedding_dtype`)")
         backend = self.benchmark.inference_benchmark_backend
         if self.mode == "inference_benchmark" and backend != "eager" and (self.amp or self.train.cuda_graphs):
             raise ValueError(f"`inference_benchmark_backend={backend}` runs the exported float32 graph: drop `amp` "
@@ -299,6 +331,8 @@ class RunConfig:
         _check_train(self.train)
         _check_data(self.data)
         self.optimizer.validate()
+        check_float32_positive(optimizer_eps=self.optimizer.eps)
+        check_float32(initial_accumulator_value=self.optimizer.initial_accumulator_value)
         self.optimizer.validate_table_dtype(EMBEDDING_DTYPES[self.model.embedding_dtype])
         if self.model.embedding_type == "joint_fused":  # its kernels' optimizers only
             self.optimizer.validate_fused()

@@ -19,6 +19,7 @@ from dlrm.data.batch import Batch
 from dlrm.data.loader import PrefetchLoader, remaining_batches
 from dlrm.data.metrics import roc_auc
 from dlrm.engine.collectives import Collectives
+from dlrm.engine.config_check import check_float32, check_types
 from dlrm.engine.logger import RunLogger, format_eta
 from dlrm.engine.loop import LoopParts, LoopSettings, Meter, Window, run_loop, synchronize
 from dlrm.model.precision import Precision
@@ -49,6 +50,10 @@ class TrainConfig:
     auc_device: str | None = None  # where tests compute the AUC (None: the device holding the scores)
     # "dlrm": this program's checkpoint; "nvidia": NVIDIA's layout (dlrm.training.nvidia_checkpoint), weights only
     checkpoint_format: str = "dlrm"
+
+    def __post_init__(self) -> None:
+        check_types(self)  # its other bounds: RunConfig's (dlrm.training.run_config), with the other parts'
+        check_float32(lr=self.schedule.lr, decay_end_lr=self.schedule.decay_end_lr)  # the step's arithmetic
 
     @property
     def loop(self) -> LoopSettings:
