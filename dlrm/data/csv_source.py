@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dlrm.data.feature_spec import CATEGORICAL, CHANNELS, LABEL, NUMERICAL, SPEC_FILE_NAME, read_spec_yaml
+from dlrm.data.feature_spec import (CATEGORICAL, CHANNELS, LABEL, NUMERICAL, SPEC_FILE_NAME, dataset_file,
+                                    read_spec_yaml)
 from dlrm.engine.atomic import write_atomically
 from dlrm.engine.errors import DatasetError, FeatureSpecError
 from dlrm.engine.outputs import OutputError, OutputKind, head_lines, holds_only, inside
@@ -45,11 +46,16 @@ class CsvSource:
     raw: dict
     path: str
     base_directory: str
+    # Reading: files must lie inside the spec's folder unless allowed (``feature_spec.dataset_file``).
+    # None: a writer's base directory (gen_csv), where ``csv_targets`` applies the writers' rule.
+    allow_files_outside: bool | None = False
 
     @classmethod
-    def from_yaml(cls, path: str, base_directory: str | None = None) -> "CsvSource":
-        """Load and check ``path``; its files resolve against its directory (NVIDIA's rule), or
-        against ``base_directory`` when given (gen_csv writes them under its --output)."""
+    def from_yaml(cls, path: str, base_directory: str | None = None,
+                  allow_files_outside: bool = False) -> "CsvSource":
+        """Load and check ``path``; its files resolve against its directory (NVIDIA's rule) and
+        must lie inside it unless ``allow_files_outside``, or against ``base_directory`` when
+        given (gen_csv writes them under its --output; ``csv_targets`` checks them)."""
         path = os.path.abspath(path)
         if os.path.isdir(path):
             path = os.path.join(path, SPEC_FILE_NAME)
@@ -64,7 +70,8 @@ class CsvSource:
             raise FeatureSpecError(f"{path}: not UTF-8 text; a feature spec is a YAML text file") from None
         except OSError as e:
             raise DatasetError(f"{path}: cannot read the feature spec: {e.strerror or e}") from None
-        source = cls(raw, path, os.path.abspath(base_directory or os.path.dirname(path)))
+        source = cls(raw, path, os.path.abspath(base_directory or os.path.dirname(path)),
+                     None if base_directory is not None else bool(allow_files_outside))
         try:
             source._validate()
         except FeatureSpecError as e:
@@ -138,7 +145,11 @@ class CsvSource:
                     raise FeatureSpecError(f"{at}: feature '{name}' is also in {where}[{seen[name]}]; each feature "
                                            f"has one column per split")
                 seen[name] = i
-            out.append(CsvChunk(os.path.join(self.base_directory, files[0]), files[0], list(feats)))
+            path = os.path.join(self.base_directory, files[0])
+            if self.allow_files_outside is not None:  # read here: inside the folder, or allowed
+                path = dataset_file(self.base_directory, files[0], self.path, feats[0], self.allow_files_outside,
+                                    "`allow_files_outside=True` (CsvSource.from_yaml)")[0]
+            out.append(CsvChunk(path, files[0], list(feats)))
         absent = [n for n in self.label_names + self.numerical_names + self.categorical_names if n not in seen]
         if absent:
             raise FeatureSpecError(f"split '{split}' has no column for feature(s) {absent}; add them to a chunk of {where}")
@@ -219,7 +230,7 @@ def is_random_csv_dir(path: str) -> bool:
              for split in source.splits for c in source.chunks(split)]
     datasets = [name for name in os.listdir(path) if os.path.isdir(os.path.join(path, name))
                 and not os.path.islink(os.path.join(path, name)) and is_split_binary_dataset(os.path.join(path, name))]
-    patterns = [SPEC_FILE_NAME, "*.csv"] + [glob.escape(f) for f in named] + [glob.escape(d) + "/*" for d in datasets]
+    patterns = [SPEC_FILE_NAME, "*.csv"] + [glob.escape(f) for f in named] + [glob.escape(d) + "/**" for d in datasets]
     if not holds_only(path, patterns, required=[SPEC_FILE_NAME]):
         return False
     for directory, dirs, files in os.walk(path):

@@ -25,6 +25,7 @@ import yaml
 
 from dlrm.engine.atomic import write_text_atomically
 from dlrm.engine.errors import DatasetError, FeatureSpecError
+from dlrm.engine.outputs import inside
 
 SPEC_FILE_NAME = "feature_spec.yaml"
 SPLIT_BINARY = "split_binary"
@@ -42,6 +43,7 @@ VARIABLE = "variable"
 POOLINGS = ("sum", "mean")
 PADDING_ID = -1  # fills the unused slots of a fixed-size bag; readers drop it
 OFFSETS_DTYPE = np.dtype("<i8")  # offsets files: int64, rows + 1 values, a leading 0
+ALLOW_OUTSIDE = "`allow_files_outside_dataset=True`"  # the opt-in of ``dataset_file`` (DataConfig's setting)
 # Keys that other tools use for multi-hot features: a spec that uses one is refused with the fix
 # rather than read as one-hot. (Other unknown keys are kept, as before, for compatibility.)
 _FOREIGN_MULTI_HOT_KEYS = ("max_hotness", "hotness", "multi_hot", "multi_hot_size", "multihot",
@@ -174,6 +176,28 @@ def default_offsets_file(values_file: str) -> str:
     return f"{stem}.offsets.bin"
 
 
+def dataset_file(base_directory: str, name: str, spec_path: str, feature: str, allow_outside: bool = False,
+                 opt_in: str = ALLOW_OUTSIDE) -> tuple[str, bool]:
+    """The absolute path of file ``name`` that the spec ``spec_path`` gives ``feature``, and
+    whether it lies outside ``base_directory``. A dataset is a folder handed in from outside:
+    a spec naming ``../home/.ssh/id_rsa``, an absolute path or a link leading out would make
+    training read (and its messages quote) any file the user can read. So such a name is a
+    ``DatasetError`` before anything is opened, unless ``allow_outside`` (``opt_in`` says how a
+    user asks for it). The rule is the writers' (``dlrm.engine.outputs.inside``: links resolved)."""
+    path = os.path.abspath(os.path.join(base_directory, name))
+    try:
+        inside(base_directory, name, "")
+    except ValueError:  # OutputError, or a name os.path cannot take (a NUL byte)
+        if not allow_outside:
+            shown = repr(name) if len(name) <= 120 else repr(name[:120]) + "..."
+            raise DatasetError(
+                f"{spec_path}: the file {shown} of feature '{feature}' lies outside the dataset folder "
+                f"{base_directory} (an absolute path, '..' or a link leading out); nothing was read: move the file "
+                f"into the folder and name it relative to it, or pass {opt_in} if you trust this spec") from None
+        return path, True
+    return path, False
+
+
 @dataclass
 class SplitPaths:
     """Absolute file paths of one split; ``categorical`` follows the categorical channel order
@@ -184,6 +208,8 @@ class SplitPaths:
     categorical: list[str]
     # categorical channel index -> offsets file, for the ``bag_size: variable`` features only
     offsets: dict[int, str] = field(default_factory=dict)
+    # files outside the dataset folder (read by choice: ``allow_files_outside``); messages never quote their values
+    outside: set[str] = field(default_factory=set)
 
 
 class _NoAliasDumper(yaml.SafeDumper):
@@ -195,19 +221,23 @@ class _NoAliasDumper(yaml.SafeDumper):
 
 @dataclass
 class FeatureSpec:
-    """A validated view of ``feature_spec.yaml``; relative file paths resolve against base_directory."""
+    """A validated view of ``feature_spec.yaml``; relative file paths resolve against base_directory,
+    and must stay inside it unless ``allow_files_outside`` (``dataset_file``)."""
 
     feature_spec: dict
     channel_spec: dict
     source_spec: dict
     metadata: dict = field(default_factory=dict)
     base_directory: str | None = None
+    allow_files_outside: bool = False
+    source_path: str | None = None  # the spec file read, for messages (from_yaml)
 
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    def from_yaml(cls, path: str | os.PathLike) -> "FeatureSpec":
-        """Load and validate a spec; ``path`` may also be the dataset directory."""
+    def from_yaml(cls, path: str | os.PathLike, allow_files_outside: bool = False) -> "FeatureSpec":
+        """Load and validate a spec; ``path`` may also be the dataset directory.
+        ``allow_files_outside``: its files may lie outside its folder (``dataset_file``)."""
         path = os.fspath(path)
         if os.path.isdir(path):
             path = os.path.join(path, SPEC_FILE_NAME)
@@ -241,6 +271,8 @@ class FeatureSpec:
             source_spec=raw["source_spec"],
             metadata=raw.get("metadata") or {},
             base_directory=os.path.dirname(os.path.abspath(path)),
+            allow_files_outside=bool(allow_files_outside),
+            source_path=path,
         )
         try:
             spec.validate()
@@ -580,7 +612,8 @@ class FeatureSpec:
         return list(self.source_spec)
 
     def paths(self, split: str) -> SplitPaths:
-        """Absolute paths of a split's files; unknown splits fail listing the known ones."""
+        """Absolute paths of a split's files, each inside the dataset folder unless
+        ``allow_files_outside`` (``dataset_file``); unknown splits fail listing the known ones."""
         if split not in self.source_spec:
             raise DatasetError(
                 f"dataset {self.base_directory or '<no directory>'} has no split '{split}'; "
@@ -588,9 +621,16 @@ class FeatureSpec:
             )
         if self.base_directory is None:
             raise DatasetError("feature spec has no base_directory; load it with FeatureSpec.from_yaml or set base_directory")
-        by_feature, offsets_of = {}, {}
+        spec_path = self.source_path or os.path.join(self.base_directory, SPEC_FILE_NAME)
+        by_feature, offsets_of, outside = {}, {}, set()
         for chunk in self.source_spec[split]:
-            files = [os.path.abspath(os.path.join(self.base_directory, f)) for f in chunk["files"]]
+            feature = chunk["features"][0] if len(chunk["features"]) == 1 else f"{NUMERICAL} ({len(chunk['features'])})"
+            files = []
+            for name in chunk["files"]:
+                path, out = dataset_file(self.base_directory, name, spec_path, feature, self.allow_files_outside)
+                files.append(path)
+                if out:
+                    outside.add(path)
             by_feature[chunk["features"][0]] = files[0]
             if len(files) == 2:  # a variable-length bag feature: values, then offsets
                 offsets_of[chunk["features"][0]] = files[1]
@@ -601,4 +641,5 @@ class FeatureSpec:
             numerical=numerical,
             categorical=[by_feature[n] for n in names],
             offsets={i: offsets_of[n] for i, n in enumerate(names) if n in offsets_of},
+            outside=outside,
         )

@@ -12,6 +12,7 @@ from dlrm.data.feature_spec import FeatureSpec
 from dlrm.data.rank_source import RankSource
 from dlrm.data.split_binary import SplitBinaryReader
 from dlrm.data.synthetic import ZIPF_EXPONENT, SyntheticDataset
+from dlrm.engine.config_check import check_types
 from dlrm.engine.errors import DatasetError
 
 SPLIT_BINARY_TYPES = ("split_binary", "parametric")  # "parametric" is NVIDIA's name for it
@@ -33,6 +34,12 @@ class DataConfig:
     synthetic_bag_sizes: list[int] | None = None
     synthetic_pooling: str = "sum"
     synthetic_zipf_exponent: float = ZIPF_EXPONENT  # P(id) ~ (id + 1) ** -exponent in every table
+    # Read files the feature spec names outside the dataset folder ('..', absolute paths, links
+    # leading out); refused by default: a dataset is handed in from outside (``feature_spec.dataset_file``).
+    allow_files_outside_dataset: bool = False
+
+    def __post_init__(self) -> None:
+        check_types(self, paths=("dataset", "feature_spec"))  # the bounds: RunConfig's, with the run's
 
     @property
     def synthetic(self) -> bool:
@@ -40,6 +47,9 @@ class DataConfig:
 
 
 def load_feature_spec(cfg: DataConfig) -> FeatureSpec:
+    """The spec of ``cfg``'s data; a split-binary dataset's is checked before anything else is
+    read: every file it names lies in its folder (unless ``allow_files_outside_dataset``) and it
+    has a numerical feature (the model's bottom MLP takes them)."""
     if cfg.synthetic:
         return FeatureSpec.default(cfg.synthetic_num_numerical, cfg.synthetic_table_sizes,
                                    bag_sizes=cfg.synthetic_bag_sizes, pooling=cfg.synthetic_pooling)
@@ -51,7 +61,15 @@ def load_feature_spec(cfg: DataConfig) -> FeatureSpec:
     if not os.path.isfile(path):
         raise DatasetError(f"feature spec {path} not found: pass the dataset directory as `dataset` "
                            "and, if the spec has another name, `feature_spec`")
-    return FeatureSpec.from_yaml(path)
+    spec = FeatureSpec.from_yaml(path, allow_files_outside=cfg.allow_files_outside_dataset)
+    for split in spec.splits:
+        spec.paths(split)  # DatasetError naming the spec, the feature and the opt-in
+    if spec.num_numerical == 0:
+        raise DatasetError(
+            f"{path}: the dataset has no numerical feature, and the DLRM model needs at least one (the input of "
+            f"its bottom MLP); write the dataset with one, e.g. a constant column (synthetic data: python -m "
+            f"dlrm.scripts.prepare_synthetic_dataset with `num_numerical_features=1`)")
+    return spec
 
 
 def make_source(

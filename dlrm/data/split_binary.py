@@ -24,7 +24,7 @@ import torch
 
 from dlrm.data.batch import Bags, Batch
 from dlrm.data.feature_spec import PADDING_ID, VARIABLE, FeatureSpec
-from dlrm.data.split_binary_columns import LABEL_DTYPE, NUMERICAL_DTYPE, Column, FixedBags, VariableBags
+from dlrm.data.split_binary_columns import LABEL_DTYPE, NUMERICAL_DTYPE, Column, FixedBags, VariableBags, shown
 from dlrm.data.split_binary_writer import SplitBinaryWriter
 from dlrm.engine.errors import DatasetError
 
@@ -77,21 +77,24 @@ class SplitBinaryReader:
         self._cardinalities = [cards[i] for i in self.categorical_features]
         # Bags when any selected feature is multi-hot; the one-hot [B, F] path is untouched otherwise.
         self._bags = any(spec.is_multi_hot(i) for i in self.categorical_features)
+        inside = {p: p not in paths.outside for p in [paths.label, paths.numerical, *paths.categorical,
+                                                       *paths.offsets.values()]}  # may messages quote it
         try:
             if read_label:
-                self._label = Column(paths.label, spec.label_name, LABEL_DTYPE, 1, yaml_path)
+                self._label = Column(paths.label, spec.label_name, LABEL_DTYPE, 1, yaml_path, quote=inside[paths.label])
             if read_numerical and paths.numerical is not None:
-                self._numerical = Column(
-                    paths.numerical, f"numerical ({spec.num_numerical} features)", NUMERICAL_DTYPE, spec.num_numerical, yaml_path
-                )
+                self._numerical = Column(  # [B, num_numerical] always, one feature too
+                    paths.numerical, f"numerical ({spec.num_numerical} features)", NUMERICAL_DTYPE, spec.num_numerical,
+                    yaml_path, matrix=True, quote=inside[paths.numerical])
             for i in self.categorical_features:
-                size = spec.bag_size(i)
+                size, path = spec.bag_size(i), paths.categorical[i]
                 if size is None:
-                    self._categorical.append(Column(paths.categorical[i], names[i], dtypes[i], 1, yaml_path))
+                    self._categorical.append(Column(path, names[i], dtypes[i], 1, yaml_path, quote=inside[path]))
                 elif size == VARIABLE:
-                    self._categorical.append(VariableBags(paths.categorical[i], paths.offsets[i], names[i], dtypes[i], yaml_path))
+                    self._categorical.append(VariableBags(path, paths.offsets[i], names[i], dtypes[i], yaml_path,
+                                                          inside[path], inside[paths.offsets[i]]))
                 else:
-                    self._categorical.append(FixedBags(paths.categorical[i], names[i], dtypes[i], int(size), yaml_path))
+                    self._categorical.append(FixedBags(path, names[i], dtypes[i], int(size), yaml_path, inside[path]))
             self.num_samples = self._common_rows(paths.label, yaml_path)
         except BaseException:
             self.close()
@@ -242,7 +245,7 @@ class SplitBinaryReader:
                 if col is self._label:
                     if values.size and values.view(np.uint8).max() > 1:
                         row = start + int(np.argmax(values.view(np.uint8) > 1))
-                        raise DatasetError(f"{col.path}: label byte {values.view(np.uint8)[row - start]} at row {row} "
+                        raise DatasetError(f"{col.path}: label byte {shown(values.view(np.uint8)[row - start], col.quote)} at row {row} "
                                            "is not 0 or 1; re-create the split")
                 elif col is self._numerical:
                     finite = np.isfinite(values)
@@ -250,7 +253,7 @@ class SplitBinaryReader:
                         row, k = (int(v[0]) for v in np.nonzero(~finite))
                         raise DatasetError(
                             f"{col.path}: numerical feature '{self.spec.numerical_names[k]}' is "
-                            f"{values[row, k]} at row {start + row}; re-create the split (values must be finite)"
+                            f"{shown(values[row, k], col.quote)} at row {start + row}; re-create the split (values must be finite)"
                         )
                 elif self.check_ids and values.size:
                     self._check_ids(values, col, self._cardinalities[self._categorical.index(col)], start)
@@ -298,7 +301,7 @@ class SplitBinaryReader:
         where = col.ids.path if isinstance(col, FixedBags) else col.values.path if isinstance(col, VariableBags) else col.path
         padding = f" (besides the padding id {PADDING_ID})" if padded else ""
         raise DatasetError(
-            f"{where}: categorical feature '{col.feature}' has id {bad} at row {row}, outside "
+            f"{where}: categorical feature '{col.feature}' has id {shown(bad, col.quote)} at row {row}, outside "
             f"[0, cardinality={cardinality}){padding}; fix the cardinality in the feature spec, or pass "
             f"`hash_indices=True` to map ids with id % cardinality"
         )
@@ -320,7 +323,7 @@ class SplitBinaryReader:
             bad = lo if lo < 0 else hi
             row = start + int(np.argmax(ids == bad))
             raise DatasetError(
-                f"{col.path}: categorical feature '{col.feature}' has id {bad} at row {row}, outside "
+                f"{col.path}: categorical feature '{col.feature}' has id {shown(bad, col.quote)} at row {row}, outside "
                 f"[0, cardinality={cardinality}); fix the cardinality in the feature spec, or pass "
                 f"`hash_indices=True` to map ids with id % cardinality"
             )

@@ -16,17 +16,28 @@ from dlrm.engine.errors import DatasetError
 
 LABEL_DTYPE = np.dtype(np.bool_)
 NUMERICAL_DTYPE = np.dtype(np.float16)
+HIDDEN = "<not shown: the file lies outside the dataset folder>"
+
+
+def shown(value: object, quote: bool) -> str:
+    """``value`` for a message about a file, or HIDDEN when the file lies outside the dataset
+    folder (read by the user's choice): no message quotes what such a file holds."""
+    return str(value) if quote else HIDDEN
 
 
 class Column:
-    """One open file and how to read rows of it."""
+    """One open file and how to read rows of it. ``matrix``: rows come as ``[count, width]``
+    even when ``width`` is 1 (the numerical file of one feature is still ``[B, 1]``).
+    ``quote``: messages may show values read from it (the file lies inside the dataset folder)."""
 
     def __init__(self, path: str, feature: str, dtype: np.dtype, width: int, yaml_path: str,
-                 setting: str | None = "dtype"):
+                 setting: str | None = "dtype", matrix: bool = False, quote: bool = True):
         self.path = path
         self.feature = feature
         self.dtype = dtype
         self.width = width  # values per row
+        self.matrix = matrix
+        self.quote = quote
         self.row_bytes = dtype.itemsize * width
         try:
             self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -49,7 +60,7 @@ class Column:
         """Rows [start, start+count) with one positional read into ``out`` (contiguous, of this
         column's dtype and shape) or into a fresh, writable buffer."""
         if out is None:
-            out = np.empty((count, self.width) if self.width != 1 else (count,), dtype=self.dtype)
+            out = np.empty((count, self.width) if self.width != 1 or self.matrix else (count,), dtype=self.dtype)
         nbytes = count * self.row_bytes
         got = os.preadv(self.fd, [memoryview(out).cast("B")], start * self.row_bytes) if nbytes else 0
         if got != nbytes:
@@ -69,8 +80,10 @@ class FixedBags:
     """A fixed-size bag feature: ``bag_size`` ids per row in one ``[rows, bag_size]`` file, unused
     slots holding the padding id (-1)."""
 
-    def __init__(self, path: str, feature: str, dtype: np.dtype, bag_size: int, yaml_path: str):
-        self.ids = Column(path, feature, dtype, bag_size, yaml_path, setting=f"dtype or `bag_size` ({bag_size})")
+    def __init__(self, path: str, feature: str, dtype: np.dtype, bag_size: int, yaml_path: str, quote: bool = True):
+        self.ids = Column(path, feature, dtype, bag_size, yaml_path, setting=f"dtype or `bag_size` ({bag_size})",
+                          quote=quote)
+        self.quote = quote
         self.path, self.feature, self.dtype, self.bag_size = path, feature, dtype, bag_size
         self.rows = self.ids.rows
 
@@ -83,11 +96,14 @@ class VariableBags:
     int64 values from 0, so row ``r``'s bag is ``values[offsets[r]:offsets[r + 1]]`` and any row
     range costs one read of offsets and one of values."""
 
-    def __init__(self, path: str, offsets_path: str, feature: str, dtype: np.dtype, yaml_path: str):
+    def __init__(self, path: str, offsets_path: str, feature: str, dtype: np.dtype, yaml_path: str,
+                 quote: bool = True, quote_offsets: bool = True):
         self.feature, self.dtype = feature, dtype
-        self.values = Column(path, feature, dtype, 1, yaml_path)
+        self.quote, self.quote_offsets = quote, quote_offsets
+        self.values = Column(path, feature, dtype, 1, yaml_path, quote=quote)
         try:
-            self.offsets = Column(offsets_path, f"{feature} (offsets)", OFFSETS_DTYPE, 1, yaml_path, setting=None)
+            self.offsets = Column(offsets_path, f"{feature} (offsets)", OFFSETS_DTYPE, 1, yaml_path, setting=None,
+                                  quote=quote_offsets)
         except BaseException:
             self.values.close()
             raise
@@ -103,11 +119,13 @@ class VariableBags:
             last = int(self.offsets.read(self.rows, 1)[0])
             if first != 0:
                 raise DatasetError(
-                    f"{offsets_path}: offsets of feature '{feature}' start at {first}, not 0; re-create the file"
+                    f"{offsets_path}: offsets of feature '{feature}' start at {shown(first, quote_offsets)}, not 0; "
+                    f"re-create the file"
                 )
             if last != self.values.rows:
                 raise DatasetError(
-                    f"{offsets_path}: offsets of feature '{feature}' end at {last}, but its values file {path} holds "
+                    f"{offsets_path}: offsets of feature '{feature}' end at {shown(last, quote_offsets)}, but its values "
+                    f"file {path} holds "
                     f"{self.values.rows} ids; the two files do not belong together (or one is truncated); "
                     f"re-create them"
                 )
@@ -119,7 +137,8 @@ class VariableBags:
         row = start + int(np.argmax(offsets[1:] < offsets[:-1]))
         return DatasetError(
             f"{self.offsets.path}: offsets of feature '{self.feature}' decrease after row {row} "
-            f"({int(offsets[row - start])} then {int(offsets[row - start + 1])}); offsets must be non-decreasing; "
+            f"({shown(int(offsets[row - start]), self.quote_offsets)} then "
+            f"{shown(int(offsets[row - start + 1]), self.quote_offsets)}); offsets must be non-decreasing; "
             f"re-create the file"
         )
 
@@ -143,7 +162,8 @@ class VariableBags:
         if lo < 0 or hi > self.values.rows or lo > hi:
             raise DatasetError(
                 f"{self.offsets.path}: offsets of feature '{self.feature}' for rows {start}..{start + count} run "
-                f"from {lo} to {hi}, outside the {self.values.rows} ids of its values file; re-create the files"
+                f"from {shown(lo, self.quote_offsets)} to {shown(hi, self.quote_offsets)}, outside the "
+                f"{self.values.rows} ids of its values file; re-create the files"
             )
         if check and count and (offsets[1:] < offsets[:-1]).any():
             raise self.bad_offsets(offsets, start)

@@ -111,6 +111,9 @@ flags.DEFINE_boolean("shuffle_batch_order", False, "Read training batches in a s
                      short_name="shuffle")
 flags.DEFINE_integer("max_table_size", None, "Cap every table at this many rows (needs --hash_indices).")
 flags.DEFINE_boolean("hash_indices", False, "Map ids with id % table_size instead of refusing out-of-range ids.")
+flags.DEFINE_boolean("allow_files_outside_dataset", False,
+                     "Read files the feature spec names outside the --dataset folder (absolute paths, '..', links "
+                     "leading out). Off: such a spec is refused before anything is read (docs/data_format.md).")
 flags.DEFINE_integer("synthetic_dataset_num_entries", 1 << 20, "Training samples per epoch of synthetic data.")
 flags.DEFINE_integer("synthetic_dataset_num_test_entries", 1 << 18, "Test samples of synthetic data.")
 flags.DEFINE_list("synthetic_dataset_table_sizes", [str(10**5)] * 26, "Table sizes of synthetic data.")
@@ -302,6 +305,7 @@ def _run_config(v: flags.FlagValues) -> RunConfig:
     data = DataConfig(
         dataset=v.dataset, feature_spec=v.feature_spec,
         dataset_type=v.dataset_type or ("split_binary" if v.dataset else "synthetic"), hash_indices=v.hash_indices,
+        allow_files_outside_dataset=v.allow_files_outside_dataset,
         synthetic_num_entries=v.synthetic_dataset_num_entries,
         synthetic_num_test_entries=v.synthetic_dataset_num_test_entries,
         synthetic_table_sizes=_ints(v.synthetic_dataset_table_sizes, "synthetic_dataset_table_sizes"),
@@ -407,6 +411,7 @@ def config_flags(cfg: RunConfig) -> dict[str, Any]:
         # data
         "dataset": data.dataset, "feature_spec": data.feature_spec, "dataset_type": data.dataset_type,
         "hash_indices": data.hash_indices, "synthetic_dataset_num_entries": data.synthetic_num_entries,
+        "allow_files_outside_dataset": data.allow_files_outside_dataset,
         "synthetic_dataset_num_test_entries": data.synthetic_num_test_entries,
         "synthetic_dataset_table_sizes": data.synthetic_table_sizes,
         "synthetic_dataset_numerical_features": data.synthetic_num_numerical,
