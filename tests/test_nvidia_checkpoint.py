@@ -298,7 +298,7 @@ def test_train_starts_from_its_weights_and_writes_nvidia_layout(dataset, weights
     assert meta["data"]["step"] == 3
     assert meta["config"]["top_mlp_sizes"] == TOP and meta["config"]["embedding_dim"] == DIM
     assert sorted(os.listdir(theirs)) == sorted(
-        ["metadata.pt", "bottom_model.mlp.pt", "top_model.mlp.pt", "top_model.out.pt"]
+        ["metadata.pt", "bottom_model.mlp.pt", "top_model.mlp.pt", "top_model.out.pt", "dlrm_checksums.json"]
         + [f"bottom_model.embeddings.{i}.bin" for i in range(len(TABLES))]
         + [f"embeddings.{i}.meta.pt" for i in range(len(TABLES))])
 

@@ -42,15 +42,15 @@ import torch
 
 from dlrm.engine.atomic import check_can_create, check_free_space, fsync_dir, writing
 from dlrm.engine.collectives import Collectives
+from dlrm.engine.errors import CheckpointError
 from dlrm.engine.model_contract import ParallelModel
 from dlrm.engine.outputs import OutputError, OutputKind, claim_output, holds_only
+from dlrm.engine.tensor_checks import check_all, check_finite, is_compact, label
 
 META = "meta.json"
 CHECKPOINT = "the checkpoint"  # what a StorageError says could not be written
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that is missing, incomplete, damaged, or of another model."""
 
 
 # ----------------------------------------------------------------------------- writing files
@@ -119,6 +119,16 @@ def is_checkpoint_dir(path: str) -> bool:
     """Whether ``path`` holds a checkpoint of this program's store (of either product) and nothing
     else: ``meta.json`` and tensor files. What the store may move aside or replace."""
     return holds_only(path, CHECKPOINT_FILES, required=[META])
+
+
+def _lists_every_file(path: str, meta: dict[str, Any]) -> bool:
+    """Whether every file of the checkpoint at ``path`` is ``meta.json`` or one it lists: the
+    exact names its save wrote. A ``.pt`` of the user's dropped beside them (``my_table.pt``) makes
+    the folder not ours, so ``--resume`` or ``--overwrite`` never deletes it."""
+    files = meta.get("files")
+    if not isinstance(files, dict) or not all(isinstance(name, str) for name in files):
+        return False
+    return holds_only(path, [re.compile(re.escape(name)) for name in (META, *files)])
 
 
 def _is_staging_dir(path: str) -> bool:
@@ -337,11 +347,12 @@ def latest_checkpoint(path: str) -> str | None:
     return None
 
 
-def _identity(path: str) -> tuple[int, ...] | None:
+def _identity(path: str, marker: str = META) -> tuple[int, ...] | None:
     """What changes when a save replaces the checkpoint at ``path``: the directory's and its
-    ``meta.json``'s inode and modification time (a commit renames a new directory into place)."""
+    ``marker`` file's (``meta.json``, or the last file another layout writes) inode and
+    modification time (a commit renames a new directory into place)."""
     try:
-        d, m = os.stat(path), os.stat(os.path.join(path, META))
+        d, m = os.stat(path), os.stat(os.path.join(path, marker))
     except OSError:
         return None
     return d.st_dev, d.st_ino, m.st_ino, m.st_mtime_ns, m.st_size
@@ -376,25 +387,26 @@ def _save_under_way(path: str) -> bool:
     return os.path.isdir(f"{base}.tmp") and _lock_held(f"{base}.lock") is not False
 
 
-def read_consistently(path: str, read: Callable[[], Any], timeout: float = 60.0) -> Any:
+def read_consistently(path: str, read: Callable[[], Any], timeout: float = 60.0, marker: str = META) -> Any:
     """``read()`` of the checkpoint at ``path`` such that everything it read came from one save.
     Another run may save to ``path`` while we read (a trainer's periodic save, predict or a
     Triton reload beside it): a commit swaps the whole directory, so a read that saw the
     directory change under it, or failed while a save was under way, is repeated, for up to
     ``timeout`` seconds. A damaged checkpoint that nobody is saving fails at once, as before.
-    Why not lock: a reader must never block a trainer, nor need write access to the folder."""
+    Why not lock: a reader must never block a trainer, nor need write access to the folder.
+    ``marker``: the file a save writes last (``meta.json``; NVIDIA's layout: its ``metadata.pt``)."""
     deadline = time.monotonic() + timeout
     while True:
-        before = _identity(path)
+        before = _identity(path, marker)
         try:
             result = read()
         except (CheckpointError, OSError):  # OSError: a file of the save we read was removed under us
-            after = _identity(path)
+            after = _identity(path, marker)
             changed = after != before if before is not None else (after is not None or _save_under_way(path))
             if not changed or time.monotonic() > deadline:
                 raise
         else:
-            if before is not None and _identity(path) == before:
+            if before is not None and _identity(path, marker) == before:
                 return result
             if time.monotonic() > deadline:
                 raise CheckpointError(f"{path}: the checkpoint kept changing while it was read (another run is saving "
@@ -425,7 +437,7 @@ class Format:
         except (ValueError, OSError):
             return False
         return (isinstance(meta, dict) and all(meta.get(k) == v for k, v in self.marks.items())
-                and all(k in meta for k in self.entries))
+                and all(k in meta for k in self.entries) and _lists_every_file(path, meta))
 
     @property
     def kind(self) -> OutputKind:
@@ -491,16 +503,30 @@ def check_files(path: str, meta: dict[str, Any], names: list[str], verify: bool 
 
 
 def check_shape(file: str, what: str, value: Any, shape: Iterable[int]) -> None:
-    """``value``, read from ``file``, is a tensor of ``shape``; else the file is damaged."""
+    """``value``, read from ``file``, is a contiguous tensor of ``shape``; else the file is
+    damaged (a zero-stride tensor of any shape takes a few bytes on disk and gigabytes once
+    copied). ``load_tensor_file`` found every tensor of the file dense; ``value`` may be rows cut
+    from one (``read_rows``), so a view of a storage that holds it passes here."""
     if not isinstance(value, torch.Tensor) or list(value.shape) != list(shape):
-        raise CheckpointError(f"{file}: {what} has shape {list(getattr(value, 'shape', []))}, expected {list(shape)}: "
-                              "the checkpoint is damaged")
+        raise CheckpointError(f"{file}: {what} has shape {list(getattr(value, 'shape', []))[:8]}, "
+                              f"expected {list(shape)}: the checkpoint is damaged")
+    if not is_compact(value):
+        raise CheckpointError(f"{file}: {what} is not a dense tensor (its strides do not match its shape): "
+                              "the checkpoint is damaged or was crafted")
 
 
 def load_tensor_file(path: str, name: str, mmap: bool = False) -> Any:
     """``torch.load`` with ``weights_only=True``; every way a damaged file fails becomes a
-    ``CheckpointError`` naming it."""
+    ``CheckpointError`` naming it. Every tensor in what comes back is dense (its shape needs
+    exactly the bytes the file holds for it: ``tensor_checks``) and, unless ``mmap``, finite;
+    a memory-mapped file is read for the rows a process needs only, so ``read_rows`` checks
+    those rows' values."""
     file = os.path.join(path, name)
+    return check_all(_load(file, mmap), file, "tensor", finite=not mmap)
+
+
+def _load(file: str, mmap: bool) -> Any:
+    """``torch.load`` of ``file`` (``load_tensor_file``), its failures as ``CheckpointError``."""
     try:
         return torch.load(file, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
@@ -580,16 +606,29 @@ def _join(path: str, parts: list[tuple[Piece, Any]], rows: tuple[int, int], what
         file = os.path.join(path, name)
         if isinstance(first, dict):
             if not isinstance(value, dict) or value.keys() != first.keys():
-                held = sorted(value) if isinstance(value, dict) else type(value).__name__
-                raise CheckpointError(f"{file}: holds {held}, {first_piece[2]} holds {sorted(first)}: "
+                held = _keys(value, label) if isinstance(value, dict) else type(value).__name__
+                raise CheckpointError(f"{file}: holds {held}, {first_piece[2]} holds {_keys(first, label)}: "
                                       "the checkpoint is damaged")
         elif not isinstance(value, torch.Tensor) or not isinstance(first, torch.Tensor) or value.dim() != first.dim() \
                 or (value.dim() and value.shape[0] != b - a):
-            raise CheckpointError(f"{file}: {what} has shape {list(getattr(value, 'shape', []))}, "
+            raise CheckpointError(f"{file}: {what} has shape {list(getattr(value, 'shape', []))[:8]}, "
                                   f"expected {b - a} rows: the checkpoint is damaged")
+        elif value.dtype != first.dtype:  # torch.cat would promote both to one type silently
+            raise CheckpointError(f"{file}: {what} holds {str(value.dtype).removeprefix('torch.')} values, "
+                                  f"{first_piece[2]} holds {str(first.dtype).removeprefix('torch.')}: "
+                                  "the checkpoint is damaged")
     if isinstance(first, dict):
-        return {key: _join(path, [(piece, value[key]) for piece, value in parts], rows, repr(key)) for key in first}
+        return {key: _join(path, [(piece, value[key]) for piece, value in parts], rows, label(key)) for key in first}
     if first.dim() == 0:
+        check_finite(first, os.path.join(path, first_piece[2]), what)
         return first
     cut = [value[max(start, a) - a:min(stop, b) - a] for (a, b, _), value in parts]
+    for ((_, _, name), _), value in zip(parts, cut):  # the rows this process reads (the files are memory-mapped)
+        check_finite(value, os.path.join(path, name), what)
     return cut[0] if len(cut) == 1 else torch.cat(cut)
+
+
+def _keys(value: dict, label: Callable[[Any], str]) -> str:
+    """A dict's keys read from a file, for a message: the first few, each bounded by ``label``."""
+    keys = [label(key) for key in list(value)[:6]]
+    return f"[{', '.join(keys)}{', ...' if len(value) > 6 else ''}]"

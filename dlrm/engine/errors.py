@@ -1,8 +1,8 @@
-"""Exceptions for bad datasets.
+"""Exceptions for bad inputs: datasets, their feature specs, and checkpoints.
 
-Both derive from ValueError so callers that only know "the input was wrong" can catch them,
-while the training script can catch DatasetError alone and print its message without a
-traceback: every message names the file, the feature and the fix.
+All derive from ValueError so callers that only know "the input was wrong" can catch them,
+while the command lines catch each alone and print its message without a traceback: every
+message names the file, the feature or tensor, and the fix.
 """
 
 from __future__ import annotations
@@ -16,6 +16,12 @@ class DatasetError(ValueError):
 
 class FeatureSpecError(DatasetError):
     """The feature spec itself is malformed or inconsistent."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, incomplete, damaged, or of another model. Here, not in the
+    checkpoint store, so that the checks on what a checkpoint holds (``tensor_checks``) and the
+    store can both raise it without importing each other."""
 
 
 def finite_number(text: str) -> float | None:

@@ -222,7 +222,8 @@ def check_export(
     float16 input); the eager model gets the same values, widened to float32.
 
     Returns ``{batch_size: max abs error}``; raises ``AssertionError`` with the error when an
-    output is outside ``|got - want| <= atol + rtol * |want|`` or has the wrong shape.
+    output is outside ``|got - want| <= atol + rtol * |want|`` (a NaN on either side is), or has
+    the wrong shape.
     """
     _require_cpu(model)
     run = load_exported(path)
@@ -239,7 +240,9 @@ def check_export(
             )
         error = (got - want).abs()
         errors[batch_size] = float(error.max())
-        if bool((error > atol + rtol * want.abs()).any()):
+        # ``error <= tol`` negated, not ``error > tol``: a NaN output (or reference) compares false
+        # to everything, and must fail the check rather than pass it.
+        if not bool((error <= atol + rtol * want.abs()).all()):
             raise AssertionError(
                 f"{path}: batch {batch_size}: max abs error {errors[batch_size]:.3g} exceeds atol={atol} rtol={rtol}"
             )

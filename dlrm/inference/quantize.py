@@ -19,7 +19,7 @@ import torch
 from dlrm.kernels.quantized_rows import PRECISION_BITS, QUANTIZED, check_dim, row_bytes
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.nn.quantized_embedding import QuantizedEmbedding
-from dlrm.training.checkpoint import load_checkpoint, model_config_of
+from dlrm.training.checkpoint import CheckpointError, load_checkpoint, model_config_of
 
 TABLE_PRECISIONS = tuple(PRECISION_BITS)  # fp32, fp16, int8, int4, int2
 
@@ -67,6 +67,21 @@ def _without_tables(config: DLRMConfig, device: torch.device | str) -> DLRM:
     return DLRM(config, device=device, tables=[])
 
 
+class NonFiniteTableError(CheckpointError):
+    """A table to quantize holds NaN or inf: its rows' scales would be NaN, every score too. A
+    ``CheckpointError`` (one line, exit 2 at the command line): such weights come from a
+    checkpoint, or from a run that a checkpoint of theirs would show."""
+
+
+def finite_table(weight: torch.Tensor, index: int) -> torch.Tensor:
+    """``weight`` (table ``index``) once every value is finite. Quantizing takes each row's min
+    and max: one NaN or inf makes the row's scale NaN and its lookups NaN, with no error."""
+    if not bool(torch.isfinite(weight).all()):
+        raise NonFiniteTableError(f"table {index} holds non-finite values (NaN or inf): it cannot be quantized; "
+                                  "load an earlier checkpoint of the run")
+    return weight
+
+
 @torch.no_grad()
 def quantize_model(model: DLRM, precisions: str | Sequence[str], min_rows: int = 0) -> DLRM:
     """A copy of ``model`` (a whole model: every table, none kept on the host) whose tables are
@@ -82,7 +97,7 @@ def quantize_model(model: DLRM, precisions: str | Sequence[str], min_rows: int =
                               strict=False)
     tables = _quantized_tables(config, precisions, device)
     for i in range(tables.num_tables):
-        tables.load_table_(i, model.embeddings.table_weight(i))
+        tables.load_table_(i, finite_table(model.embeddings.table_weight(i), i))
     quantized.embeddings = tables
     return quantized.eval()
 
@@ -96,7 +111,7 @@ def build_quantized_model(checkpoint: str, precisions: str | Sequence[str], min_
     precisions = table_precisions(config.table_sizes, precisions, min_rows, config.embedding_dim)
     model = _without_tables(config, device)
     model.embeddings = _quantized_tables(config, precisions, device)
-    load_checkpoint(checkpoint, model)  # each table through QuantizedEmbedding.load_table_
+    load_checkpoint(checkpoint, model)  # each table through QuantizedEmbedding.load_table_, finite-checked
     return model.eval()
 
 

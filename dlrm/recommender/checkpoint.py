@@ -23,6 +23,7 @@ import torch
 from dlrm.engine import checkpoint_store as store
 from dlrm.engine.checkpoint_store import CheckpointError, host_copy, latest_checkpoint, state_bytes
 from dlrm.engine.collectives import Collectives
+from dlrm.engine.tensor_checks import checked_tensor, label
 from dlrm.recommender.model import SparseAutoencoder
 from dlrm.recommender.network import parse_network
 
@@ -196,12 +197,46 @@ def load_model(path: str, parallel, device: torch.device | str = "cpu") -> Spars
     seed and loaded (for predict and evaluate), all from one save (``store.read_consistently``)."""
     def build_and_load() -> SparseAutoencoder:
         meta = read_meta(path)
-        network = parse_network(meta["network"]).resolve(meta["n_input"], meta["n_output"])
-        model = SparseAutoencoder(network, parallel, seed=int(meta.get("seed", 0)), device=device)
+        network = _saved_network(path, meta)
+        model = SparseAutoencoder(network, parallel, seed=_seed(path, meta), device=device)
         _load(path, model, None, True)
         return model
 
     return store.read_consistently(path, build_and_load)
+
+
+def _seed(path: str, meta: dict[str, Any]) -> int:
+    """The run's seed from ``meta.json``: an integer a torch generator takes."""
+    seed = meta.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63:
+        raise CheckpointError(f"{os.path.join(path, store.META)}: entry 'seed' is not a non-negative 64-bit "
+                              "integer: the checkpoint is damaged")
+    return seed
+
+
+def _saved_network(path: str, meta: dict[str, Any]):
+    """The network ``meta.json`` describes, resolved, once the values it holds are no more than
+    the checkpoint's files can hold (2 bytes each at least): sizes in a damaged or crafted
+    ``meta.json`` must not make a model of terabytes before any file is read."""
+    where = os.path.join(path, store.META)
+    sizes = (meta["n_input"], meta["n_output"])
+    if any(isinstance(n, bool) or n < 1 for n in sizes):
+        raise CheckpointError(f"{where}: n_input and n_output must be positive item counts: the checkpoint is damaged")
+    try:
+        network = parse_network(meta["network"]).resolve(*sizes)
+        widths = [layer.n for layer in network.hidden]
+        latent = [layer.name for layer in network.hidden].index(network.variational.layer) \
+            if network.variational is not None else None
+    except (ValueError, TypeError, KeyError, AttributeError):
+        raise CheckpointError(f"{where}: its network definition is damaged (it no longer parses)") from None
+    outs = [2 * n if i == latent else n for i, n in enumerate(widths)]
+    values = (sizes[0] + 1) * outs[0] + sum((a + 1) * b for a, b in zip(widths[:-1], outs[1:])) \
+        + sizes[1] * (widths[-1] + 1) if widths else 0
+    held = sum(e.get("bytes", 0) if isinstance(e, dict) else e for e in meta["files"].values()
+               if isinstance(e, (dict, int)))
+    if not isinstance(held, int) or values * 2 > held:
+        raise CheckpointError(f"{where}: its network has more weights than its files hold: the checkpoint is damaged")
+    return network
 
 
 def _latent(network) -> str:
@@ -227,14 +262,34 @@ def _restore(where: str, params: dict[str, torch.nn.Parameter], weights: dict[st
     """Copies the saved ``weights`` into ``params`` and, with ``optimizer``, their saved
     ``states`` into it (copies: what was read may be memory-mapped; scalars such as Adam's step
     count stay on the CPU, as torch's optimizers keep them)."""
+    if not isinstance(states, dict):
+        raise CheckpointError(f"{where}: its optimizer state is not a dict: the checkpoint is damaged")
     for name, p in params.items():
         if name not in weights:
             raise CheckpointError(f"{where}: no weights for {name}: it was saved by another network")
         store.check_shape(where, name, weights[name], p.shape)
+        if not weights[name].is_floating_point():  # dense and finite: the store checked what it read
+            raise CheckpointError(f"{where}: {name} does not hold floating-point weights: the checkpoint is damaged")
+        if optimizer is not None and states.get(name):
+            _check_state(where, name, states[name], p.shape)
+    for name, p in params.items():
         p.copy_(weights[name])
         if optimizer is not None and states.get(name):
             optimizer.state[p] = {k: v.to(p.device, copy=True) if v.dim() else v.clone()
                                   for k, v in states[name].items()}
+
+
+def _check_state(where: str, name: str, state: Any, shape: torch.Size) -> None:
+    """The saved optimizer state of parameter ``name``: floating-point tensors, each a scalar (a
+    step count) or of the parameter's shape (moments), as torch's optimizers keep them."""
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{where}: the optimizer state of {name} is not a dict: the checkpoint is damaged")
+    for key, value in state.items():
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            raise CheckpointError(f"{where}: the optimizer state {label(key)} of {name} is not a floating-point "
+                                  "tensor: the checkpoint is damaged")
+        if value.dim():
+            store.check_shape(where, f"the optimizer state {label(key)} of {name}", value, shape)
 
 
 def load(path: str, model: SparseAutoencoder, optimizer: torch.optim.Optimizer | None = None,
@@ -261,6 +316,9 @@ def _load(path: str, model: SparseAutoencoder, optimizer: torch.optim.Optimizer 
         for kind, params in _item_params(model).items():
             if reads[kind]:
                 rows = store.read_rows(path, reads[kind], _item_blocks(model)[kind][1])
+                if not isinstance(rows, dict):
+                    raise CheckpointError(f"{os.path.join(path, reads[kind][0][2])}: does not hold what this program "
+                                          "writes: the checkpoint is damaged")
                 _restore(os.path.join(path, reads[kind][0][2]), params, rows, rows.get("state", {}), optimizer)
         _restore(os.path.join(path, "replicated.pt"), _replicated(model), replicated["params"],
                  replicated.get("state", {}), optimizer)
@@ -305,6 +363,7 @@ def load_linear(path: str, parallel, device: torch.device | str = "cpu", verify:
             raise CheckpointError(f"{where}: does not hold what this program writes: the checkpoint is damaged")
         n = meta["n_input"]
         store.check_shape(where, "weights", saved["weights"], (n, n))
+        checked_tensor(saved["weights"], where, "weights", finite=False)  # finite: the store checked it
         try:
             settings = LinearSettings(**meta["settings"])
         except (TypeError, ValueError) as e:

@@ -26,6 +26,11 @@ flags.DEFINE_enum("to", None, ["nvidia", "dlrm"], "Layout to write: nvidia (NVID
 flags.DEFINE_integer("nvidia_gpus", 1, "--to nvidia: the number of GPUs NVIDIA's main.py will load it on (without "
                      "--bottom_features_ordered, its default): its interaction's table order depends on it.",
                      lower_bound=1)
+MAX_GPUS = 1024  # dlrm.training.nvidia_checkpoint_checks.MAX_GPUS (not imported here: it loads torch)
+flags.register_validator(
+    "nvidia_gpus", lambda gpus: gpus is None or gpus <= MAX_GPUS,
+    message=f"--nvidia_gpus is at most {MAX_GPUS}: NVIDIA's DLRM places tables on the GPUs of one node, and a "
+            "device mapping for more GPUs than that is no run of its")
 flags.DEFINE_boolean("overwrite", False, "Replace a checkpoint of the --to layout already at --output (never a "
                      "folder holding anything else).")
 flags.mark_flags_as_required(["checkpoint", "output", "to"])

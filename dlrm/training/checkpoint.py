@@ -37,6 +37,7 @@ from dlrm.engine.checkpoint_store import (  # noqa: F401 (imported from here by 
     CheckpointError, CheckpointLock, file_crc32, host_copy, latest_checkpoint, state_bytes,
 )
 from dlrm.engine.collectives import Collectives
+from dlrm.engine.tensor_checks import checked_tensor, label
 from dlrm.training import nvidia_checkpoint
 
 FORMAT_VERSION = 1
@@ -74,6 +75,8 @@ class TrainState:
         saved = dict(saved)
         if "batch_in_epoch" in saved:
             batch_size = int(run_config.get("batch_size") or 0)
+            if not isinstance(saved["batch_in_epoch"], int):  # a string times a count is a huge string
+                raise ValueError("batch_in_epoch is not an integer")
             saved["sample_in_epoch"] = saved.pop("batch_in_epoch") * batch_size
             saved["batch_size"] = batch_size
         state = cls(**saved)
@@ -265,18 +268,50 @@ def _load_optimizer(path: str, optimizer: Any, saved: dict[str, Any]) -> None:
     is per table (``_load_table_state``), so any number of processes can resume a checkpoint.
     Checkpoints from before the optimizer choice hold a plain SGD state dict: SGD keeps no state,
     so their groups' hyperparameters are all there is to restore."""
-    if saved.get("format") == "combined":
+    if not isinstance(saved, dict) or not isinstance(saved.get("param_groups", []), list):
+        raise CheckpointError(f"{path}: optimizer.pt does not hold an optimizer state: the checkpoint is damaged")
+    if saved.get("format") == "combined":  # its dense state was checked (``_check_dense_state``)
         try:
             optimizer.load_state_dict(saved)
-        except (KeyError, ValueError, RuntimeError) as e:
-            raise CheckpointError(f"{path}: the optimizer state does not fit this model ({e}): "
+        except (KeyError, ValueError, RuntimeError, TypeError, AttributeError, IndexError) as e:
+            reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+            raise CheckpointError(f"{path}: the optimizer state does not fit this model ({reason}): "
                                   "it was written for another model") from None
         return
     if saved.get("state"):
         raise CheckpointError(f"{path}: the optimizer state has per-parameter entries this program does not write: "
                               "the checkpoint is damaged or not one of this program's")
-    for group, saved_group in zip(optimizer.param_groups, saved["param_groups"]):
+    for group, saved_group in zip(optimizer.param_groups, saved.get("param_groups", [])):
+        if not isinstance(saved_group, dict):
+            raise CheckpointError(f"{path}: optimizer.pt holds a parameter group that is not a dict: "
+                                  "the checkpoint is damaged")
         group.update({k: v for k, v in saved_group.items() if k != "params"})
+
+
+def _check_dense_state(path: str, optimizer: Any, saved: dict[str, Any]) -> None:
+    """Each per-parameter tensor of the dense optimizer's saved state (e.g. Adam's moments) has
+    its parameter's shape, before anything is loaded: torch's ``load_state_dict`` takes any shape,
+    and the first step after a resume would fail, or broadcast one value over a whole layer."""
+    file = os.path.join(path, "optimizer.pt")
+    dense, live = saved.get("dense"), getattr(optimizer, "dense", None)
+    if live is None:
+        return
+    try:
+        ids = [i for group in dense["param_groups"] for i in group["params"]]
+        params = dict(zip(ids, (p for group in live.param_groups for p in group["params"])))
+        state = dict(dense.get("state", {}))
+    except (KeyError, TypeError, AttributeError, ValueError):
+        raise CheckpointError(f"{file}: the dense optimizer's state is not what this program writes: "
+                              "the checkpoint is damaged") from None
+    for index, entries in state.items():
+        if index not in params or not isinstance(entries, dict):
+            raise CheckpointError(f"{file}: the dense optimizer's state names a parameter the model does not have: "
+                                  "the checkpoint is damaged or of another model")
+        for key, value in entries.items():
+            what = f"the dense optimizer's {label(key)}"
+            checked_tensor(value, file, what, finite=False)  # finite: load_tensor_file; a step count too
+            if value.dim():
+                store.check_shape(file, what, value, params[index].shape)
 
 
 def _pieces(path: str, meta: dict[str, Any], table: LocalTable, suffix: str = "") -> list[store.Piece]:
@@ -289,6 +324,20 @@ def _pieces(path: str, meta: dict[str, Any], table: LocalTable, suffix: str = ""
                             suffix)
 
 
+def _check_table(file: str, what: str, value: Any, shape: Any) -> None:
+    """Rows of a table (or of its optimizer state; ``shape`` None: a scalar such as a step count)
+    read by ``store.read_rows``: of ``shape`` and floating point (dense and finite: the store
+    checked them), as this program writes them; other types would be converted silently."""
+    if shape is None:
+        if not isinstance(value, torch.Tensor) or value.dim():
+            raise CheckpointError(f"{file}: {what} is not a scalar tensor: the checkpoint is damaged")
+    else:
+        store.check_shape(file, what, value, shape)
+    if not value.is_floating_point():
+        raise CheckpointError(f"{file}: {what} holds {str(value.dtype).removeprefix('torch.')} values, not floating "
+                              "point: the checkpoint is damaged")
+
+
 def _load_table_state(path: str, pieces: list[store.Piece], rows: tuple[int, int],
                       state: dict[str, torch.Tensor]) -> None:
     """Copies the saved optimizer state of one table's rows ``[start, stop)`` into ``state``
@@ -296,12 +345,36 @@ def _load_table_state(path: str, pieces: list[store.Piece], rows: tuple[int, int
     saved = store.read_rows(path, pieces, rows)
     file = os.path.join(path, pieces[0][2])
     if not isinstance(saved, dict) or set(saved) != set(state):
-        raise CheckpointError(f"{file}: holds {sorted(saved) if isinstance(saved, dict) else saved!r}, "
-                              f"the optimizer keeps {sorted(state)}: the checkpoint is damaged")
+        held = sorted(map(label, saved)) if isinstance(saved, dict) else type(saved).__name__
+        raise CheckpointError(f"{file}: holds {held[:8]}, the optimizer keeps {sorted(state)}: the checkpoint is "
+                              "damaged")
     for key, target in state.items():
-        store.check_shape(file, key, saved[key], target.shape)
+        _check_table(file, label(key), saved[key], target.shape if target.dim() else None)
         with torch.no_grad():
             target.copy_(saved[key])
+
+
+def _checked_dense(file: str, dense: dict[str, Any], model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's dense tensors from ``dense.pt``: each there, of the model's shape and (for
+    weights) floating point; entries the model lacks are left out, so none reaches its tables."""
+    wanted = _dense_state(model)
+    for name, live in wanted.items():
+        store.check_shape(file, label(name), dense.get(name), live.shape)
+        if live.is_floating_point():
+            checked_tensor(dense[name], file, label(name), finite=False)  # finite: load_tensor_file
+    return {name: dense[name] for name in wanted}
+
+
+def _restore_rng(file: str, rng: dict[str, Any]) -> None:
+    """Sets torch's RNG states from ``rng.pt``; a state torch refuses is a damaged file."""
+    try:
+        torch.set_rng_state(checked_tensor(rng["cpu"], file, "the CPU RNG state", floating=False))
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+    except (RuntimeError, TypeError, ValueError) as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(f"{file}: holds an RNG state torch refuses: the checkpoint is damaged") from None
 
 
 def load_checkpoint(
@@ -347,15 +420,19 @@ def _load_checkpoint(path: str, model: torch.nn.Module, optimizer: torch.optim.O
     for (embeddings, i), pieces in zip(local, reads):
         start, stop = embeddings.row_range(i)
         weights.append(store.read_rows(path, pieces, (start, stop)))
-        store.check_shape(os.path.join(path, pieces[0][2]), "the table", weights[-1],
-                          [stop - start, model.config.embedding_dim])
-    dense = store.load_tensor_file(path, "dense.pt")
+        _check_table(os.path.join(path, pieces[0][2]), "the table", weights[-1],
+                     [stop - start, model.config.embedding_dim])
+    dense = store.load_tensor_file(path, "dense.pt")  # every tensor dense and finite (``store``)
     extra = store.load_tensor_file(path, "optimizer.pt")
     rng = store.load_tensor_file(path, "rng.pt") if restore_rng else None
     if not isinstance(dense, dict) or not isinstance(extra, dict) or not {"optimizer", "scaler"} <= extra.keys() \
-            or (rng is not None and not (isinstance(rng, dict) and "cpu" in rng)):
+            or (rng is not None and not (isinstance(rng, dict) and isinstance(rng.get("cpu"), torch.Tensor))):
         raise CheckpointError(f"{path}: dense.pt, optimizer.pt or rng.pt does not hold what this program writes: "
                               "the checkpoint is damaged or not one of this program's")
+    dense = _checked_dense(os.path.join(path, "dense.pt"), dense, model)
+    saved_optimizer = extra["optimizer"]
+    if optimizer is not None and isinstance(saved_optimizer, dict) and saved_optimizer.get("format") == "combined":
+        _check_dense_state(path, optimizer, saved_optimizer)  # before anything is loaded
     with torch.no_grad():
         for (embeddings, i), weight in zip(local, weights):
             embeddings.load_table_(i, weight)
@@ -367,10 +444,22 @@ def _load_checkpoint(path: str, model: torch.nn.Module, optimizer: torch.optim.O
     if scaler is not None and scaler.is_enabled() and extra["scaler"] is not None:
         scaler.load_state_dict(extra["scaler"])
     if rng is not None:
-        torch.set_rng_state(rng["cpu"])
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
+        _restore_rng(os.path.join(path, "rng.pt"), rng)
+    return _train_state(path, meta)
+
+
+def _train_state(path: str, meta: dict[str, Any]) -> TrainState:
+    """``meta.json``'s train state, its counts non-negative integers and its AUC a number: a
+    resumed run computes its data position from them."""
+    where = os.path.join(path, store.META)
     try:
-        return TrainState.from_meta(meta["train_state"], meta["run_config"])
-    except TypeError as e:
-        raise CheckpointError(f"{os.path.join(path, store.META)}: train_state is damaged ({e})") from None
+        state = TrainState.from_meta(meta["train_state"], meta["run_config"])
+    except (TypeError, ValueError, OverflowError, AttributeError) as e:
+        reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise CheckpointError(f"{where}: train_state is damaged ({reason})") from None
+    counts = (state.step, state.epoch, state.sample_in_epoch, state.batch_size)
+    if any(isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < 2 ** 63 for n in counts) \
+            or isinstance(state.best_auc, bool) or not isinstance(state.best_auc, (int, float)):
+        raise CheckpointError(f"{where}: train_state holds a count that is not a non-negative integer, or an AUC "
+                              "that is not a number: the checkpoint is damaged")
+    return state

@@ -33,6 +33,13 @@ out the same files, staged in ``<path>.tmp`` and put at ``<path>`` by renames, a
 checkpoints are, for NVIDIA's code to load on a given number of GPUs (``nvidia_gpus``, one by
 default) without ``--bottom_features_ordered`` (its default): ``M`` is the device mapping NVIDIA's
 code computes for that count, and the top MLP's first layer takes its inputs in that order.
+
+Such a directory is a user's input: every number, list and flag of its metadata is typed and
+bounded by the files present before use, every tensor is dense and finite
+(``dlrm.engine.tensor_checks``; ``nvidia_checkpoint_checks``), and a read comes from one save even
+while another run re-saves it (``checkpoint_store.read_consistently``). What this program writes
+carries ``dlrm_checksums.json`` beside NVIDIA's files (sizes and CRC-32s, which NVIDIA's loader
+never opens); a read checks it when present.
 """
 
 from __future__ import annotations
@@ -49,11 +56,14 @@ import torch
 
 from dlrm.engine.atomic import fsync_dir, writing
 from dlrm.engine.checkpoint_store import (LOCK, CheckpointError, check_checkpoint_path, commit_directory,
-                                            save_tensor_file)
+                                            read_consistently, save_tensor_file)
 from dlrm.engine.collectives import Collectives
 from dlrm.engine.outputs import OutputError, OutputKind, claim_output, first_foreign, holds_only
 from dlrm.kernels.dot_interaction import padded_width
+from dlrm.engine.tensor_checks import check_finite, checked_tensor
 from dlrm.model.dlrm import DLRMConfig
+from dlrm.training import nvidia_checkpoint_checks as checks
+from dlrm.training.nvidia_checkpoint_checks import CHECKSUMS
 
 METADATA = "metadata.pt"
 BOTTOM_MLP = "bottom_model.mlp.pt"
@@ -61,7 +71,8 @@ TOP_MLP = "top_model.mlp.pt"
 TOP_OUT = "top_model.out.pt"
 _TABLE = re.compile(r"bottom_model\.embeddings\.(\d+)\.bin")
 _TABLE_META = re.compile(r"embeddings\.(\d+)\.meta\.pt")
-PATTERNS = (METADATA, BOTTOM_MLP, TOP_MLP, TOP_OUT, "bottom_model.embeddings.*.bin", "embeddings.*.meta.pt")
+PATTERNS = (METADATA, BOTTOM_MLP, TOP_MLP, TOP_OUT, _TABLE, _TABLE_META,
+            CHECKSUMS)  # all the writer puts there: no folders
 NAME = "DLRM checkpoint in NVIDIA's layout"
 CHECKPOINT = "the checkpoint"  # what a StorageError says could not be written
 _CHUNK_BYTES = 64 << 20  # a table is written this many bytes at a time
@@ -77,8 +88,18 @@ def table_meta_file(index: int) -> str:
 
 def is_nvidia_checkpoint(path: str) -> bool:
     """Whether directory ``path`` is laid out as NVIDIA's (its ``metadata.pt``, no ``meta.json``
-    of this program's own format)."""
-    return os.path.isfile(os.path.join(path, METADATA)) and not os.path.exists(os.path.join(path, "meta.json"))
+    of this program's own format). While a save swaps it (for a moment there is no ``path``, the
+    previous one is ``path.old``, the new one ``path.tmp``), those say which layout it is, so a
+    reader goes on to wait for the new one rather than take it for a missing checkpoint."""
+
+    def nvidia(directory: str) -> bool:
+        return os.path.isfile(os.path.join(directory, METADATA)) and not os.path.exists(
+            os.path.join(directory, "meta.json"))
+
+    if os.path.lexists(path):
+        return nvidia(path)
+    base = path.rstrip(os.sep)
+    return nvidia(f"{base}.old") or nvidia(f"{base}.tmp")
 
 
 def recognise(path: str) -> bool:
@@ -98,14 +119,15 @@ class NvidiaCheckpoint:
     """What a directory in NVIDIA's layout holds, but the tables' values (read per process)."""
 
     path: str
-    config: dict[str, Any]  # NVIDIA's flags of the run that wrote it
+    config: dict[str, Any]  # NVIDIA's flags of the run that wrote it (those this program uses: typed)
     device_mapping: dict[str, Any]
-    epoch: Any
-    step: Any
+    epoch: int
+    step: int
     tables: list[list[int]]  # [rows, dim] of every table, in table order
     bottom: list[tuple[torch.Tensor, torch.Tensor]]  # (weight [out, in], bias) per layer
     top: list[tuple[torch.Tensor, torch.Tensor]]  # the top MLP's layers, the output layer last
     table_order: list[int]  # the tables in the order its interaction took them
+    crc32: dict[str, str] | None = None  # each file's CRC-32 as this program wrote it (None: NVIDIA's)
 
     @property
     def embedding_dim(self) -> int:
@@ -152,36 +174,48 @@ def _load(path: str, name: str) -> Any:
     except pickle.UnpicklingError as e:
         if "global" not in str(e).lower():
             raise CheckpointError(f"{file}: cannot be read (not a torch file): the checkpoint is damaged") from None
-        found = re.search(r"GLOBAL ([\w.]+)", str(e))
+        found = re.search(r"GLOBAL ([\w.]{1,100})", str(e))
         raise CheckpointError(f"{file}: holds objects other than tensors and plain containers "
                               f"({found[1] if found else 'a class'}), which are never loaded (loading them could run "
                               "code): NVIDIA's checkpoint writer does not write them") from None
-    except (RuntimeError, OSError, EOFError, ValueError) as e:
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+    except (RuntimeError, OSError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError,
+            RecursionError, OverflowError, MemoryError) as e:  # what torch's unpickler raises on garbage
+        reason = type(e).__name__ if isinstance(e, (RecursionError, MemoryError)) else (
+            str(e).splitlines()[0][:200] if str(e).strip() else type(e).__name__)
         raise CheckpointError(f"{file}: cannot be read ({reason}): the checkpoint is damaged") from None
 
 
 def _strip(state: Any, file: str) -> dict[str, Any]:
     """A state dict of NVIDIA's with DistributedDataParallel's ``module.`` prefix dropped."""
     if not isinstance(state, dict):
-        raise CheckpointError(f"{file}: holds a {type(state).__name__}, NVIDIA's layout has a dict there")
+        raise CheckpointError(f"{file}: holds {checks.kind(state)}, NVIDIA's layout has a dict there")
     return {k[len("module."):] if isinstance(k, str) and k.startswith("module.") else k: v for k, v in state.items()}
 
 
+def _keys(state: dict[str, Any], file: str, keys: set[str], what: str) -> None:
+    """``state`` holds exactly ``keys`` (named in the message; the file's own keys never are)."""
+    if set(state) != keys:
+        raise CheckpointError(f"{file}: holds {len(state)} entries, NVIDIA's layout has {what} there: "
+                              "the checkpoint is damaged")
+
+
 def _mlp(path: str, name: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The layers of one MLP file, each a dense, finite float weight [out, in] and bias [out]."""
     file = os.path.join(path, name)
     state = _strip(_load(path, name), file)
-    weights, biases = state.get("weights"), state.get("biases")
-    if set(state) != {"weights", "biases"} or not isinstance(weights, (list, tuple)) \
-            or not isinstance(biases, (list, tuple)) or len(weights) != len(biases):
-        raise CheckpointError(f"{file}: holds {sorted(map(str, state))}, NVIDIA's layout has equally long lists "
-                              "'weights' and 'biases' there")
+    _keys(state, file, {"weights", "biases"}, "equally long lists 'weights' and 'biases'")
+    weights = checks.sequence(state["weights"], file, "'weights'", checks.MAX_LAYERS)
+    biases = checks.sequence(state["biases"], file, "'biases'", checks.MAX_LAYERS)
+    if len(weights) != len(biases):
+        raise CheckpointError(f"{file}: {len(weights)} weights and {len(biases)} biases, NVIDIA's layout has one "
+                              "of each per layer: the checkpoint is damaged")
     layers = []
     for i, (w, b) in enumerate(zip(weights, biases)):
-        if not (isinstance(w, torch.Tensor) and isinstance(b, torch.Tensor) and w.dim() == 2 and b.dim() == 1
-                and b.shape[0] == w.shape[0]):
-            raise CheckpointError(f"{file}: layer {i} has weight {list(getattr(w, 'shape', []))} and bias "
-                                  f"{list(getattr(b, 'shape', []))}, not [out, in] and [out]: the checkpoint is damaged")
+        w = checked_tensor(w, file, f"layer {i}'s weight", dims=[2])
+        b = checked_tensor(b, file, f"layer {i}'s bias", dims=[1])
+        if b.shape[0] != w.shape[0] or not w.numel():
+            raise CheckpointError(f"{file}: layer {i} has weight {list(w.shape)} and bias {list(b.shape)}, not "
+                                  "[out, in] and [out]: the checkpoint is damaged")
         layers.append((w.detach().float(), b.detach().float()))
     for i in range(1, len(layers)):
         if layers[i][0].shape[1] != layers[i - 1][0].shape[0]:
@@ -190,53 +224,55 @@ def _mlp(path: str, name: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return layers
 
 
-def _tables(path: str, mapping: dict[str, Any]) -> list[list[int]]:
-    """Every table's shape, after checking that the files are those ``mapping`` lists."""
+def _table_shape(path: str, index: int) -> list[int]:
+    """Table ``index``'s [rows, dim] from its meta file, after checking its values file holds them."""
+    meta_file = os.path.join(path, table_meta_file(index))
+    meta = _strip(_load(path, table_meta_file(index)), meta_file)
+    if "shape" not in meta:
+        raise CheckpointError(f"{meta_file}: holds no 'shape': the checkpoint is damaged")
+    shape = [checks.plain_int(s, meta_file, "a size of 'shape'", low=1)
+             for s in checks.sequence(meta["shape"], meta_file, "'shape'", 2)]
+    if len(shape) != 2:
+        raise CheckpointError(f"{meta_file}: 'shape' has {len(shape)} sizes, not [rows, dim]: the checkpoint is "
+                              "damaged")
+    file = os.path.join(path, table_file(index))
+    if not os.path.isfile(file):
+        raise CheckpointError(f"{path}: {table_file(index)} is missing: the checkpoint is incomplete")
+    size, wanted = os.path.getsize(file), shape[0] * shape[1] * 4
+    if size != wanted:
+        raise CheckpointError(f"{file}: {size} bytes, its {shape} float32 values take {wanted}: "
+                              "the checkpoint is damaged")
+    return shape
+
+
+def _tables(path: str, mapping: dict[str, Any], names: list[str]) -> tuple[list[list[int]], list[list[int]]]:
+    """Every table's shape and ``mapping``'s tables per process, after checking that the files
+    (``names``) are those it lists; it is bounded by the table files present before any loop."""
     meta_file = os.path.join(path, METADATA)
-    buckets = mapping.get("embedding")
-    if not (isinstance(buckets, (list, tuple)) and all(isinstance(b, (list, tuple)) for b in buckets)
-            and all(isinstance(i, int) and not isinstance(i, bool) for b in buckets for i in b)):
-        raise CheckpointError(f"{meta_file}: device_mapping['embedding'] is {buckets!r}, not a list of table "
-                              "indices per process: not NVIDIA's layout")
+    present = {int(m[1]) for name in names if (m := _TABLE.fullmatch(name) or _TABLE_META.fullmatch(name))}
+    buckets = checks.buckets(mapping.get("embedding"), meta_file, len(present))
     indices = sorted(i for bucket in buckets for i in bucket)
     if indices != list(range(len(indices))) or not indices:
-        raise CheckpointError(f"{meta_file}: device_mapping['embedding'] lists tables {indices}, not each of "
+        listed = indices if len(indices) <= 16 else f"{len(indices)} indices"
+        raise CheckpointError(f"{meta_file}: device_mapping['embedding'] lists tables {listed}, not each of "
                               f"0..{max(len(indices) - 1, 0)} once: not a layout NVIDIA's writer writes")
-    names = os.listdir(path)
     foreign = first_foreign(path, PATTERNS)
-    unlisted = sorted(int(m[1]) for name in names if (m := _TABLE.fullmatch(name) or _TABLE_META.fullmatch(name))
-                      and int(m[1]) >= len(indices))
+    unlisted = sorted(i for i in present if i >= len(indices))
     if foreign is not None or unlisted:
         what = foreign if foreign is not None else table_file(unlisted[0])
         raise CheckpointError(f"{path} holds {what}, which NVIDIA's checkpoint writer does not write "
                               f"(its device_mapping lists tables 0..{len(indices) - 1}): an unsupported layout; "
                               "load a directory NVIDIA's DLRM wrote, as it wrote it")
-    shapes = []
-    for index in indices:
-        meta = _strip(_load(path, table_meta_file(index)), os.path.join(path, table_meta_file(index)))
-        shape = meta.get("shape")
-        if not (isinstance(shape, (torch.Size, list, tuple)) and len(shape) == 2 and all(
-                isinstance(s, int) and s > 0 for s in shape)):
-            raise CheckpointError(f"{os.path.join(path, table_meta_file(index))}: shape {shape!r} is not "
-                                  "[rows, dim]: the checkpoint is damaged")
-        file = os.path.join(path, table_file(index))
-        if not os.path.isfile(file):
-            raise CheckpointError(f"{path}: {table_file(index)} is missing: the checkpoint is incomplete")
-        size, wanted = os.path.getsize(file), shape[0] * shape[1] * 4
-        if size != wanted:
-            raise CheckpointError(f"{file}: {size} bytes, its {list(shape)} float32 values take {wanted}: "
-                                  "the checkpoint is damaged")
-        shapes.append([int(shape[0]), int(shape[1])])
+    shapes = [_table_shape(path, index) for index in indices]
     dims = {dim for _, dim in shapes}
     if len(dims) > 1:
-        raise CheckpointError(f"{path}: its tables have dims {sorted(dims)}; NVIDIA's DLRM gives every table one "
+        raise CheckpointError(f"{path}: its tables have dims {sorted(dims)[:8]}; NVIDIA's DLRM gives every table one "
                               "embedding_dim: not its layout")
-    return shapes
+    return shapes, buckets
 
 
-def read(path: str) -> NvidiaCheckpoint:
-    """Reads and checks everything but the tables' values (``read_rows``)."""
-    path = os.path.abspath(path)
+def _metadata(path: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """``metadata.pt``'s data, device mapping and config, the flags this program uses typed."""
     meta_file = os.path.join(path, METADATA)
     meta = _load(path, METADATA)
     data = meta.get("data") if isinstance(meta, dict) else None
@@ -246,33 +282,84 @@ def read(path: str) -> NvidiaCheckpoint:
         raise CheckpointError(f"{meta_file}: holds no data['device_mapping'] (and config) as NVIDIA's checkpoint "
                               "writer writes: not its layout")
     config = dict(config or {})
-    tables = _tables(path, mapping)
+    for name, kind, default in (("interaction_op", str, None), ("hash_indices", bool, False),
+                                ("bottom_features_ordered", bool, False)):
+        config[name] = checks.flag(config, meta_file, name, kind, default)
+    return data, mapping, config
+
+
+def _layout_files(path: str) -> list[str]:
+    """The files of NVIDIA's layout in ``path`` (what a checksum listing covers)."""
+    return sorted(name for name in os.listdir(path)
+                  if name != CHECKSUMS and _layout_name(name) and os.path.isfile(os.path.join(path, name)))
+
+
+def _layout_name(name: str) -> bool:
+    """Whether ``name`` is one that NVIDIA's writer puts in a checkpoint directory."""
+    return name in (METADATA, BOTTOM_MLP, TOP_MLP, TOP_OUT) or bool(_TABLE.fullmatch(name) or
+                                                                   _TABLE_META.fullmatch(name))
+
+
+def _read(path: str) -> NvidiaCheckpoint:
+    """``read`` once, without regard to a save that replaces the directory meanwhile."""
+    names = _layout_files(path) if os.path.isdir(path) else []
+    crc32 = checks.read_checksums(path, names)
+    checks.verify(path, crc32, [name for name in names if name.endswith(".pt")])  # before anything is unpickled
+    data, mapping, config = _metadata(path)
+    meta_file = os.path.join(path, METADATA)
+    epoch = checks.plain_int(data.get("epoch"), meta_file, "data['epoch']", default=0)
+    step = checks.plain_int(data.get("step"), meta_file, "data['step']", default=0)
+    tables, buckets = _tables(path, mapping, names)
     bottom = _mlp(path, BOTTOM_MLP)
     top = _mlp(path, TOP_MLP)
     out_file = os.path.join(path, TOP_OUT)
     out = _strip(_load(path, TOP_OUT), out_file)
-    weight, bias = out.get("weight"), out.get("bias")
-    if set(out) != {"weight", "bias"} or not isinstance(weight, torch.Tensor) or not isinstance(bias, torch.Tensor) \
-            or weight.dim() != 2 or list(bias.shape) != [weight.shape[0]]:
-        raise CheckpointError(f"{out_file}: holds {sorted(map(str, out))}, NVIDIA's layout has a Linear layer's "
-                              "'weight' [out, in] and 'bias' [out] there")
+    _keys(out, out_file, {"weight", "bias"}, "a Linear layer's 'weight' [out, in] and 'bias' [out]")
+    weight = checked_tensor(out["weight"], out_file, "'weight'", dims=[2])
+    bias = checked_tensor(out["bias"], out_file, "'bias'", dims=[1])
+    if list(bias.shape) != [weight.shape[0]]:
+        raise CheckpointError(f"{out_file}: 'weight' {list(weight.shape)} and 'bias' {list(bias.shape)} are not "
+                              "[out, in] and [out]: the checkpoint is damaged")
     top.append((weight.detach().float(), bias.detach().float()))
     if not bottom or len(top) < 2 or top[-1][0].shape[1] != top[-2][0].shape[0]:
         raise CheckpointError(f"{path}: its MLPs do not chain (bottom {len(bottom)} layers, top {len(top)}): "
                               "the checkpoint is damaged")
-    buckets = mapping["embedding"]
+    if bottom[-1][0].shape[0] != tables[0][1]:
+        raise CheckpointError(f"{os.path.join(path, BOTTOM_MLP)}: the bottom MLP ends at {bottom[-1][0].shape[0]}, "
+                              f"its tables have dim {tables[0][1]}: NVIDIA's DLRM ends it at the tables' dim; "
+                              "the checkpoint is damaged")
     # NVIDIA's model reorders its tables into feature order only on several GPUs, when asked.
-    feature_order = len(buckets) > 1 and bool(config.get("bottom_features_ordered", False))
+    feature_order = len(buckets) > 1 and config["bottom_features_ordered"]
     order = list(range(len(tables))) if feature_order else [i for bucket in buckets for i in bucket]
-    return NvidiaCheckpoint(path, config, mapping, data.get("epoch"), data.get("step"), tables, bottom, top, order)
+    return NvidiaCheckpoint(path, config, {**mapping, "embedding": buckets}, epoch, step, tables, bottom, top, order,
+                            crc32)
+
+
+def read(path: str) -> NvidiaCheckpoint:
+    """Reads and checks everything but the tables' values (``read_rows``), all from one save
+    even while another run saves to ``path`` (``checkpoint_store.read_consistently``)."""
+    path = os.path.abspath(path)
+    return read_consistently(path, lambda: _read(path), marker=METADATA)
 
 
 def read_rows(ckpt: NvidiaCheckpoint, index: int, start: int, stop: int) -> torch.Tensor:
-    """Rows ``[start, stop)`` of table ``index``, read from its file alone."""
-    dim = ckpt.tables[index][1]
-    values = np.fromfile(os.path.join(ckpt.path, table_file(index)), dtype="<f4", count=(stop - start) * dim,
-                         offset=start * dim * 4)
-    return torch.from_numpy(values.astype(np.float32, copy=False).reshape(stop - start, dim))
+    """Rows ``[start, stop)`` of table ``index``, read from its file alone; finite, or a
+    ``CheckpointError`` naming the file and table."""
+    rows, dim = ckpt.tables[index]
+    if not 0 <= start <= stop <= rows:
+        raise ValueError(f"rows [{start}, {stop}) of table {index}, which has {rows}")
+    file = os.path.join(ckpt.path, table_file(index))
+    values = np.empty((stop - start) * dim, dtype="<f4")
+    buffer, done = memoryview(values).cast("B"), 0
+    with open(file, "rb") as f:
+        f.seek(start * dim * 4)
+        while done < len(buffer) and (n := f.readinto(buffer[done:])):
+            done += n
+    if done != len(buffer):
+        raise CheckpointError(f"{file}: ends before row {stop} of its {rows}: the checkpoint is damaged")
+    weight = torch.from_numpy(values.astype(np.float32, copy=False).reshape(stop - start, dim))
+    check_finite(weight, file, f"table {index}'s rows [{start}, {stop})")
+    return weight
 
 
 def _sizes(layers: list[tuple[torch.Tensor, torch.Tensor]]) -> str:
@@ -302,8 +389,8 @@ def nvidia_device_mapping(table_sizes: list[int], gpus: int = 1) -> dict[str, An
     interaction takes the tables in): tables by decreasing size (ties by index), each to the
     bucket of the least rows so far among those with room (ceil(tables / buckets) each, a bucket
     that fills is closed); from 5 GPUs on, GPU 0 holds only the bottom MLP."""
-    if gpus < 1:
-        raise ValueError(f"`nvidia_gpus` must be at least 1, got {gpus}")
+    if not 1 <= gpus <= checks.MAX_GPUS:
+        raise ValueError(f"`nvidia_gpus` must be from 1 to {checks.MAX_GPUS}, got {gpus}")
     count = gpus - 1 if gpus > 4 else gpus
     room = -(-len(table_sizes) // count)
     open_buckets: list[list[int]] = [[] for _ in range(count)]
@@ -370,20 +457,34 @@ def local_tables(model: torch.nn.Module) -> list[tuple[torch.nn.Module, int]]:
     return [(module, i) for module in model.embedding_modules() for i in range(module.num_tables)]
 
 
+Weights = tuple[NvidiaCheckpoint, list[tuple[torch.nn.Module, int, torch.Tensor]],
+                list[tuple[torch.Tensor, torch.Tensor]]]
+
+
+def _read_weights(path: str, model: torch.nn.Module) -> Weights:
+    """What ``load`` copies into ``model``: the checkpoint, this process's tables (checked
+    against their checksums when this program wrote them) and the top MLP in the model's order."""
+    ckpt = _read(path)
+    check_fits(ckpt, model)
+    local = local_tables(model)
+    checks.verify(path, ckpt.crc32, sorted({table_file(module.table_indices[i]) for module, i in local}))
+    tables = [(module, i, read_rows(ckpt, module.table_indices[i], *module.row_range(i))) for module, i in local]
+    first = ckpt.top[0][0][:, _interaction_columns(ckpt.interaction_op(), ckpt.table_order, ckpt.embedding_dim,
+                                                   ckpt.top[0][0].shape[1])]
+    return ckpt, tables, [(first, ckpt.top[0][1]), *ckpt.top[1:]]
+
+
 def load(path: str, model: torch.nn.Module, optimizer: Any = None, restore_rng: bool = False) -> dict[str, Any]:
     """Copies the weights of NVIDIA's checkpoint at ``path`` into ``model`` (this process's
-    tables and the MLPs), after checking every shape: a mismatch leaves the model untouched.
-    Returns what the metadata says of where its run stood (``epoch``, ``step``)."""
+    tables and the MLPs), after checking every shape and value: a mismatch leaves the model
+    untouched. Everything comes from one save, even while another run saves to ``path``
+    (``checkpoint_store.read_consistently``). Returns what the metadata says of where its run
+    stood (``epoch``, ``step``)."""
     if optimizer is not None or restore_rng:
         raise CheckpointError(f"{path} is a checkpoint in NVIDIA's layout, which holds weights only (no optimizer "
                               "state): drop `resume` to start a new run from its weights")
-    ckpt = read(path)
-    check_fits(ckpt, model)
-    tables = [(module, i, read_rows(ckpt, module.table_indices[i], *module.row_range(i)))
-              for module, i in local_tables(model)]
-    first = ckpt.top[0][0][:, _interaction_columns(ckpt.interaction_op(), ckpt.table_order, ckpt.embedding_dim,
-                                                   ckpt.top[0][0].shape[1])]
-    top = [(first, ckpt.top[0][1]), *ckpt.top[1:]]
+    path = os.path.abspath(path)
+    ckpt, tables, top = read_consistently(path, lambda: _read_weights(path, model), marker=METADATA)
     with torch.no_grad():
         for module, i, weight in tables:
             module.load_table_(i, weight)
@@ -524,6 +625,7 @@ def save(path: str, model: torch.nn.Module, epoch: int, step: int, run_config: d
                              os.path.join(tmp, TOP_OUT))
             save_tensor_file({"data": {"device_mapping": mapping, "epoch": epoch, "step": step},
                               "config": _config(cfg, run_config)}, os.path.join(tmp, METADATA))
+            checks.write_checksums(tmp, _layout_files(tmp))  # what NVIDIA's loader ignores, ours checks
             fsync_dir(tmp)
             commit_directory(tmp, path, recognise, f"a {NAME} written by this program")
     collectives.barrier()

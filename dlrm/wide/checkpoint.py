@@ -63,8 +63,13 @@ def load(path: str, model: WideModel, verify: bool = True) -> WideState:
                 rows = store.read_rows(path, pieces, model.rows)
                 store.check_shape(os.path.join(path, pieces[0][2]), "weight", rows, model.weight.shape)
                 model.weight.copy_(rows)
-            replicated = store.load_tensor_file(path, "replicated.pt")
-            model.bias.copy_(replicated["bias"])
-        return WideState(**meta["train_state"])
+            replicated = store.load_tensor_file(path, "replicated.pt")  # dense and finite, or refused
+            bias = replicated.get("bias") if isinstance(replicated, dict) else None
+            store.check_shape(os.path.join(path, "replicated.pt"), "bias", bias, model.bias.shape)
+            model.bias.copy_(bias)
+        try:
+            return WideState(**meta["train_state"])
+        except TypeError:
+            raise CheckpointError(f"{os.path.join(path, store.META)}: train_state is damaged") from None
 
     return store.read_consistently(path, read)
