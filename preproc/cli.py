@@ -34,10 +34,10 @@ import sys
 import time
 from concurrent.futures.process import BrokenProcessPool
 
-from dlrm.data.split_binary_writer import is_split_binary_dataset
+from dlrm.data.split_binary_writer import PREPROC_WORK_FILES, is_split_binary_dataset
 from dlrm.engine.atomic import StorageError, check_can_create, describe, fault_of, free_bytes
 from dlrm.engine.errors import DatasetError
-from dlrm.engine.outputs import OutputError, OutputKind, claim_output, holds_only
+from dlrm.engine.outputs import OutputError, OutputKind, claim_output, holds_only, under
 from dlrm.extras import missing_extra
 from preproc.job import DEFAULT_MEMORY_LIMIT, WORK_DIR_NAME, Job
 from preproc.layout import detect_layout, file_inputs, kaggle_inputs, parse_days, terabyte_inputs
@@ -51,7 +51,9 @@ USAGE_ERROR_EXIT = 2
 
 # What a run leaves in --output before the spec is written (split files, the vocabulary, the work
 # directory, temporaries): an unfinished run, which the same command resumes.
-_UNFINISHED = ("*/*.bin", "vocabulary/sizes.npy", "vocabulary/table.npy", f"{WORK_DIR_NAME}/*", "*.tmp", "*.tmp/*")
+# (The spec's name is there for its temporary: a written spec makes the run finished.)
+_UNFINISHED = (re.compile(r"(train|test|validation)/([^/]+\.bin)?"), "vocabulary/sizes.npy", "vocabulary/table.npy",
+               "feature_spec.yaml", *under(WORK_DIR_NAME, PREPROC_WORK_FILES))
 
 
 def unfinished_run(path: str) -> bool:
@@ -64,7 +66,10 @@ def unfinished_run(path: str) -> bool:
 
 
 def _is_work_dir(path: str) -> bool:
-    """Whether directory ``path`` is a work directory of this program (``preproc.workdir``: its manifest)."""
+    """Whether directory ``path`` is a work directory of this program (``preproc.workdir``: its
+    manifest) and holds nothing but what that module writes."""
+    if not holds_only(path, PREPROC_WORK_FILES, required=[MANIFEST]):
+        return False
     try:
         with open(os.path.join(path, MANIFEST), encoding="utf-8") as f:
             manifest = json.load(f)

@@ -19,7 +19,6 @@ replaced with --overwrite, and a file or folder of anything else never (exit 2, 
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import gzip as gzip_module
 import os
 import re
@@ -210,7 +209,7 @@ def is_criteo_days(path: str) -> bool:
         names = os.listdir(path)
     except OSError:
         return False
-    return all(fnmatch.fnmatchcase(name, "day_[0-9]*") and os.path.isfile(os.path.join(path, name))
+    return all(re.fullmatch(r"day_[0-9]+(\.gz)?", name) and os.path.isfile(os.path.join(path, name))
                and not os.path.islink(os.path.join(path, name)) and is_criteo_tsv(os.path.join(path, name))
                for name in names)
 

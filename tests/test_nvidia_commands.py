@@ -333,7 +333,10 @@ def test_nvidias_multi_gpu_evaluation_command_on_two_cpu_processes(dataset, tmp_
     fake.mkdir()
     (fake / "numactl").write_text('#!/bin/sh\nwhile [ "$1" != "--" ]; do shift; done\nshift\nexec "$@"\n')
     (fake / "numactl").chmod(0o755)
-    (fake / "python").symlink_to(sys.executable)
+    # A script, not a symlink: Python started through a link outside its venv finds no pyvenv.cfg
+    # beside the link and runs as the base interpreter, without this project's packages.
+    (fake / "python").write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+    (fake / "python").chmod(0o755)
     env["PATH"] = f"{fake}{os.pathsep}{env['PATH']}"
     command = README_EVAL_MULTI_GPU.replace(DATA, dataset).replace(CHECKPOINT, ckpt).replace(
         "--nproc_per_node 8", "--nproc_per_node 2")

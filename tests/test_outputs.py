@@ -75,11 +75,14 @@ def test_siblings_follow_the_rule(home):
 
 def test_files_logs_and_tensorboard(home):
     log = home / "log.json"
-    log.write_text('{"type": "flags"}\n')
+    log.write_text('{"type": "header", "time": 1.5, "program": "dlrm-engine"}\n{"type": "flags", "time": 1.5}\n')
     claim_output(log, LOG, "log_path", keep=True)
-    (home / "notes.json").write_text('["not a log"]\n')
-    with pytest.raises(OutputError, match="not a run log"):
-        claim_output(home / "notes.json", LOG, "log_path", keep=True)
+    (home / "old.json").write_text('{"type": "flags", "time": 1.5, "batch_size": 8}\n')  # before the header
+    claim_output(home / "old.json", LOG, "log_path", keep=True)
+    for name, text in (("notes.json", '["not a log"]\n'), ("events.json", '{"type": "click", "time": 1.5}\n')):
+        (home / name).write_text(text)
+        with pytest.raises(OutputError, match="not a run log"):
+            claim_output(home / name, LOG, "log_path", keep=True)
     with pytest.raises(OutputError, match="folder"):
         claim_output(home / "mine", LOG, "log_path", keep=True)
     (home / "tb").mkdir()

@@ -107,7 +107,7 @@ def trained(data):
     assert "Finished (max_steps) after 4 steps" in proc.stdout, proc.stdout
     records = [json.loads(line) for line in open(log)]
     assert [r["type"] for r in records if r["type"] == "train"] == ["train"] * 4
-    assert records[0]["type"] == "flags" and records[0]["lambda"] is None and records[-1]["type"] == "summary"
+    assert [r["type"] for r in records[:2]] == ["header", "flags"] and records[1]["lambda"] is None and records[-1]["type"] == "summary"
     return {"ckpt": ckpt, "half": half, "log": log, "board": board}
 
 

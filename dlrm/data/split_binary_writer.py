@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import re
 import sys
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -19,16 +20,24 @@ from dlrm.data.feature_spec import OFFSETS_DTYPE, PADDING_ID, SPLIT_BINARY, VARI
 from dlrm.data.split_binary_columns import LABEL_DTYPE, NUMERICAL_DTYPE
 from dlrm.engine.atomic import StagedWriter, remove_stale_temporaries, temporary_name
 from dlrm.engine.errors import DatasetError
-from dlrm.engine.outputs import OutputKind, holds_only
+from dlrm.engine.outputs import OutputKind, holds_only, under
 
 if TYPE_CHECKING:
     from dlrm.data.batch import Bags, Batch
 
+# What ``python -m preproc`` writes in its work directory (``preproc.workdir``; named here because
+# dlrm never imports preproc): the manifest, each unit's marker ``<unit>.json`` and folder
+# ``<unit>`` (``<unit>.tmp`` while written) of the local engine's counts, vocabulary and row
+# fragments, and the Spark engine's units (``spark/``), which hold Spark's own Parquet layout.
+PREPROC_WORK_FILES = (
+    "manifest.json", "vocab.json", re.compile(r"(lines|scan|rows)/(f[0-9]+\.json)?"),
+    re.compile(r"scan/f[0-9]+(\.tmp)?/(run[0-9]+\.p[0-9]+\.npy)?"), re.compile(r"vocab(\.tmp)?/((sizes|table)\.npy)?"),
+    re.compile(r"rows/f[0-9]+(\.tmp)?/([a-z]+\.b[0-9]+(\.p[0-9]{6})?\.rec)?"), "spark/**")
 # Besides its spec and the files the spec names: split directories of .bin files, the vocabulary
-# that preprocessing keeps with its datasets (docs/data_format.md), preprocessing's resume state
-# (``preproc.job.WORK_DIR_NAME``, named here because dlrm never imports preproc), and the
-# staging directories of writers (``atomic.temporary_name``).
-_DATASET_FILES = ("*/*.bin", "vocabulary/sizes.npy", "vocabulary/table.npy", ".preproc_work/*", "*.tmp/*")
+# that preprocessing keeps with its datasets (docs/data_format.md) and preprocessing's resume state
+# (``preproc.job.WORK_DIR_NAME``). Writers' temporaries are recognised by ``holds_only`` itself.
+_DATASET_FILES = (re.compile(r"(train|test|validation)/([^/]+\.bin)?"), "vocabulary/sizes.npy", "vocabulary/table.npy",
+                  *under(".preproc_work", PREPROC_WORK_FILES))
 _PREPROC_MANIFEST = ".preproc_work/manifest.json"
 
 

@@ -27,7 +27,7 @@ import time
 from typing import Any, TextIO
 
 from dlrm.engine.atomic import StorageError, describe
-from dlrm.engine.outputs import LOG, OutputError, OutputKind, is_json_lines_log
+from dlrm.engine.outputs import LOG, PROGRAM, OutputError, OutputKind, header_record, is_json_lines_log
 
 # Record fields that place a value on the curve rather than being one.
 _NOT_SCALARS = frozenset({"step", "epoch", "time"})
@@ -130,7 +130,9 @@ class DLLoggerLines:
         out = []
         if not self.started:
             self.started = True
-            out += [self._line(type="METADATA", metric=name, metadata=meta) for name, meta in _DLLOGGER_METADATA]
+            marks = [{"program": PROGRAM}] + [{}] * (len(_DLLOGGER_METADATA) - 1)  # the first line: this program's mark
+            out += [self._line(type="METADATA", metric=name, metadata=meta, **mark)
+                    for (name, meta), mark in zip(_DLLOGGER_METADATA, marks)]
         if kind == "flags":
             out.append(self._log("PARAMETER", values))
         elif kind == "train":
@@ -242,9 +244,17 @@ class RunLogger:
             try:
                 os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
                 self._fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+                if self._dllogger is None and os.fstat(self._fd).st_size == 0:
+                    self._append(self._header())
             except OSError as e:
                 self.close()
                 raise LogOpenError("log_path", e, log_path) from None
+
+    @staticmethod
+    def _header() -> bytes:
+        """A new log's first record: the mark (``outputs.PROGRAM``) by which a later run tells
+        this program's log from anyone's JSON lines."""
+        return (json.dumps(header_record()) + "\n").encode()
 
     def print(self, line: str) -> None:
         if self.enabled:

@@ -12,8 +12,10 @@ whose one line names the setting, the path and the fix, with nothing touched. Th
 - a destination that does not exist, or an empty directory, is free;
 - an existing destination that is not this program's own output of the same kind (decided by
   the kind's ``recognise``: a checkpoint's ``meta.json``, a dataset's ``feature_spec.yaml`` and
-  ``.bin`` files, nothing else in it) is refused, whatever the flags say: the user removes it
-  by hand if that is what they want;
+  ``.bin`` files, nothing else in it: every entry at every depth, folders too, is a name its
+  writer makes, ``holds_only``) is refused, whatever the flags say: the user removes it by hand
+  if that is what they want; a log is this program's when its first record says so
+  (``is_json_lines_log``);
 - this program's own earlier output is replaced only when the user asked for it (``replace``,
   the `overwrite` setting) or continued when they asked for that (``keep``, e.g. `resume`, or
   an appending log);
@@ -35,8 +37,12 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+
+from dlrm import __version__
 
 PathLike = str | os.PathLike
 
@@ -56,47 +62,84 @@ class OutputKind:
     recognise: Callable[[str], bool]
 
 
-def _walk_files(path: str, limit: int = 100_000) -> Iterable[str] | None:
-    """Every file under ``path``, relative and '/'-separated; None when there are more than
-    ``limit`` or something is neither a file nor a directory (a link, a socket)."""
-    found = []
+# A temporary of this program's writers (``dlrm.engine.atomic``): ``.<name>.<pid>@<host>.<tag>.tmp``,
+# a file or a staging folder on its way to ``<name>``.
+_TEMPORARY = re.compile(r"\.(?P<name>[^/]+?)\.\d+@[^/]+\.[A-Za-z0-9_]+\.tmp")
+
+Pattern = str | re.Pattern
+"""A name a writer makes, relative and '/'-separated. A ``str`` is matched one segment at a time
+(``fnmatch`` within a segment: ``*`` never crosses '/'); its leading segments are the folders it
+lives in, and a trailing '/' names a folder that may be empty (``"vocabulary/"``); a last segment
+``**`` takes anything below (a work folder the writer alone fills). A ``re.Pattern`` must match
+the whole relative path, a folder's with a '/' at its end."""
+
+
+def _segments_match(segments: Sequence[str], pattern: Sequence[str], is_dir: bool) -> bool:
+    """Whether entry ``segments`` (a folder when ``is_dir``) is named by the segments of a ``str`` pattern."""
+    for i, segment in enumerate(segments):
+        if i >= len(pattern):
+            return False
+        if pattern[i] == "**":
+            return True
+        if not fnmatch.fnmatchcase(segment, pattern[i]):
+            return False
+    return len(pattern) > len(segments) if is_dir else len(pattern) == len(segments)
+
+
+def _named(segments: Sequence[str], patterns: Sequence[Pattern], is_dir: bool) -> bool:
+    """Whether an entry is one ``patterns`` name; a writer's temporary counts as its target."""
+    segments = [m["name"] if (m := _TEMPORARY.fullmatch(s)) else s for s in segments]
+    rel = "/".join(segments) + ("/" if is_dir else "")
+    for pattern in patterns:
+        if isinstance(pattern, re.Pattern):
+            if pattern.fullmatch(rel):
+                return True
+        elif _segments_match(segments, pattern.split("/"), is_dir):
+            return True
+    return False
+
+
+def _foreign(path: str, patterns: Sequence[Pattern], limit: int = 100_000) -> str | None:
+    """The first entry under ``path`` (every depth, folders too) that ``patterns`` do not name,
+    or that is neither a file nor a folder (a link, a socket); "" when more than ``limit``."""
+    seen = 0
     for directory, dirs, files in os.walk(path, followlinks=False):
-        for name in dirs:
-            if os.path.islink(os.path.join(directory, name)):
-                return None
-        for name in files:
-            full = os.path.join(directory, name)
-            if os.path.islink(full) or not os.path.isfile(full):
-                return None
-            found.append(os.path.relpath(full, path).replace(os.sep, "/"))
-            if len(found) > limit:
-                return None
-    return found
-
-
-def holds_only(path: str, patterns: Sequence[str], required: Sequence[str] = ()) -> bool:
-    """Whether directory ``path`` holds nothing but files whose relative, '/'-separated paths
-    match one of ``patterns`` (``fnmatch``; ``*`` crosses '/'), and every file of ``required``.
-    Hidden temporaries of this program's writers (``.<name>.<pid>@<host>.<tag>.tmp``) count as its own."""
-    files = _walk_files(path)
-    if files is None:
-        return False
-    own = list(patterns) + ["*.tmp"]
-    return (all(any(fnmatch.fnmatchcase(f, p) for p in own) for f in files)
-            and all(os.path.isfile(os.path.join(path, r)) for r in required))
-
-
-def first_foreign(path: str, patterns: Sequence[str]) -> str | None:
-    """The first entry under ``path`` that ``holds_only`` would not accept (for messages)."""
-    for directory, dirs, files in os.walk(path, followlinks=False):
+        dirs.sort()
         for name in sorted(dirs + files):
             full = os.path.join(directory, name)
             rel = os.path.relpath(full, path).replace(os.sep, "/")
-            if os.path.islink(full) or (not os.path.isdir(full) and not os.path.isfile(full)):
+            seen += 1
+            if seen > limit:
+                return ""
+            is_dir = os.path.isdir(full)
+            if os.path.islink(full) or not (is_dir or os.path.isfile(full)):
                 return rel
-            if os.path.isfile(full) and not any(fnmatch.fnmatchcase(rel, p) for p in list(patterns) + ["*.tmp"]):
+            if not _named(rel.split("/"), patterns, is_dir):
                 return rel
     return None
+
+
+def under(folder: str, patterns: Sequence[Pattern]) -> list[Pattern]:
+    """``patterns`` of a folder's content, as names relative to the folder above (``folder/...``)."""
+    return [re.compile(re.escape(folder) + "/" + p.pattern) if isinstance(p, re.Pattern) else f"{folder}/{p}"
+            for p in patterns]
+
+
+def holds_only(path: str, patterns: Sequence[Pattern], required: Sequence[str] = ()) -> bool:
+    """Whether directory ``path`` holds nothing but entries (files and folders, at every depth)
+    that ``patterns`` name (``Pattern``), and every file of ``required``. Why exact names: a file
+    of the user's inside an output (notes, a backup folder) must make it not ours, or replacing
+    the output would delete it. A writer's own temporary (``.<name>.<pid>@<host>.<tag>.tmp``) counts
+    when ``<name>`` is one of its names there; no other ``*.tmp`` does."""
+    return (os.path.isdir(path) and _foreign(path, patterns) is None
+            and all(os.path.isfile(os.path.join(path, r)) and not os.path.islink(os.path.join(path, r))
+                    for r in required))
+
+
+def first_foreign(path: str, patterns: Sequence[Pattern]) -> str | None:
+    """The first entry under ``path`` that ``holds_only`` would not accept (for messages)."""
+    found = _foreign(path, patterns)
+    return "more entries than a writer makes" if found == "" else found
 
 
 def _real(path: PathLike) -> str:
@@ -255,9 +298,37 @@ def head_lines(path: str, limit: int = 1 << 20) -> list[bytes] | None:
     return lines
 
 
+PROGRAM = "dlrm-engine"
+"""The mark of this program's logs: the first record a log file gets carries ``"program": PROGRAM``
+(``dlrm.engine.logger``), so a JSON-lines file of anyone else's is never taken for one."""
+
+
+def header_record() -> dict:
+    """A new JSON-lines log's first record: this program's mark and the version that wrote it."""
+    return {"type": "header", "time": time.time(), "program": PROGRAM, "version": __version__}
+
+
+def _legacy_first(record: dict, prefix: str) -> bool:
+    """Whether ``record``, the first of a log without the mark, is one that this program wrote
+    first before it had the mark: in its own form the record's first keys ``type`` ("flags", or
+    "summary" when the run failed at once) and ``time``, or the first result of the Triton client
+    (``triton/client.py``); in DLLogger's, NVIDIA's first METADATA."""
+    keys = list(record)
+    if prefix:
+        return (keys[:4] == ["timestamp", "datetime", "elapsedtime", "type"] and record["type"] == "METADATA"
+                and record.get("metric") == "best_auc" and record.get("metadata") == {"unit": None})
+    if (keys[:3] == ["type", "split", "batch_size"] and record["type"] == "score") \
+            or (keys[:2] == ["type", "batch_size"] and record["type"] == "soak"):
+        return True
+    time_ = record.get("time")
+    return (keys[:2] == ["type", "time"] and record["type"] in ("flags", "summary")
+            and isinstance(time_, (int, float)) and not isinstance(time_, bool))
+
+
 def is_json_lines_log(path: str, prefix: str = "") -> bool:
-    """A JSON-lines log of this program: empty, or its first line ``prefix`` and a JSON object
-    with a ``type`` (DLLogger's form puts ``DLLL `` before each)."""
+    """A JSON-lines log of this program: empty, or its first line ``prefix`` (DLLogger's form puts
+    ``DLLL `` before each) and a JSON object with this program's mark (``PROGRAM``), or one that
+    this program wrote first before it had the mark (``_legacy_first``)."""
     import json
 
     try:
@@ -273,9 +344,11 @@ def is_json_lines_log(path: str, prefix: str = "") -> bool:
         record = json.loads(first[len(prefix.encode()):])
     except ValueError:
         return False
-    return isinstance(record, dict) and "type" in record
+    if not isinstance(record, dict) or "type" not in record:
+        return False
+    return record.get("program") == PROGRAM or _legacy_first(record, prefix)
 
 
 LOG = OutputKind("run log", directory=False, recognise=is_json_lines_log)
 TENSORBOARD = OutputKind("TensorBoard folder", directory=True,
-                         recognise=lambda p: holds_only(p, ["events.out.tfevents.*", "*/events.out.tfevents.*"]))
+                         recognise=lambda p: holds_only(p, ["events.out.tfevents.*"]))  # SummaryWriter's files

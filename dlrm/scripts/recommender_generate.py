@@ -130,12 +130,12 @@ FEATURES_INDEX, SAMPLES_INDEX = "features_index.txt", "samples_index.txt"
 def _is_generated(path: str) -> bool:
     """Whether folder ``path`` holds what this script writes and nothing else: the CSR datasets
     all/ (always), input/ and heldout/, the index files, and the staging of an unfinished write."""
-    if not holds_only(path, [f"{d}/*" for d in (ALL, INPUT, HELDOUT)] + [FEATURES_INDEX, SAMPLES_INDEX, "*.tmp/*"]):
+    if not holds_only(path, [f"{d}/*" for d in (ALL, INPUT, HELDOUT)] + [FEATURES_INDEX, SAMPLES_INDEX]):
         return False  # at once, before the dataset module (and torch) is loaded
     from dlrm.recommender.csr_dataset import HEADER, INDICES, OFFSETS, VALUES, is_csr_dataset
 
     own = [f"{d}/{f}" for d in (ALL, INPUT, HELDOUT) for f in (HEADER, OFFSETS, INDICES, VALUES)]
-    return (holds_only(path, own + [FEATURES_INDEX, SAMPLES_INDEX, "*.tmp/*"], required=[f"{ALL}/{HEADER}"])
+    return (holds_only(path, own + [FEATURES_INDEX, SAMPLES_INDEX], required=[f"{ALL}/{HEADER}"])
             and is_csr_dataset(os.path.join(path, ALL)))
 
 

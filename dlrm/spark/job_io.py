@@ -54,8 +54,9 @@ def line_of(frame: Any, index: int, seen: Counter) -> tuple[str, int]:
 
 def is_parquet_output(path: str) -> bool:
     """Whether folder ``path`` holds nothing but what a Spark job writes as a Parquet directory:
-    ``part-*`` files, ``_SUCCESS``, the commit protocol's markers and Hadoop's ``.crc`` files."""
-    return holds_only(path, ["part-*", "_SUCCESS", "_committed_*", "_started_*", ".*.crc"], required=["_SUCCESS"])
+    ``part-*`` files, ``_SUCCESS``, the commit protocol's markers and Hadoop's ``.crc`` files of those."""
+    return holds_only(path, ["part-*", "_SUCCESS", "_committed_*", "_started_*", ".part-*.crc", "._SUCCESS.crc"],
+                      required=["_SUCCESS"])
 
 
 PARQUET_OUTPUT = OutputKind("Parquet output of a Spark job", directory=True, recognise=is_parquet_output)
