@@ -50,6 +50,26 @@ def run_cli(module: str, *args: str, timeout: float = 300, check: bool = True,
     return proc
 
 
+def run_entry_points(module: str, cases: list[list[str]] | list[dict], workdir: pathlib.Path, *,
+                     preload: tuple[str, ...] | list[str] = (), timeout: float = 600) -> list[dict]:
+    """Each of ``cases`` (argument lists, run in ``workdir``; or dicts with ``args`` and ``cwd``) as
+    ``python -m module args``, as forks of one process that imported ``preload`` first
+    (tests/entry_point_runner.py: each is still the script run as ``__main__``): their exit codes,
+    stdout and stderr, in order. Without ``TRITON_INTERPRET``, as ``run_cli``."""
+    spec, results = workdir / f".{os.path.basename(module)}.cases.json", workdir / f".{os.path.basename(module)}.results.json"
+    cases = [c if isinstance(c, dict) else {"args": c, "cwd": str(workdir)} for c in cases]
+    spec.write_text(json.dumps({"module": module, "preload": list(preload), "cases": cases}))
+    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, "PYTHONPATH": REPO,
+           "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    proc = warm_python.run([sys.executable, os.path.join(REPO, "tests", "entry_point_runner.py"), str(spec),
+                            str(results)], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(results.read_text())
+    os.remove(spec)
+    os.remove(results)
+    return out
+
+
 _FORK_SERVER_ENV: dict[str, str] | None = None
 
 

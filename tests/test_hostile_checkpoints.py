@@ -11,14 +11,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import time
 
 import pytest
 import torch
 
-import warm_python
-from conftest import REPO
+from conftest import REPO, run_entry_points
 from dlrm.engine import checkpoint_store as store
 from dlrm.engine.checkpoint_store import CheckpointError, file_crc32
 from dlrm.model.dlrm import DLRM, DLRMConfig
@@ -99,15 +97,7 @@ def test_load_refuses_in_one_line_naming_file_and_tensor(dlrm_checkpoints, name)
 
 def run_cases(tmp_path, module: str, cases: list[list[str]]) -> list[dict]:
     """Each case as ``python -m module args`` (tests/entry_point_runner.py: one start, a fork each)."""
-    spec, results = tmp_path / f"{module}.cases.json", tmp_path / f"{module}.results.json"
-    spec.write_text(json.dumps({"module": module, "preload": ["dlrm.inference.export", "dlrm.training.train"],
-                                "cases": [{"args": args, "cwd": str(tmp_path)} for args in cases]}))
-    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, "PYTHONPATH": REPO,
-           "OMP_NUM_THREADS": "1"}
-    proc = warm_python.run([sys.executable, os.path.join(REPO, "tests", "entry_point_runner.py"), str(spec),
-                            str(results)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(results.read_text())
+    return run_entry_points(module, cases, tmp_path, preload=("dlrm.inference.export", "dlrm.training.train"))
 
 
 def _one_line_exit_2(result: dict, *needles: str) -> None:

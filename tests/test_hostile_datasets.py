@@ -7,17 +7,14 @@ heavy imports (tests/entry_point_runner.py), each still the script run as ``__ma
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import sys
 
 import numpy as np
 import pytest
 import yaml
 
-import warm_python
-from conftest import REPO, log_records
+from conftest import log_records, run_entry_points
 from dlrm.data.csv_source import CsvSource
 from dlrm.data.feature_spec import FeatureSpec
 from dlrm.data.rank_source import RankSource
@@ -64,15 +61,7 @@ def _escape(root, source: str, how: str) -> str:
 
 def _run_main(tmp_path, cases: list[list[str]]) -> list[dict]:
     """Each argument list run as ``python -m dlrm.scripts.main``, in order, in one warm runner."""
-    spec, results = tmp_path / "cases.json", tmp_path / "results.json"
-    spec.write_text(json.dumps({"module": "dlrm.scripts.main", "preload": ["dlrm.scripts.dlrm_flags", "dlrm.training.build"],
-                                "cases": [{"args": args, "cwd": str(tmp_path)} for args in cases]}))
-    runner = [sys.executable, os.path.join(REPO, "tests", "entry_point_runner.py"), str(spec), str(results)]
-    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, "PYTHONPATH": REPO,
-           "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    proc = warm_python.run(runner, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(results.read_text())
+    return run_entry_points("dlrm.scripts.main", cases, tmp_path, preload=("dlrm.scripts.dlrm_flags", "dlrm.training.build"))
 
 
 def _refused(result: dict, *words: str) -> str:

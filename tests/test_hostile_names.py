@@ -7,17 +7,15 @@ against a real HTTP server that misbehaves in each way."""
 import http.server
 import json
 import os
-import sys
 import threading
 import urllib.parse
 
 import pytest
 import torch
-from conftest import tree
+from conftest import tree, run_entry_points
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import warm_python
 from dlrm.inference.model_names import ModelNameError, check_model_name, model_path, pbtxt_string, url_segment
 from dlrm.inference.pbtxt import ConfigCheckError, check_config, read_protobuf, read_subset
 from dlrm.inference.triton_repository import TritonModelConfig, intended_summary, render_config
@@ -29,17 +27,7 @@ INJECTION = 'dlrm"\nparameters { key: "EXECUTION_ENV_PATH" value: { string_value
 
 def run_cases(module: str, preload: list[str], cases: list[dict], tmp_path) -> list[dict]:
     """Each case as ``python -m module args`` (tests/entry_point_runner.py: one start, a fork each)."""
-    spec, results = tmp_path / "cases.json", tmp_path / "results.json"
-    spec.write_text(json.dumps({"module": module, "preload": preload, "cases": cases}))
-    runner = [sys.executable, os.path.join(REPO, "tests", "entry_point_runner.py"), str(spec), str(results)]
-    env = {**os.environ, "PYTHONPATH": REPO, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    env.pop("TRITON_INTERPRET", None)
-    proc = warm_python.run(runner, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(results.read_text())
-    os.remove(spec)
-    os.remove(results)
-    return out
+    return run_entry_points(module, cases, tmp_path, preload=preload, timeout=300)
 
 
 def assert_one_line(result: dict, *needles: str) -> str:

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import warm_python
-from conftest import REPO
+from conftest import REPO, run_entry_points
 from test_nvidia_checkpoint import MODEL, NUMERICAL, ONE_GPU, TABLES, nvidia_weights, read_nvidia, write_nvidia
 
 SECONDS = 5
@@ -242,16 +242,10 @@ PRELOAD = ["dlrm.training.api", "dlrm.inference.export", "dlrm.inference.triton_
 
 def run_cases(tmp_path, cases):
     """Each of ``cases`` (a module and its arguments) as ``python -m module args``."""
-    script, spec, results = tmp_path / "dispatch.py", tmp_path / "cases.json", tmp_path / "results.json"
+    script = tmp_path / "dispatch.py"
     script.write_text(DISPATCH)
-    spec.write_text(json.dumps({"module": str(script), "preload": PRELOAD,
-                                "cases": [{"args": args, "cwd": REPO} for args in cases]}))
-    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, "PYTHONPATH": REPO,
-           "OMP_NUM_THREADS": "1"}
-    proc = warm_python.run([sys.executable, os.path.join(REPO, "tests", "entry_point_runner.py"), str(spec),
-                            str(results)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(results.read_text())
+    return run_entry_points(str(script), [{"args": args, "cwd": REPO} for args in cases], tmp_path, preload=PRELOAD,
+                            timeout=300)
 
 
 def one_line_exit_2(result, *expected):

@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-import warm_python
-from conftest import REPO, run_cli, tree
+from conftest import REPO, run_cli, tree, run_entry_points
 
 from dlrm.engine.outputs import LOG, OutputError, claim_output
 
@@ -90,15 +89,7 @@ def _recommender_args(root: Path, ck: Path, log: Path) -> list[str]:
 def _run_cases(module: str, preload: list[str], cases: list[list[str]], tmp_path: Path) -> list[dict]:
     """Runs each command line of ``module`` as ``python -m`` would, as forks of one process that
     imported ``preload`` (tests/entry_point_runner.py): their exit codes and output."""
-    spec, results = tmp_path / "cases.json", tmp_path / "results.json"
-    spec.write_text(json.dumps({"module": module, "preload": preload,
-                                "cases": [{"args": args, "cwd": str(tmp_path)} for args in cases]}))
-    runner = [sys.executable, os.path.join(REPO, "tests", "entry_point_runner.py"), str(spec), str(results)]
-    env = {**os.environ, "PYTHONPATH": REPO, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    env.pop("TRITON_INTERPRET", None)
-    proc = warm_python.run(runner, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(results.read_text())
+    return run_entry_points(module, cases, tmp_path, preload=preload)
 
 
 def _one_line_exit_2(result: dict, *needles: str) -> None:

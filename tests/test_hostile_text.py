@@ -116,7 +116,7 @@ def test_transcode_refuses_a_long_line(tmp_path):
 
     train = tmp_path / "train.tsv"
     train.write_text("1\t2\t3\n" * 3 + "1\t" * (MAX_LINE_BYTES // 2 + 1) + "3\n")
-    with pytest.raises(DatasetError, match=rf"train\.tsv.* line 4: longer than 1 MiB"):
+    with pytest.raises(DatasetError, match=r"train\.tsv.* line 4: longer than 1 MiB"):
         transcode({"train": str(train)}, str(tmp_path / "out"), num_numerical=1, num_categorical=1)
 
 

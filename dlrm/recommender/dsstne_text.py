@@ -41,7 +41,7 @@ import numpy as np
 
 from dlrm.engine.atomic import write_atomically, write_text_atomically
 from dlrm.engine.errors import DatasetError, finite_number
-from dlrm.engine.text_lines import MAX_LINE_BYTES, bounded_lines
+from dlrm.engine.text_lines import bounded_lines
 from dlrm.recommender.csr_dataset import CsrRows, write_csr
 
 # The longest sample line read: one user's whole history. A field is a name and maybe a value,
