@@ -19,18 +19,13 @@ from typing import Callable
 
 import pytest
 from conftest import REPO, run_cli, tree, run_entry_points
+from test_hostile_outputs import NETWORK
 
 from dlrm.engine.outputs import LOG, OutputError, claim_output
 
 DLRM_SMALL = ["--embedding_dim", "4", "--bottom_mlp_sizes", "8,4",
               "--top_mlp_sizes", "8,1", "--batch_size", "256", "--test_batch_size", "256", "--base_device", "cpu",
               "--print_freq", "1"]
-NETWORK = {"Kind": "FeedForward", "Layers": [
-    {"Name": "Input", "Kind": "Input", "N": "auto", "DataSet": "input", "Sparse": True},
-    {"Name": "Hidden", "Kind": "Hidden", "Type": "FullyConnected", "N": 8, "Activation": "Sigmoid",
-     "Source": "Input"},
-    {"Name": "Output", "Kind": "Output", "Type": "FullyConnected", "N": "auto", "DataSet": "output",
-     "Activation": "Sigmoid", "Sparse": True, "Source": "Hidden"}]}
 
 
 def _add_user_dir_tmp(d: Path) -> None:
