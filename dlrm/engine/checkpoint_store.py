@@ -479,12 +479,19 @@ class Format:
         return meta
 
 
+def files_crc32(path: str, names: Iterable[str], threads: int = 4) -> dict[str, str]:
+    """The CRC-32 of each of ``names`` under ``path``, the files hashed in parallel (see
+    docs/training.md for the speed): for checking a save, of this program's layout or NVIDIA's."""
+    names = list(names)
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(names)))) as pool:
+        return dict(zip(names, pool.map(lambda n: file_crc32(os.path.join(path, n)), names)))
+
+
 def verify_checksums(path: str, meta: dict[str, Any], names: list[str], threads: int = 4) -> None:
-    """Compares each named file's CRC-32 with the one written at save time (files are hashed in
-    parallel; see docs/training.md for the speed). Checkpoints that predate checksums pass."""
+    """Compares each named file's CRC-32 with the one written at save time. Checkpoints that
+    predate checksums pass."""
     expected = {n: e["crc32"] for n in names if isinstance(e := meta["files"].get(n), dict) and "crc32" in e}
-    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(expected)))) as pool:
-        actual = dict(zip(expected, pool.map(lambda n: file_crc32(os.path.join(path, n)), expected)))
+    actual = files_crc32(path, expected, threads)
     for name, crc in expected.items():
         if actual[name] != crc:
             raise CheckpointError(

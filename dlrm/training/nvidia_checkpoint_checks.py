@@ -17,10 +17,9 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from dlrm.engine.checkpoint_store import CheckpointError, file_crc32
+from dlrm.engine.checkpoint_store import CheckpointError, files_crc32
 
 CHECKSUMS = "dlrm_checksums.json"  # beside NVIDIA's files: each file's size and CRC-32
 MAX_GPUS = 1024  # processes a device mapping may list (NVIDIA's runs use one node: 16 at most)
@@ -95,8 +94,7 @@ def buckets(value: Any, file: str, present: int) -> list[list[int]]:
 def write_checksums(directory: str, names: list[str], threads: int = 4) -> None:
     """``CHECKSUMS`` in ``directory``: each of ``names`` with its size and CRC-32, hashed once
     every process has written (several write into one table's file)."""
-    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(names)))) as pool:
-        crc32 = dict(zip(names, pool.map(lambda n: file_crc32(os.path.join(directory, n)), names)))
+    crc32 = files_crc32(directory, names, threads)
     listing = {name: {"bytes": os.path.getsize(os.path.join(directory, name)), "crc32": crc}
                for name, crc in sorted(crc32.items())}
     with open(os.path.join(directory, CHECKSUMS), "w", encoding="utf-8") as f:
@@ -136,10 +134,7 @@ def verify(path: str, crc32: dict[str, str] | None, names: Iterable[str], thread
     """Each of ``names`` has the CRC-32 it was written with (nothing to check without a listing)."""
     if crc32 is None:
         return
-    names = list(names)
-    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(names)))) as pool:
-        actual = list(pool.map(lambda n: file_crc32(os.path.join(path, n)), names))
-    for name, crc in zip(names, actual):
+    for name, crc in files_crc32(path, names, threads).items():
         if crc != crc32[name]:
             raise CheckpointError(f"{os.path.join(path, name)}: its checksum differs from the one in {CHECKSUMS}: "
                                   f"{_REWRITTEN}")
