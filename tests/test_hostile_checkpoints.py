@@ -207,3 +207,16 @@ def test_recommender_refuses_nan_weights_for_predict_and_evaluate(tmp_path):
     autoencoder.load_model(path, ItemParallel(0, 2))  # rows 0-20 of the output layer: not the poisoned ones
     with pytest.raises(CheckpointError, match=r"output_rows_21_41.pt: 'weight' holds non-finite"):
         autoencoder.load_model(path, ItemParallel(1, 2))
+
+
+def test_a_checksum_in_meta_json_that_is_no_crc_is_not_quoted(tmp_path):
+    """meta.json is read from the user's folder: a mismatch names the file, not a megabyte of its text."""
+    from dlrm.engine.checkpoint_store import verify_checksums
+
+    (tmp_path / "a.pt").write_bytes(b"data")
+    meta = {"files": {"a.pt": {"bytes": 4, "crc32": "\x1b[2J" + "x" * 100_000}}}
+    with pytest.raises(CheckpointError) as info:
+        verify_checksums(str(tmp_path), meta, ["a.pt"])
+    message = str(info.value)
+    assert "a.pt: checksum" in message and "differs from the one it was saved with" in message
+    assert len(message) < 300 and "\x1b" not in message and "\n" not in message

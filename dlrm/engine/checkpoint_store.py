@@ -494,8 +494,9 @@ def verify_checksums(path: str, meta: dict[str, Any], names: list[str], threads:
     actual = files_crc32(path, expected, threads)
     for name, crc in expected.items():
         if actual[name] != crc:
+            saved = crc if isinstance(crc, str) and re.fullmatch(r"[0-9a-f]{8}", crc) else "one"  # read from meta.json
             raise CheckpointError(
-                f"{os.path.join(path, name)}: checksum {actual[name]} differs from the {crc} it was saved with: "
+                f"{os.path.join(path, name)}: checksum {actual[name]} differs from the {saved} it was saved with: "
                 "the file is damaged; load an earlier checkpoint (or load it anyway with `verify=False`)"
             )
 
