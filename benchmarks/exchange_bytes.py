@@ -35,7 +35,7 @@ from dlrm.distributed.planner import load_placement, plan_tables
 from dlrm.engine.collectives import ProcessGroupCollectives
 from dlrm.model.dlrm import DLRMConfig
 from dlrm.model.precision import Precision
-from dlrm.nn.embeddings import TableShard
+from dlrm.nn.table_spec import TableShard
 from dlrm.training.train import global_batch_loss
 
 CPU = torch.device("cpu")

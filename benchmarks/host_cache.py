@@ -37,7 +37,8 @@ import time
 
 import torch
 
-from dlrm.data.synthetic import FL15_CARDINALITIES, ZIPF_EXPONENT, SyntheticDataset
+from dlrm.data.hidden_model import ZIPF_EXPONENT
+from dlrm.data.synthetic import FL15_CARDINALITIES, SyntheticDataset
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.model.precision import Precision
 from dlrm.distributed.planner import plan_tables, size_host_cache

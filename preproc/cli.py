@@ -35,7 +35,7 @@ import time
 from concurrent.futures.process import BrokenProcessPool
 
 from dlrm.data.split_binary_writer import PREPROC_WORK_FILES, is_split_binary_dataset
-from dlrm.engine.atomic import StorageError, check_can_create, describe, fault_of, free_bytes
+from dlrm.engine.storage import StorageError, check_can_create, describe, fault_of, free_bytes
 from dlrm.engine.errors import DatasetError
 from dlrm.engine.outputs import OutputError, OutputKind, claim_output, holds_only, under
 from dlrm.extras import missing_extra

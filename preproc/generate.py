@@ -28,7 +28,7 @@ from typing import IO
 
 import numpy as np
 
-from dlrm.engine.atomic import StorageError, check_can_create
+from dlrm.engine.storage import StorageError, check_can_create
 from dlrm.engine.outputs import OutputError, OutputKind, claim_output
 
 NUM_NUMERICAL = 13

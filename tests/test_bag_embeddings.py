@@ -19,7 +19,8 @@ from dlrm.distributed.exchange import EmbeddingExchange
 from dlrm.engine.collectives import ProcessGroupCollectives
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.model.precision import Precision
-from dlrm.nn.embeddings import JointEmbedding, JointFusedEmbedding, MultiTableEmbedding, table_specs
+from dlrm.nn.embeddings import JointEmbedding, JointFusedEmbedding, MultiTableEmbedding
+from dlrm.nn.table_spec import table_specs
 from dlrm.training.optimizers import OptimizerConfig, make_optimizer
 from dlrm.training.train import evaluate, fused_train_step, make_train_step
 from test_distributed import free_port

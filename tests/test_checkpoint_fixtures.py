@@ -19,7 +19,7 @@ import torch
 
 from conftest import REPO
 from dlrm.model.dlrm import DLRM, DLRMConfig
-from dlrm.nn.embeddings import TableShard
+from dlrm.nn.table_spec import TableShard
 from dlrm.recommender import checkpoint as autoencoder
 from dlrm.recommender.item_parallel import ItemParallel
 from dlrm.recommender.train import make_optimizer as autoencoder_optimizer

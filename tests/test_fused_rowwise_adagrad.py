@@ -21,7 +21,8 @@ from dlrm.distributed.exchange import EmbeddingExchange
 from dlrm.engine.collectives import ProcessGroupCollectives
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.model.precision import Precision
-from dlrm.nn.embeddings import JointEmbedding, JointFusedEmbedding, table_specs
+from dlrm.nn.embeddings import JointEmbedding, JointFusedEmbedding
+from dlrm.nn.table_spec import table_specs
 from dlrm.training.checkpoint import TrainState, load_checkpoint, save_checkpoint
 from dlrm.training.optimizers import OptimizerConfig, RowWiseAdagrad, make_optimizer
 from dlrm.training.train import fused_train_step, make_train_step

@@ -11,7 +11,7 @@ import torch
 from dlrm.data.batch import Batch
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.model.precision import Precision
-from dlrm.nn.embeddings import TableShard
+from dlrm.nn.table_spec import TableShard
 from dlrm.training.checkpoint import TrainState, load_checkpoint, save_checkpoint
 from dlrm.training.optimizers import OptimizerConfig, make_optimizer
 from dlrm.training.train import make_train_step

@@ -20,13 +20,8 @@ from dlrm.data.rank_source import RankSource, local_batch_sizes
 from dlrm.data.sources import DataConfig, load_feature_spec, make_rank_source, make_source
 from dlrm.data.split_binary import SplitBinaryReader
 from dlrm.data.split_binary_writer import SplitBinaryWriter
-from dlrm.data.synthetic import (
-    MLPERF_DLRMV2_CARDINALITIES,
-    MLPERF_MULTI_HOT_SIZES,
-    HiddenModel,
-    SyntheticDataset,
-    write_synthetic_dataset,
-)
+from dlrm.data.hidden_model import HiddenModel
+from dlrm.data.synthetic import MLPERF_DLRMV2_CARDINALITIES, MLPERF_MULTI_HOT_SIZES, SyntheticDataset, write_synthetic_dataset
 from dlrm.engine.errors import DatasetError, FeatureSpecError
 from test_distributed import _open_files  # what a process has open under a dataset root
 

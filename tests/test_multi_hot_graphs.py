@@ -21,7 +21,9 @@ from dlrm.data.batch import Bags, Batch
 from dlrm.data.sources import DataConfig
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.model.precision import Precision
-from dlrm.nn.embeddings import JointEmbedding, JointFusedEmbedding, MultiTableEmbedding, PaddedBagUpdate, table_specs
+from dlrm.nn.embeddings import JointEmbedding, JointFusedEmbedding, MultiTableEmbedding
+from dlrm.nn.fused_lookup import PaddedBagUpdate
+from dlrm.nn.table_spec import table_specs
 from dlrm.kernels.embedding_bag import (bag_gather, bag_rowwise_adagrad_update, bag_rowwise_adagrad_update_reference,
                                         bag_sgd_update)
 from dlrm.training.build import model_config

@@ -13,7 +13,7 @@ from dlrm.distributed.placement import load_placement, Placement
 from dlrm.distributed.plan import GIB, Plan, PlanError
 from dlrm.distributed.plan_report import format_plan
 from dlrm.distributed.planner import plan_tables
-from dlrm.nn.embeddings import TableShard
+from dlrm.nn.table_spec import TableShard
 from test_planner import FL15, parse_rows
 
 # ------------------------------------------------------------------------------------------------

@@ -21,7 +21,8 @@ from dlrm.recommender.item_parallel import ItemParallel
 from dlrm.recommender.loss import batch_loss, kl_weight_at
 from dlrm.recommender.model import NOISE_INPUT_DROPOUT, NOISE_LATENT, SparseAutoencoder, batch_noise
 from dlrm.recommender.network import parse_network
-from dlrm.recommender.train import TrainConfig, make_optimizer, take_rows, train
+from dlrm.recommender.csr_rows import take_rows
+from dlrm.recommender.train import TrainConfig, make_optimizer, train
 from dlrm.recommender.user_histories import HistoryConfig, generate_user_histories
 from test_distributed import free_port
 from conftest import spawn

@@ -18,7 +18,8 @@ from dlrm.recommender.csr_dataset import CsrDataset, split_holdout, write_csr
 from dlrm.recommender.item_parallel import ItemParallel
 from dlrm.recommender.model import SparseAutoencoder
 from dlrm.recommender.network import parse_network
-from dlrm.recommender.predict import evaluate, model_scorer, recommend
+from dlrm.recommender.predict import evaluate, recommend
+from dlrm.recommender.scorer import model_scorer
 from dlrm.recommender.train import TrainConfig, make_optimizer, train
 from dlrm.recommender.user_histories import HistoryConfig, generate_user_histories
 from test_distributed import free_port

@@ -23,7 +23,7 @@ from conftest import REPO, run_cli
 from dlrm.recommender.csr_dataset import CsrDataset, write_csr
 from dlrm.recommender.model import SparseAutoencoder
 from dlrm.recommender.network import parse_network
-from dlrm.recommender.train import take_rows
+from dlrm.recommender.csr_rows import take_rows
 from dlrm.recommender.user_histories import HistoryConfig, generate_user_histories
 from dlrm.recommender.validation import ValidationConfig, make_split, validate
 import warm_python

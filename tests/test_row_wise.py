@@ -19,7 +19,7 @@ from dlrm.distributed.planner import plan_tables
 from dlrm.engine.collectives import Collectives, ProcessGroupCollectives
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.model.precision import Precision
-from dlrm.nn.embeddings import TableShard
+from dlrm.nn.table_spec import TableShard
 from dlrm.nn.init import INIT_BLOCK_ROWS
 from dlrm.training.checkpoint import TrainState, load_checkpoint, save_checkpoint
 from dlrm.training.optimizers import OptimizerConfig, make_optimizer

@@ -13,13 +13,8 @@ from sklearn.metrics import roc_auc_score
 from sklearn.preprocessing import OneHotEncoder
 
 from dlrm.data.batch import Batch
-from dlrm.data.synthetic import (
-    FL15_CARDINALITIES,
-    HiddenModel,
-    SyntheticDataset,
-    hash_ids,
-    write_synthetic_dataset,
-)
+from dlrm.data.hidden_model import HiddenModel, hash_ids
+from dlrm.data.synthetic import FL15_CARDINALITIES, SyntheticDataset, write_synthetic_dataset
 from dlrm.engine.outputs import OutputError
 import warm_python
 
@@ -417,7 +412,7 @@ def test_ids_follow_the_power_law_of_zipf_exponent(exponent):
     [k + 1, k + 2): its frequency is about (k + 1.5) ** -exponent, the rank used in the fit."""
     import numpy as np
 
-    from dlrm.data.synthetic import HiddenModel
+    from dlrm.data.hidden_model import HiddenModel
 
     model = HiddenModel(1, [100_000], seed=3, zipf_exponent=exponent)
     _, ids = model.sample_features(2_000_000, torch.Generator().manual_seed(11))

@@ -11,7 +11,8 @@ import torch
 from dlrm.data.feature_spec import FeatureSpec
 from dlrm.data.rank_source import RankSource
 from dlrm.data.split_binary import SplitBinaryReader
-from dlrm.data.synthetic import ZIPF_EXPONENT, SyntheticDataset
+from dlrm.data.hidden_model import ZIPF_EXPONENT
+from dlrm.data.synthetic import SyntheticDataset
 from dlrm.engine.config_check import check_types
 from dlrm.engine.errors import DatasetError
 

@@ -30,7 +30,7 @@ from dlrm.data.batch import Batch
 from dlrm.data.feature_spec import SPEC_FILE_NAME, FeatureSpec, dtype_for_cardinality
 from dlrm.data.numerical_rounding import DEFAULT_ROUNDING, check_rounding, to_float16
 from dlrm.data.split_binary_writer import SPLIT_BINARY_DATASET, SplitBinaryWriter
-from dlrm.engine.atomic import check_can_create, writing
+from dlrm.engine.storage import check_can_create, writing
 from dlrm.engine.errors import DatasetError
 from dlrm.engine.outputs import claim_output
 from dlrm.engine.text_lines import MAX_LINE_BYTES, bounded_lines
@@ -296,17 +296,7 @@ def transcode(
     ``numerical_rounding``: float64 -> float16 of the numericals, ``nvidia`` (through float32, as
     NVIDIA's tools) or ``direct`` (``dlrm.data.numerical_rounding``).
     """
-    if not inputs:
-        raise ValueError("inputs is empty; give at least one split, e.g. {'train': 'train.tsv'}")
-    for split in inputs:
-        if not _SPLIT_NAME.match(split):
-            raise ValueError(f"split name {split!r} must be a plain directory name (letters, digits, _ . -)")
-    if num_numerical < 0 or num_categorical < 0:
-        raise ValueError("num_numerical and num_categorical must be >= 0")
-    if len(delimiter) != 1 or delimiter in "\r\n.+-" or delimiter.isalnum():
-        raise ValueError(f"delimiter must be one character that cannot occur in a number, got {delimiter!r}")
-    if chunk_rows < 1:
-        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    _check_text_settings(inputs, num_numerical, num_categorical, delimiter, chunk_rows)
     check_rounding(numerical_rounding)
     _check_spec_name(spec_name)
     claim_output(output_dir, SPLIT_BINARY_DATASET, "output_dir", inputs={"inputs": list(inputs.values())},
@@ -317,12 +307,7 @@ def transcode(
         return _text_layout(os.fspath(path), delimiter, num_numerical, num_categorical, cards, numerical_rounding)
 
     if cardinalities is None:
-        max_ids = np.full(num_categorical, -1, dtype=np.int64)
-        for path in inputs.values():
-            for chunk in _read_chunks(layout(path, None), chunk_rows):
-                if len(chunk.label) and num_categorical:
-                    np.maximum(max_ids, chunk.categorical.max(axis=0), out=max_ids)
-        cards = [int(m) + 1 if m >= 0 else 1 for m in max_ids]
+        cards = _text_cardinalities([layout(path, None) for path in inputs.values()], num_categorical, chunk_rows)
     else:
         cards = [int(c) for c in cardinalities]
         if len(cards) != num_categorical:
@@ -336,15 +321,9 @@ def transcode(
             raise DatasetError(f"categorical feature {j}: {e}") from None
 
     created = _missing_dirs(output_dir, tuple(inputs))  # removed again if a split fails
-
-    def remove_created() -> None:
-        for d in created:  # deepest first: only directories this call made, and only if still empty
-            with contextlib.suppress(OSError):
-                os.rmdir(d)
-
     spec = FeatureSpec.default(num_numerical, cards, splits=tuple(inputs), base_directory=os.path.abspath(output_dir))
     card_array = np.asarray(cards, dtype=np.int64)
-    with writing(output_dir, "the dataset", cleanup=remove_created):  # a full disk: a StorageError naming it
+    with writing(output_dir, "the dataset", cleanup=lambda: _remove_dirs(created)):  # a full disk: a StorageError
         os.makedirs(output_dir, exist_ok=True)
         with contextlib.ExitStack() as writers:  # all splits commit together, or none does
             for split, path in inputs.items():
@@ -362,6 +341,40 @@ def transcode(
             _remove_old_spec(output_dir, spec_name)
     spec.to_yaml(os.path.join(output_dir, spec_name))
     return spec
+
+
+def _check_text_settings(inputs: dict[str, str], num_numerical: int, num_categorical: int, delimiter: str,
+                         chunk_rows: int) -> None:
+    """``transcode``'s settings that need no file: split names, counts, the delimiter, the chunk."""
+    if not inputs:
+        raise ValueError("inputs is empty; give at least one split, e.g. {'train': 'train.tsv'}")
+    for split in inputs:
+        if not _SPLIT_NAME.match(split):
+            raise ValueError(f"split name {split!r} must be a plain directory name (letters, digits, _ . -)")
+    if num_numerical < 0 or num_categorical < 0:
+        raise ValueError("num_numerical and num_categorical must be >= 0")
+    if len(delimiter) != 1 or delimiter in "\r\n.+-" or delimiter.isalnum():
+        raise ValueError(f"delimiter must be one character that cannot occur in a number, got {delimiter!r}")
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+
+
+def _text_cardinalities(layouts: list[_Layout], num_categorical: int, chunk_rows: int) -> list[int]:
+    """Max id + 1 of each categorical feature over every file (1 for a feature with no rows): a
+    first pass over the files, for ``transcode`` without ``cardinalities``."""
+    max_ids = np.full(num_categorical, -1, dtype=np.int64)
+    for layout in layouts:
+        for chunk in _read_chunks(layout, chunk_rows):
+            if len(chunk.label) and num_categorical:
+                np.maximum(max_ids, chunk.categorical.max(axis=0), out=max_ids)
+    return [int(m) + 1 if m >= 0 else 1 for m in max_ids]
+
+
+def _remove_dirs(created: list[str]) -> None:
+    """After a failed write: the directories this call made, deepest first, each only if still empty."""
+    for d in created:
+        with contextlib.suppress(OSError):
+            os.rmdir(d)
 
 
 def _remove_old_spec(output_dir: str, spec_name: str) -> None:
@@ -428,6 +441,75 @@ def _aligned(split: str, chunks, readers) -> Iterator[list[_Chunk]]:
         done += n
 
 
+def _csv_cardinalities(source, chunk_rows: int, rounding: str) -> dict[str, int]:
+    """Each categorical feature's cardinality: the spec's, or for ``auto`` max id + 1 over all
+    splits (a first pass over the files that hold them); each checked to fit an id dtype."""
+    names = source.categorical_names
+    cards: dict[str, int | None] = {n: source.cardinality(n) for n in names}
+    auto = [n for n in names if cards[n] is None]
+    if auto:
+        found = {n: 0 for n in auto}
+        for split in source.splits:
+            for chunk in source.chunks(split):
+                mine = [n for n in chunk.features if n in found]
+                if not mine:
+                    continue
+                layout = _csv_layout(source, chunk, {}, rounding)
+                columns = [n for n in chunk.features if source.kind(n) == CATEGORICAL]
+                for block in _read_chunks(layout, chunk_rows):
+                    if len(block):
+                        for n in mine:
+                            found[n] = max(found[n], int(block.categorical[:, columns.index(n)].max()) + 1)
+        cards.update({n: max(found[n], 1) for n in auto})
+    for n in names:
+        try:
+            dtype_for_cardinality(cards[n])
+        except ValueError as e:
+            raise DatasetError(f"categorical feature '{n}': {e}") from None
+    return cards
+
+
+def _csv_dataset_spec(source, cards: dict[str, int], output_dir: str, rounding: str) -> FeatureSpec:
+    """The written dataset's spec: NVIDIA's default names, and in its metadata the source spec,
+    which source feature each default name holds, and the rounding."""
+    names = source.categorical_names
+    spec = FeatureSpec.default(len(source.numerical_names), [cards[n] for n in names], splits=tuple(source.splits),
+                               base_directory=os.path.abspath(output_dir))
+    spec.metadata = {"transcoded_from": {
+        "feature_spec": source.path,
+        "features": dict(zip(spec.numerical_names + spec.categorical_names + [spec.label_name],
+                             source.numerical_names + names + [source.label_name])),
+        "numerical_rounding": rounding,
+    }}
+    return spec
+
+
+def _csv_batches(source, split: str, chunks, cards: dict[str, int], chunk_rows: int, rounding: str) -> Iterator[Batch]:
+    """A split's rows as batches in the spec's channel order, gathered from the split's files
+    (each holds some of the features) block by aligned block."""
+    # Where each feature is: (file index, column among that file's columns of its kind).
+    where = {}
+    for i, chunk in enumerate(chunks):
+        for kind in (LABEL, NUMERICAL, CATEGORICAL):
+            of_kind = [n for n in chunk.features if source.kind(n) == kind]
+            where.update({n: (i, k) for k, n in enumerate(of_kind)})
+    names = source.categorical_names
+    readers = [_read_chunks(_csv_layout(source, c, cards, rounding), chunk_rows) for c in chunks]
+    for blocks in _aligned(split, chunks, readers):
+        n = len(blocks[0])
+        numerical = np.empty((n, len(source.numerical_names)), np.float16)
+        for j, name in enumerate(source.numerical_names):
+            i, k = where[name]
+            numerical[:, j] = blocks[i].numerical[:, k]
+        categorical = np.empty((n, len(names)), np.int64)
+        for j, name in enumerate(names):
+            i, k = where[name]
+            categorical[:, j] = blocks[i].categorical[:, k]
+        label = blocks[where[source.label_name][0]].label
+        yield Batch(numerical=torch.from_numpy(numerical), categorical=torch.from_numpy(categorical),
+                    label=torch.from_numpy(label))
+
+
 def transcode_csv_source(spec_path: str, output_dir: str, spec_out_name: str = SPEC_FILE_NAME,
                          chunk_rows: int = 1_000_000, overwrite: bool = False,
                          numerical_rounding: str = DEFAULT_ROUNDING) -> FeatureSpec:
@@ -453,70 +535,17 @@ def transcode_csv_source(spec_path: str, output_dir: str, spec_out_name: str = S
     claim_output(output_dir, SPLIT_BINARY_DATASET, "output_dir", inputs={"spec_path": source_files(source)},
                  replace=overwrite)
     check_can_create(output_dir, "the dataset", inside=True)
-    names = source.categorical_names
-    cards: dict[str, int | None] = {n: source.cardinality(n) for n in names}
-    auto = [n for n in names if cards[n] is None]
-    if auto:
-        found = {n: 0 for n in auto}
-        for split in source.splits:
-            for chunk in source.chunks(split):
-                mine = [n for n in chunk.features if n in found]
-                if not mine:
-                    continue
-                layout = _csv_layout(source, chunk, {}, numerical_rounding)
-                columns = [n for n in chunk.features if source.kind(n) == CATEGORICAL]
-                for block in _read_chunks(layout, chunk_rows):
-                    if len(block):
-                        for n in mine:
-                            found[n] = max(found[n], int(block.categorical[:, columns.index(n)].max()) + 1)
-        cards.update({n: max(found[n], 1) for n in auto})
-    for n in names:
-        try:
-            dtype_for_cardinality(cards[n])
-        except ValueError as e:
-            raise DatasetError(f"categorical feature '{n}': {e}") from None
-
+    cards = _csv_cardinalities(source, chunk_rows, numerical_rounding)
     created = _missing_dirs(output_dir, tuple(source.splits))
-
-    def remove_created() -> None:
-        for d in created:
-            with contextlib.suppress(OSError):
-                os.rmdir(d)
-
-    spec = FeatureSpec.default(len(source.numerical_names), [cards[n] for n in names], splits=tuple(source.splits),
-                               base_directory=os.path.abspath(output_dir))
-    spec.metadata = {"transcoded_from": {
-        "feature_spec": source.path,
-        "features": dict(zip(spec.numerical_names + spec.categorical_names + [spec.label_name],
-                             source.numerical_names + names + [source.label_name])),
-        "numerical_rounding": numerical_rounding,
-    }}
-    with writing(output_dir, "the dataset", cleanup=remove_created):
+    spec = _csv_dataset_spec(source, cards, output_dir, numerical_rounding)
+    with writing(output_dir, "the dataset", cleanup=lambda: _remove_dirs(created)):
         os.makedirs(output_dir, exist_ok=True)
         with contextlib.ExitStack() as writers:  # all splits commit together, or none does
             for split in source.splits:
                 chunks = source.chunks(split)
-                # Where each feature is: (file index, column among that file's columns of its kind).
-                where = {}
-                for i, chunk in enumerate(chunks):
-                    for kind in (LABEL, NUMERICAL, CATEGORICAL):
-                        of_kind = [n for n in chunk.features if source.kind(n) == kind]
-                        where.update({n: (i, k) for k, n in enumerate(of_kind)})
-                readers = [_read_chunks(_csv_layout(source, c, cards, numerical_rounding), chunk_rows) for c in chunks]
                 writer = writers.enter_context(SplitBinaryWriter(spec, split))
-                for blocks in _aligned(split, chunks, readers):
-                    n = len(blocks[0])
-                    numerical = np.empty((n, len(source.numerical_names)), np.float16)
-                    for j, name in enumerate(source.numerical_names):
-                        i, k = where[name]
-                        numerical[:, j] = blocks[i].numerical[:, k]
-                    categorical = np.empty((n, len(names)), np.int64)
-                    for j, name in enumerate(names):
-                        i, k = where[name]
-                        categorical[:, j] = blocks[i].categorical[:, k]
-                    label = blocks[where[source.label_name][0]].label
-                    writer.write(Batch(numerical=torch.from_numpy(numerical), categorical=torch.from_numpy(categorical),
-                                       label=torch.from_numpy(label)))
+                for batch in _csv_batches(source, split, chunks, cards, chunk_rows, numerical_rounding):
+                    writer.write(batch)
                 if writer.num_rows == 0:
                     raise DatasetError(f"split '{split}': {chunks[0].path} holds no data lines; each split needs at "
                                        f"least one row")

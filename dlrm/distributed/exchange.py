@@ -26,7 +26,7 @@ from torch import nn
 
 from dlrm.data.rank_source import local_batch_sizes
 from dlrm.engine.all_to_all import all_to_all
-from dlrm.nn.embeddings import TableShard, table_of
+from dlrm.nn.table_spec import TableShard, table_of
 
 
 class EmbeddingExchange(nn.Module):

@@ -22,7 +22,7 @@ import torch
 from dlrm.distributed.exchange import EmbeddingExchange
 from dlrm.engine.collectives import ProcessGroupCollectives
 from dlrm.model.dlrm import DLRM, DLRMConfig
-from dlrm.nn.embeddings import TableShard, table_of
+from dlrm.nn.table_spec import TableShard, table_of
 
 
 @dataclass

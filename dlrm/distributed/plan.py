@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from dlrm.engine.partition import split_bounds
-from dlrm.nn.embeddings import TableShard
+from dlrm.nn.table_spec import TableShard
 
 GIB = 2**30
 _MIB = 2**20

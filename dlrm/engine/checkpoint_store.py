@@ -40,7 +40,8 @@ from typing import Any, BinaryIO
 
 import torch
 
-from dlrm.engine.atomic import check_can_create, check_free_space, fsync_dir, writing
+from dlrm.engine.atomic import fsync_dir
+from dlrm.engine.storage import check_can_create, check_free_space, writing
 from dlrm.engine.collectives import Collectives
 from dlrm.engine.errors import CheckpointError
 from dlrm.engine.model_contract import ParallelModel

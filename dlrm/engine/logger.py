@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Any, TextIO
 
-from dlrm.engine.atomic import StorageError, describe
+from dlrm.engine.storage import StorageError, describe
 from dlrm.engine.outputs import LOG, PROGRAM, OutputError, OutputKind, header_record, is_json_lines_log
 
 # Record fields that place a value on the curve rather than being one.

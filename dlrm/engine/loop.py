@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 import torch
 
-from dlrm.engine.atomic import StorageError
+from dlrm.engine.storage import StorageError
 from dlrm.engine.collectives import Collectives
 from dlrm.engine.errors import DatasetError
 from dlrm.engine.logger import RunLogger

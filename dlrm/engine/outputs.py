@@ -25,7 +25,7 @@ whose one line names the setting, the path and the fix, with nothing touched. Th
 - the names a writer puts beside its output (``siblings``, e.g. a checkpoint's ``.old`` and
   ``.lock``) follow the same rule;
 - a path a spec names for writing must resolve inside the output directory (``inside``);
-- the file system must take a new file there (``atomic.check_can_create``): a read-only mount
+- the file system must take a new file there (``storage.check_can_create``): a read-only mount
   fails now, as a ``StorageError``, not after hours of work.
 
 Why by content and not by a marker file: outputs written before this rule existed, and those
@@ -42,7 +42,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from dlrm import __version__
+from dlrm.engine.storage import check_can_create
+from dlrm.version import __version__
 
 PathLike = str | os.PathLike
 
@@ -213,8 +214,6 @@ def claim_output(path: PathLike, kind: OutputKind, setting: str, *,
         _check_existing(absolute.rstrip(os.sep) + suffix, sibling_kind, setting, raw, True, True,
                         replace_setting, keep_setting)
     _check_existing(absolute, kind, setting, raw, replace, keep, replace_setting, keep_setting)
-    from dlrm.engine.atomic import check_can_create  # here: atomic's directory helpers use this module
-
     check_can_create(absolute, f"the {kind.name}")  # a read-only or full file system: now, not after the work
     return absolute
 

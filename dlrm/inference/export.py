@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from dlrm.engine.atomic import check_free_space, write_atomically
+from dlrm.engine.atomic import write_atomically
+from dlrm.engine.storage import check_free_space
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.training.checkpoint import load_checkpoint, model_config_of, state_bytes
 

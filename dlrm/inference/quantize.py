@@ -56,7 +56,7 @@ def table_bytes(table_sizes: Sequence[int], embedding_dim: int, precisions: Sequ
 
 def _quantized_tables(config: DLRMConfig, precisions: Sequence[str],
                       device: torch.device | str) -> QuantizedEmbedding:
-    from dlrm.nn.embeddings import table_specs
+    from dlrm.nn.table_spec import table_specs
 
     return QuantizedEmbedding(table_specs(config.table_sizes, config.poolings), config.embedding_dim, precisions,
                               hash_indices=config.hash_indices, device=device)

@@ -29,7 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from dlrm.engine.atomic import check_can_create, write_atomically, write_text_atomically
+from dlrm.engine.atomic import write_atomically, write_text_atomically
+from dlrm.engine.storage import check_can_create
 from dlrm.engine.outputs import OutputKind, claim_output, holds_only
 from dlrm.inference import triton_python_model
 from dlrm.inference.model_names import check_model_name, check_version, pbtxt_string

@@ -21,14 +21,8 @@ from dlrm.data.batch import Bags
 from dlrm.data.feature_spec import POOLINGS
 from dlrm.engine.config_check import check_types
 from dlrm.nn.cached_embedding import CachedEmbedding
-from dlrm.nn.embeddings import (
-    JointEmbedding,
-    JointFusedEmbedding,
-    MultiTableEmbedding,
-    TableShard,
-    TableSpec,
-    table_of,
-)
+from dlrm.nn.embeddings import JointEmbedding, JointFusedEmbedding, MultiTableEmbedding
+from dlrm.nn.table_spec import TableShard, TableSpec, table_of
 from dlrm.nn.interactions import CatInteraction, DCNInteraction, DotInteraction
 from dlrm.nn.mlp import MLP
 

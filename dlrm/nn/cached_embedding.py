@@ -48,7 +48,8 @@ from dlrm.kernels.backend import compute_dtype
 from dlrm.kernels.embedding import sgd_update
 from dlrm.kernels.embedding_bag import ADAGRAD_EPS, bag_rowwise_adagrad_update, bag_sgd_update
 from dlrm.kernels.rounding import HALF_DTYPES
-from dlrm.nn.embeddings import JointFusedEmbedding, PendingBagUpdate, _FusedBagLookup, _FusedLookup
+from dlrm.nn.embeddings import JointFusedEmbedding
+from dlrm.nn.fused_lookup import PendingBagUpdate, _FusedBagLookup, _FusedLookup
 
 POLICIES = ("lru", "lfu")
 # Device bytes per slot besides the row and its accumulator: slot_row and slot_score (int64),

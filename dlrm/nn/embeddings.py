@@ -17,8 +17,6 @@ table's row, so do not turn the data-side check off without ``hash_indices``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -26,62 +24,16 @@ from torch import nn
 from torch.nn.utils import skip_init
 
 from dlrm.data.batch import Bags
-from dlrm.data.feature_spec import POOLINGS
 from dlrm.kernels.backend import compute_dtype, exporting
-from dlrm.kernels.embedding import gather, sgd_update
-from dlrm.kernels.embedding_bag import (ADAGRAD_EPS, bag_gather, bag_of_positions, bag_rowwise_adagrad_update,
-                                       bag_sgd_update)
+from dlrm.kernels.embedding import sgd_update
+from dlrm.kernels.embedding_bag import ADAGRAD_EPS, bag_of_positions, bag_rowwise_adagrad_update, bag_sgd_update
 from dlrm.kernels.rounding import HALF_DTYPES
+from dlrm.nn.fused_lookup import (PaddedBagUpdate, PendingBagUpdate, PendingUpdate,
+                                  _FusedBagLookup, _FusedLookup)
 from dlrm.nn.init import init_table_rows_
+from dlrm.nn.table_spec import TableSpec, check_poolings
 
 WEIGHT_DTYPES = (torch.float32, torch.float64, *HALF_DTYPES)  # float64: tests' exact references
-
-
-class TableShard(NamedTuple):
-    """A contiguous block of a table's rows, ``[start, stop)`` of global table ``table``: what a
-    process holds of a table split row-wise across processes (a whole table is just its index)."""
-
-    table: int
-    start: int
-    stop: int
-
-    @property
-    def rows(self) -> int:
-        return self.stop - self.start
-
-
-def table_of(entry: int | TableShard) -> int:
-    """The global table index of a plan entry: a whole table's index, or a block's table."""
-    return entry.table if isinstance(entry, TableShard) else entry
-
-
-@dataclass(frozen=True)
-class TableSpec:
-    """One table held by an embedding module, or a row-wise block of it: global index ``index``,
-    the whole table's ``rows``, the block ``[start, stop)`` of them held here (default: all) and
-    how its bags pool (``"sum"`` or ``"mean"``). One record per table instead of parallel lists,
-    so a table's facts travel together from the model config to the module."""
-
-    index: int
-    rows: int
-    start: int = 0
-    stop: int | None = None  # None: rows
-    pooling: str = "sum"
-
-    def __post_init__(self) -> None:
-        if self.stop is None:
-            object.__setattr__(self, "stop", self.rows)
-
-    @property
-    def block_rows(self) -> int:
-        """Rows held here: ``stop - start``."""
-        return self.stop - self.start
-
-
-def table_specs(table_sizes: Sequence[int], poolings: Sequence[str] | None = None) -> list[TableSpec]:
-    """Whole tables ``0 .. len(table_sizes) - 1`` with their poolings ("sum" for all when None)."""
-    poolings = _check_poolings(poolings, len(table_sizes))
-    return [TableSpec(i, int(rows), pooling=pooling) for i, (rows, pooling) in enumerate(zip(table_sizes, poolings))]
 
 
 class EmbeddingTables(nn.Module):
@@ -135,7 +87,7 @@ class EmbeddingTables(nn.Module):
         self.register_buffer("rows", torch.tensor(self.full_table_sizes, dtype=torch.int64), persistent=False)
         self.register_buffer("row_start", torch.tensor(self.row_starts, dtype=torch.int64), persistent=False)
         self.register_buffer("block_rows", torch.tensor(table_sizes, dtype=torch.int64), persistent=False)
-        self.poolings = _check_poolings([spec.pooling for spec in specs], len(table_sizes))
+        self.poolings = check_poolings([spec.pooling for spec in specs], len(table_sizes))
         # Per table: whether its bags are mean-pooled (a device copy, so building weights never syncs).
         self.register_buffer("mean_pooled", torch.tensor([p == "mean" for p in self.poolings], dtype=torch.bool),
                              persistent=False)
@@ -413,66 +365,6 @@ class MultiTableEmbedding(EmbeddingTables):
         return torch.stack(pooled, dim=1)
 
 
-PendingUpdate = tuple[torch.Tensor, torch.Tensor]  # (joint rows [N] int64, gradient rows [N, D])
-
-
-class PendingBagUpdate(NamedTuple):
-    """A queued multi-hot update: what ``bag_sgd_update`` takes besides the weight and scalars."""
-
-    values: torch.Tensor  # [nnz] joint rows
-    offsets: torch.Tensor  # [T*B + 1]
-    per_sample_weights: torch.Tensor | None  # [nnz] (mean pooling), or None (all sums)
-    grad: torch.Tensor  # [B, T, D], gradient of the pooled output
-
-
-class PaddedBagUpdate(PendingBagUpdate):
-    """A ``PendingBagUpdate`` of padded bags (``Bags.padded_to``): the values past ``offsets[-1]``
-    are padding, with the row id one past the last (no row), which the updates skip."""
-
-    __slots__ = ()
-
-
-class _FusedLookup(torch.autograd.Function):
-    """``gather`` forward; the backward queues ``(rows, grad)`` on the module instead of
-    returning a weight gradient, so no dense or COO gradient is ever built."""
-
-    @staticmethod
-    def forward(ctx, weight: torch.Tensor, rows: torch.Tensor, out_dtype: torch.dtype,
-                pending: list[PendingUpdate]) -> torch.Tensor:
-        ctx.save_for_backward(rows)
-        ctx.pending = pending
-        return gather(weight, rows, out_dtype)
-
-    @staticmethod
-    def backward(ctx, grad_out: torch.Tensor):
-        (rows,) = ctx.saved_tensors
-        # contiguous: upstream gradients may be expanded views (stride 0) the kernel cannot read
-        ctx.pending.append((rows, grad_out.reshape(rows.shape[0], -1).contiguous()))
-        return None, None, None, None
-
-
-class _FusedBagLookup(torch.autograd.Function):
-    """``bag_gather`` forward (pooled ``[B, T, D]`` in ``out_dtype``); the backward queues a
-    ``PendingBagUpdate`` on the module instead of returning a weight gradient (a
-    ``PaddedBagUpdate`` for ``padded`` bags, ``Bags.padded_to``)."""
-
-    @staticmethod
-    def forward(ctx, weight: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor,
-                per_sample_weights: torch.Tensor | None, out_dtype: torch.dtype, num_features: int,
-                pending: list, padded: bool) -> torch.Tensor:
-        ctx.save_for_backward(values, offsets, per_sample_weights)
-        ctx.pending, ctx.padded = pending, padded
-        return bag_gather(weight, values, offsets, per_sample_weights, out_dtype, num_features, padded=padded)
-
-    @staticmethod
-    def backward(ctx, grad_out: torch.Tensor):
-        values, offsets, per_sample_weights = ctx.saved_tensors
-        update = PaddedBagUpdate if ctx.padded else PendingBagUpdate
-        # contiguous: upstream gradients may be expanded views (stride 0) the kernel cannot read
-        ctx.pending.append(update(values, offsets, per_sample_weights, grad_out.contiguous()))
-        return None, None, None, None, None, None, None, None
-
-
 class JointFusedEmbedding(JointEmbedding):
     """``JointEmbedding`` (same constructor, init, ``table_weight``/``load_table_`` and state
     dict) on fused kernels: the lookup writes ``[B, F, D]`` in the compute dtype (the autocast
@@ -634,17 +526,6 @@ class JointFusedEmbedding(JointEmbedding):
         """Drops the queued gradients (e.g. after an evaluation pass that ran a backward)."""
         self._pending.clear()
 
-
-def _check_poolings(poolings: Sequence[str] | None, num_tables: int) -> list[str]:
-    """One pooling per table, "sum" for all when None."""
-    if poolings is None:
-        return ["sum"] * num_tables
-    poolings = list(poolings)
-    if len(poolings) != num_tables or any(p not in POOLINGS for p in poolings):
-        raise ValueError(
-            f"`poolings` must give one of {list(POOLINGS)} per table ({num_tables} tables), got {poolings}"
-        )
-    return poolings
 
 
 def _device_scalar(value: float | bool | torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

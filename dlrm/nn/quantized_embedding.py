@@ -30,7 +30,8 @@ from dlrm.kernels.quantized_rows import (
     PRECISION_BITS, QUANTIZED, SCALE_DTYPES, check_dim, code_bytes, codes_per_byte, dequantize_gather,
     dequantize_rows, quantize_rows, row_bytes,
 )
-from dlrm.nn.embeddings import EmbeddingTables, TableSpec
+from dlrm.nn.embeddings import EmbeddingTables
+from dlrm.nn.table_spec import TableSpec
 
 _FLOAT_TABLES = {"fp32": torch.float32, "fp16": torch.float16}
 _CPU_OPS = {"int8": "embedding_bag_byte_rowwise_offsets", "int4": "embedding_bag_4bit_rowwise_offsets",

@@ -24,8 +24,10 @@ from dlrm.engine import checkpoint_store as store
 from dlrm.engine.checkpoint_store import CheckpointError, host_copy, latest_checkpoint, state_bytes
 from dlrm.engine.collectives import Collectives
 from dlrm.engine.tensor_checks import checked_tensor, label
+from dlrm.recommender.linear import LinearModel, LinearSettings
 from dlrm.recommender.model import SparseAutoencoder
 from dlrm.recommender.network import parse_network
+from dlrm.recommender.scorer import model_scorer
 
 FORMAT = "dlrm-autoencoder-checkpoint"
 VERSION = 1
@@ -174,8 +176,6 @@ def describe(path: str) -> str:
     """``path``, and which of its run's checkpoints it is, for the line a script prints."""
     meta = read_meta(path)
     if meta.get("model") == LINEAR:
-        from dlrm.recommender.linear import LinearSettings
-
         chosen = meta.get("validation", {}).get("ndcg")
         return (f"{path} (linear item-item model, {LinearSettings(**meta['settings']).describe()}"
                 + (f", validation NDCG {chosen:.4f}" if isinstance(chosen, float) else "") + ")")
@@ -350,7 +350,6 @@ def save_linear(path: str, model, validation: dict[str, Any], run_config: dict[s
 
 def load_linear(path: str, parallel, device: torch.device | str = "cpu", verify: bool = True):
     """The columns of the linear model at ``path`` that this process scores (all on one)."""
-    from dlrm.recommender.linear import LinearModel, LinearSettings
 
     def read():
         meta = read_meta(path)
@@ -380,7 +379,5 @@ def load_scorer(path: str, parallel, device: torch.device | str = "cpu", amp_dty
     if model_kind(path) == LINEAR:
         model = load_linear(path, parallel, device)
         return model.scores, model.item_start
-    from dlrm.recommender.predict import model_scorer
-
     model = load_model(path, parallel, device)
     return model_scorer(model, amp_dtype), model.output_range[0]

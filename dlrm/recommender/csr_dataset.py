@@ -27,8 +27,8 @@ from typing import BinaryIO, Iterator
 import numpy as np
 import torch
 
-from dlrm.engine.atomic import (StagedWriter, check_writable_dir, fsync_dir, remove_stale_temporaries, replace_dir,
-                              temporary_name, writing)
+from dlrm.engine.atomic import StagedWriter, check_writable_dir, fsync_dir, remove_stale_temporaries, replace_dir, temporary_name
+from dlrm.engine.storage import writing
 from dlrm.engine.errors import DatasetError
 from dlrm.engine.outputs import OutputKind, holds_only
 

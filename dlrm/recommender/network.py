@@ -285,26 +285,17 @@ def _parse_variational(ctx: _Ctx, v: Any, layers: list[Layer]) -> Variational:
     return Variational(layer=name, beta=beta, anneal_steps=steps)
 
 
-def parse_network(source: str | os.PathLike | dict) -> NetworkConfig:
-    """Reads a DSSTNE network definition (a JSON file's path, or an already-loaded dict) and validates it."""
-    if isinstance(source, dict):
-        raw, ctx = source, _Ctx(None)
-    else:
-        raw, path = _load(source)
-        ctx = _Ctx(path)
-    top = _take(ctx, raw, "", _TOP_KEYS, "the top level", _TOP_UNSUPPORTED)
-
-    if "Version" in top and not (_is_number(top["Version"]) or isinstance(top["Version"], str)):
-        raise ctx.fail("Version", f"expected a number or a string, got {_type_name(top['Version'])}")
+def _network_name(ctx: _Ctx, top: dict) -> str:
+    """``Name``, else the file's name without its extension, else "network"."""
     if "Name" in top:
-        name = _str(ctx, top["Name"], "Name")
-    elif ctx.source:
-        name = os.path.splitext(os.path.basename(ctx.source))[0]
-    else:
-        name = "network"
-    kind = _enum(ctx, top["Kind"], "Kind", _NETWORK_KINDS) if "Kind" in top else "feedforward"
-    shuffle = _bool(ctx, top["ShuffleIndices"], "ShuffleIndices") if "ShuffleIndices" in top else True
+        return _str(ctx, top["Name"], "Name")
+    if ctx.source:
+        return os.path.splitext(os.path.basename(ctx.source))[0]
+    return "network"
 
+
+def _parse_penalties(ctx: _Ctx, top: dict) -> tuple[float, float, float]:
+    """(SparsenessPenalty.p, SparsenessPenalty.beta, Denoising.p), 0 where not given."""
     sparseness_p = sparseness_beta = 0.0
     if "SparsenessPenalty" in top:
         sp = _take(ctx, top["SparsenessPenalty"], "SparsenessPenalty", ("p", "beta"), "SparsenessPenalty")
@@ -317,7 +308,11 @@ def parse_network(source: str | os.PathLike | dict) -> NetworkConfig:
         dn = _take(ctx, top["Denoising"], "Denoising", ("p",), "Denoising")
         if "p" in dn:
             denoising_p = _float(ctx, dn["p"], "Denoising.p", "[0,1)")
+    return sparseness_p, sparseness_beta, denoising_p
 
+
+def _parse_smce(ctx: _Ctx, top: dict) -> dict[str, float]:
+    """The ScaledMarginalCrossEntropy targets and scales, DSSTNE's defaults where not given."""
     smce = {"oneTarget": 0.9, "zeroTarget": 0.1, "oneScale": 1.0, "zeroScale": 1.0}
     if "ScaledMarginalCrossEntropy" in top:
         block = _take(ctx, top["ScaledMarginalCrossEntropy"], "ScaledMarginalCrossEntropy", tuple(smce),
@@ -329,9 +324,12 @@ def parse_network(source: str | os.PathLike | dict) -> NetworkConfig:
             raise ctx.fail("ScaledMarginalCrossEntropy.zeroTarget",
                            f"zeroTarget {smce['zeroTarget']:g} must be below oneTarget {smce['oneTarget']:g}; "
                            f"use 0 <= zeroTarget < oneTarget <= 1")
-    error = (_enum(ctx, top["ErrorFunction"], "ErrorFunction", _ERROR_NAMES, _ERROR_ALIASES, _ERROR_UNSUPPORTED)
-             if "ErrorFunction" in top else "crossentropy")
+    return smce
 
+
+def _parse_layers(ctx: _Ctx, top: dict, kind: str) -> list[Layer]:
+    """``Layers``: each checked against the one before it, names unique, and an autoencoder's
+    output as wide as its input."""
     raw_layers = top.get("Layers")
     if raw_layers is None:
         raise ctx.fail("Layers", "missing; give an array of layers: one Input, any Hidden, one Output")
@@ -353,7 +351,28 @@ def parse_network(source: str | os.PathLike | dict) -> NetworkConfig:
         raise ctx.fail(f"Layers[{len(layers) - 1}].N",
                        f"an AutoEncoder reconstructs its input, but the input has N = {layers[0].n} and the output "
                        f"N = {layers[-1].n}; make them equal (or \"auto\")")
+    return layers
 
+
+def parse_network(source: str | os.PathLike | dict) -> NetworkConfig:
+    """Reads a DSSTNE network definition (a JSON file's path, or an already-loaded dict) and validates it."""
+    if isinstance(source, dict):
+        raw, ctx = source, _Ctx(None)
+    else:
+        raw, path = _load(source)
+        ctx = _Ctx(path)
+    top = _take(ctx, raw, "", _TOP_KEYS, "the top level", _TOP_UNSUPPORTED)
+
+    if "Version" in top and not (_is_number(top["Version"]) or isinstance(top["Version"], str)):
+        raise ctx.fail("Version", f"expected a number or a string, got {_type_name(top['Version'])}")
+    name = _network_name(ctx, top)
+    kind = _enum(ctx, top["Kind"], "Kind", _NETWORK_KINDS) if "Kind" in top else "feedforward"
+    shuffle = _bool(ctx, top["ShuffleIndices"], "ShuffleIndices") if "ShuffleIndices" in top else True
+    sparseness_p, sparseness_beta, denoising_p = _parse_penalties(ctx, top)
+    smce = _parse_smce(ctx, top)
+    error = (_enum(ctx, top["ErrorFunction"], "ErrorFunction", _ERROR_NAMES, _ERROR_ALIASES, _ERROR_UNSUPPORTED)
+             if "ErrorFunction" in top else "crossentropy")
+    layers = _parse_layers(ctx, top, kind)
     normalization = (_enum(ctx, top["InputNormalization"], "InputNormalization", _NORMALIZATION_NAMES)
                      if "InputNormalization" in top else "none")
     variational = _parse_variational(ctx, top["Variational"], layers) if "Variational" in top else None

@@ -8,40 +8,18 @@ on identical exclusion and tie rules.
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
 
 from dlrm.engine.atomic import write_atomically
 from dlrm.recommender.csr_dataset import CsrDataset
+from dlrm.recommender.csr_rows import Csr, take_rows
 from dlrm.recommender.metrics import MetricsAccumulator, RankingMetrics
-from dlrm.recommender.model import SparseAutoencoder, activation
+from dlrm.recommender.scorer import Scorer
 from dlrm.recommender.topk import DEFAULT_SCORE_FORMAT, exclude_, format_recommendations, merge_top_k, top_k
-from dlrm.recommender.train import take_rows
-
-Csr = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
-Scorer = Callable[[Csr], torch.Tensor]  # a batch's history -> scores [B, n_local] of this process's items
-
-
-def model_scorer(model: SparseAutoencoder, amp_dtype: torch.dtype | None = None) -> Scorer:
-    """The model's output activations (what DSSTNE writes) for this process's item slice."""
-    device = model.output_weight.device
-    autocast = (torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else contextlib.nullcontext())
-    act = model.config.output.activation
-
-    def score(inputs: Csr) -> torch.Tensor:
-        with torch.no_grad(), autocast:
-            z = model(*(None if t is None else t.to(device) for t in inputs)).float()
-        if act == "softmax":
-            lse = torch.logsumexp(model.parallel.all_gather_same(torch.logsumexp(z, 1)), 0).unsqueeze(1)
-            return (z - lse).exp()
-        return activation(act)(z)
-
-    model.eval()
-    return score
 
 
 def _padded(values: torch.Tensor, items: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -27,7 +27,8 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 
-from dlrm.engine.atomic import write_atomically, writing
+from dlrm.engine.atomic import write_atomically
+from dlrm.engine.storage import writing
 from dlrm.engine.errors import DatasetError
 
 CACHE_ENV = "DLRM_DATA_CACHE"

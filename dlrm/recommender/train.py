@@ -25,12 +25,11 @@ from dlrm.engine.loop import LoopParts, LoopSettings, Meter, Window, run_loop
 from dlrm.recommender import checkpoint
 from dlrm.recommender.checkpoint import AutoencoderState
 from dlrm.recommender.csr_dataset import CsrDataset
+from dlrm.recommender.csr_rows import Csr, take_rows
 from dlrm.recommender.loss import batch_loss, kl_weight_at
 from dlrm.recommender.metrics import RankingMetrics
 from dlrm.recommender.model import SparseAutoencoder
 from dlrm.recommender.network import Optimizer
-
-Csr = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 
 @dataclass
@@ -85,24 +84,6 @@ def make_optimizer(model: SparseAutoencoder, config: Optimizer) -> torch.optim.O
     if kind == "adam":
         return torch.optim.Adam(groups, lr=lr, betas=(config.beta1, config.beta2), eps=config.epsilon, **fused)
     raise ValueError(f"optimizer {kind!r} is not known")
-
-
-def take_rows(dataset: CsrDataset, samples: np.ndarray, keep: np.ndarray | None = None) -> Csr:
-    """The CSR of the given samples, in the given order (ids of the memory-mapped dataset);
-    ``keep`` (bool per stored entry) leaves out the entries where it is False (a validation split)."""
-    starts = np.asarray(dataset.offsets[samples], dtype=np.int64)
-    lengths = np.asarray(dataset.offsets[samples + 1], dtype=np.int64) - starts
-    offsets = np.zeros(len(samples) + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    positions = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1], dtype=np.int64)
-    if keep is not None:
-        kept = keep[positions]
-        rows = np.repeat(np.arange(len(samples), dtype=np.int64), lengths)
-        np.cumsum(np.bincount(rows[kept], minlength=len(samples)), out=offsets[1:])
-        positions = positions[kept]
-    indices = torch.from_numpy(np.asarray(dataset.indices[positions], dtype=np.int64))
-    values = None if dataset.values is None else torch.from_numpy(np.asarray(dataset.values[positions], np.float32))
-    return torch.from_numpy(offsets), indices, values
 
 
 def _generator(seed: int, stream: int, step: int) -> torch.Generator:

@@ -22,8 +22,9 @@ import torch
 from dlrm.recommender.csr_dataset import CsrDataset
 from dlrm.recommender.metrics import MetricsAccumulator, RankingMetrics
 from dlrm.recommender.model import SparseAutoencoder
-from dlrm.recommender.predict import Scorer, model_scorer, rank
-from dlrm.recommender.train import take_rows
+from dlrm.recommender.predict import rank
+from dlrm.recommender.scorer import Scorer, model_scorer
+from dlrm.recommender.csr_rows import take_rows
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import os
 from absl import app, flags
 from absl import logging as absl_logging
 
-from dlrm.engine.atomic import check_can_create
+from dlrm.engine.storage import check_can_create
 from dlrm.engine.outputs import OutputKind, claim_output, holds_only
 from dlrm.scripts import cli, serving_flags
 

@@ -20,7 +20,8 @@ from absl import app, flags
 
 from dlrm.data.csv_source import RANDOM_CSV, CsvSource, csv_targets, write_random_csv
 from dlrm.data.feature_spec import SPEC_FILE_NAME
-from dlrm.engine.atomic import StorageError, check_can_create, write_atomically
+from dlrm.engine.atomic import write_atomically
+from dlrm.engine.storage import StorageError, check_can_create
 from dlrm.engine.errors import DatasetError
 from dlrm.engine.outputs import OutputError, claim_output
 from dlrm.scripts import cli

@@ -21,7 +21,7 @@ import time
 from absl import app, flags
 
 from dlrm.data.split_binary_writer import SPLIT_BINARY_DATASET
-from dlrm.engine.atomic import StorageError
+from dlrm.engine.storage import StorageError
 from dlrm.engine.errors import DatasetError
 from dlrm.engine.outputs import claim_output
 from dlrm.scripts import cli

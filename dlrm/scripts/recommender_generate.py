@@ -57,11 +57,16 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from typing import TYPE_CHECKING, NamedTuple
 
 from absl import app, flags
 
 from dlrm.engine.outputs import OutputKind, claim_output, holds_only
 from dlrm.scripts import cli
+
+if TYPE_CHECKING:  # for the annotations only: this script imports the library where it is used
+    from dlrm.recommender.csr_dataset import CsrRows
+    from dlrm.recommender.dsstne_text import NameIndex
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("text", None, "DSSTNE text file(s) to convert, comma-separated (one source of --text, "
@@ -209,7 +214,7 @@ def _check_flags() -> None:
         if os.path.isdir(path):
             raise app.UsageError(f"--{flag} {path}: is a directory; give a file")
     if FLAGS.delimiter is not None:
-        from dlrm.recommender.ratings_file import parse_delimiter
+        from dlrm.recommender.ratings_layout import parse_delimiter
 
         parse_delimiter(FLAGS.delimiter)  # a DatasetError naming `delimiter`
     if FLAGS.dataset and os.path.exists(_data_cache()) and not os.path.isdir(_data_cache()):
@@ -259,7 +264,7 @@ def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     _check_flags()
-    from dlrm.engine.atomic import check_can_create, writing
+    from dlrm.engine.storage import check_can_create, writing
 
     output = FLAGS.output
     index_path = FLAGS.features_index or os.path.join(output, FEATURES_INDEX)
@@ -320,12 +325,20 @@ def _split_made_elsewhere(features):
     return rows, kept, held, samples, [], both
 
 
-def _generate(output: str, index_path: str) -> int:
-    from dlrm.recommender.csr_dataset import split_holdout, write_csr
-    from dlrm.recommender.dsstne_text import NameIndex
+class _Source(NamedTuple):
+    """What the source flags gave: all rows, the samples index, how the source is named in the
+    summary, its summary lines, and for a split made elsewhere (input rows, held-out rows,
+    pairs in both)."""
 
-    features = NameIndex.load(index_path) if os.path.exists(index_path) else NameIndex()
-    known = len(features)
+    rows: CsrRows
+    samples: NameIndex
+    name: str
+    notes: list[str]
+    made_elsewhere: tuple | None
+
+
+def _read_source(output: str, features: NameIndex) -> _Source:
+    """The rows of the one source flag given, their items added to ``features``."""
     notes: list[str] = []
     made_elsewhere = None  # (input rows, held-out rows, pairs in both)
     if FLAGS.synthetic:
@@ -359,7 +372,16 @@ def _generate(output: str, index_path: str) -> int:
             movielens_to_text(FLAGS.movielens_ratings, text, min_rating=FLAGS.min_rating)
             rows, samples = _parse_text([text], features)
         source = FLAGS.movielens_ratings
+    return _Source(rows, samples, source, notes, made_elsewhere)
 
+
+def _generate(output: str, index_path: str) -> int:
+    from dlrm.recommender.csr_dataset import split_holdout, write_csr
+    from dlrm.recommender.dsstne_text import NameIndex
+
+    features = NameIndex.load(index_path) if os.path.exists(index_path) else NameIndex()
+    known = len(features)
+    rows, samples, source, notes, made_elsewhere = _read_source(output, features)
     # Datasets first, indexes last: an index never names rows or columns a dataset lacks.
     write_csr(os.path.join(output, ALL), rows, overwrite=FLAGS.overwrite)
     split = FLAGS.heldout_fraction is not None or FLAGS.heldout_last is not None
