@@ -1,4 +1,4 @@
-"""DLRM's Python API (dlrm.training.api) is the command line's run: docs/training.md's example
+"""DLRM's Python API (dlrm.api) is the command line's run: docs/training.md's example
 gives the CLI's logs and checkpoint, RunConfig.seed is the one seed, and the calls keep the
 CLI's guarantees (output claims, library errors, a checkpoint that records the config)."""
 
@@ -18,7 +18,7 @@ from conftest import REPO, run_cli, tree
 from dlrm.engine.outputs import OutputError
 from dlrm.scripts import dlrm_flags
 from dlrm.scripts.main import check_args
-from dlrm.training import api
+from dlrm import api
 from dlrm.training.checkpoint import read_meta
 from test_recommender_cli import read_checkpoint
 import warm_python
@@ -121,8 +121,12 @@ def test_the_run_seed_seeds_weights_synthetic_data_and_batch_order(tmp_path):
 
 def test_a_checkpoint_records_the_run_config(tmp_path):
     cfg = small(tmp_path, save_checkpoint_path=str(tmp_path / "ckpt"), log_every_steps=3, checkpoint_every_steps=2)
-    summary = api.train(cfg)
-    assert summary["steps"] == 6 and summary["stop_reason"] == "completed" and summary["signal"] is None
+    result = api.train(cfg)
+    assert isinstance(result, api.TrainResult) and result.checkpoint_path == str(tmp_path / "ckpt")
+    assert result["steps"] == result.steps == result.summary["steps"] == 6
+    assert result.stop_reason == "completed" and result.signal is None and result.log_path == cfg.output.log_path
+    (logged,) = records(cfg.output.log_path, "summary")
+    assert (logged["steps"], logged["best_auc"]) == (result.steps, result.best_auc)  # the summary the run logs
     recorded = read_meta(str(tmp_path / "ckpt"))["run_config"]
     assert recorded == json.loads(json.dumps(cfg.to_dict()))  # as meta.json holds it
     assert api.RunConfig.from_dict(recorded) == cfg
@@ -202,7 +206,7 @@ def test_sigterm_stops_a_python_run_with_its_checkpoint(tmp_path):
     ckpt = str(tmp_path / "ckpt")
     script = f"""
 import signal, sys
-from dlrm.training import api
+from dlrm import api
 cfg = api.RunConfig(base_device="cpu", batch_size=64, test_batch_size=1024, seed=3, validate_dataset=False,
     data=api.DataConfig(dataset_type="synthetic", synthetic_table_sizes=[30, 40], synthetic_num_numerical=2,
                         synthetic_num_entries=1 << 17, synthetic_num_test_entries=1024),

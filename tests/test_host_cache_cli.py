@@ -159,13 +159,12 @@ def test_planner_auto_caches_what_the_device_has_left_and_says_so():
 
 
 def test_run_config_takes_auto_and_the_flags_say_it():
-    from dlrm.spark.launch import flag_args
     from dlrm.training.run_config import ParallelConfig, RunConfig
 
     for rows in ("auto", 7):
         cfg = RunConfig(model=dlrm_flags.run_config(dlrm_flags.check_args(["--embedding_type=joint_fused"])).model,
                         parallel=ParallelConfig(host_tables=[0], host_table_cache_rows=rows))
-        assert dlrm_flags.run_config(dlrm_flags.check_args(flag_args(dlrm_flags.config_flags(cfg)))) == cfg
+        assert dlrm_flags.run_config(dlrm_flags.check_args(dlrm_flags.config_args(cfg))) == cfg
     for bad in ("many", "8", -1, True, 2.0):
         with pytest.raises(ValueError, match=r'^`host_table_cache_rows` must be an integer >= 0 or "auto", got '):
             ParallelConfig(host_table_cache_rows=bad)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from dlrm.engine.config_check import FLOAT32_MAX, SEED_MAX
 from dlrm.recommender import api as rapi
-from dlrm.training import api
+from dlrm import api
 from dlrm.training.run_config import RunConfig
 
 TINY = ["--base_device", "cpu", "--batch_size", "64", "--synthetic_dataset_num_entries", "256",

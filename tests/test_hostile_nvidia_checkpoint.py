@@ -237,7 +237,7 @@ import runpy, sys
 sys.argv = sys.argv[1:]
 runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
 """
-PRELOAD = ["dlrm.training.api", "dlrm.inference.export", "dlrm.inference.triton_repository"]  # no flags
+PRELOAD = ["dlrm.api", "dlrm.inference.export", "dlrm.inference.triton_repository"]  # no flags
 
 
 def run_cases(tmp_path, cases):

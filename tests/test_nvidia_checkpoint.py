@@ -415,8 +415,8 @@ def test_mismatch_on_the_command_line_exits_2_with_the_flag(dataset, two_gpu_che
                    "--base_device", "cpu", check=False)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, proc.stderr
-    assert "the top MLP has layers 32,16,1 in the checkpoint, 64,1 in this run: set --top_mlp_sizes=32,16,1" \
-        in lines[-1]
+    assert len(lines) == 1 and "--top_mlp_sizes 64,1 contradicts the checkpoint" in lines[-1], proc.stderr
+    assert "saved with 32,16,1" in lines[-1]
     resume = run_cli("dlrm.scripts.main", "--dataset", dataset, "--load_checkpoint_path", two_gpu_checkpoint,
                      *MODEL, "--resume", check=False)
     assert resume.returncode == 2

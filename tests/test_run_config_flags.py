@@ -1,8 +1,6 @@
 """Every flag of dlrm.scripts.main reaches its RunConfig, and every setting of the config has a
-flag: the config is the whole run, so a Python caller (dlrm.training.api) can say anything the
-command line can, and a launcher can run any config as a command line (``config_flags``)."""
-
-import dataclasses
+flag: the config is the whole run, so a Python caller (dlrm.api) can say anything the
+command line can (the flags are generated from the config: tests/test_flags_from_config.py)."""
 
 import pytest
 from absl import flags
@@ -10,11 +8,7 @@ from absl import flags
 from dlrm.data.feature_spec import FeatureSpec
 from dlrm.scripts import dlrm_flags, nvidia_flags, serving_flags
 from dlrm.scripts.main import check_args
-from dlrm.spark.launch import flag_args
-from dlrm.training.lr_schedule import LRSchedule
-from dlrm.training.run_config import (
-    DataConfig, ModelSettings, OutputConfig, ParallelConfig, RunConfig, ServingConfig, TrainConfig,
-)
+from dlrm.training.run_config import RunConfig
 
 # NVIDIA's flags that change nothing in this program (nvidia_flags: the run header says so when
 # one is given), so no config holds them.
@@ -114,45 +108,6 @@ def test_every_flag_of_main_changes_its_run_config_and_every_setting_has_a_flag(
             "quantize_tables", "quantize_min_rows"} <= names
     # ...and the other way: no setting of the config is out of the flags' reach
     assert sorted(set(RunConfig().settings()) - reached) == []
-
-
-def test_config_flags_is_the_inverse_of_the_flags_mapping(tmp_path):
-    """The command line ``config_flags`` writes for a config reads back as that config: for the
-    config of every flag set to another value, and for configs made in Python (whose defaults
-    differ from the flags': no log, the joint embedding)."""
-    FeatureSpec.default(2, [5, 6]).to_yaml(tmp_path / "feature_spec.yaml")
-
-    def back(cfg: RunConfig) -> RunConfig:
-        return dlrm_flags.run_config(check_args(flag_args(dlrm_flags.config_flags(cfg))))
-
-    for name, _, cfg in flag_configs(tmp_path):
-        assert back(cfg) == cfg, name
-    made = [
-        RunConfig(),
-        RunConfig(mode="plan", seed=7, data=DataConfig(dataset_type="synthetic", synthetic_table_sizes=[9, 8, 7],
-                                                     synthetic_bag_sizes=[2, 1, 3], synthetic_pooling="mean"),
-                  model=ModelSettings(embedding_dim=16, bottom_mlp_sizes=[32, 16], top_mlp_sizes=[8, 1]),
-                  parallel=ParallelConfig(host_tables=[0, 2], table_placement='{"0": [0, 1], "row_wise": [2]}'),
-                  serving=ServingConfig(quantize_tables=["int8", "fp16", "fp32"]),
-                  output=OutputConfig(log_path="a dir/log.json", tensorboard_dir="board")),
-        RunConfig(train=TrainConfig(LRSchedule(lr=0.25, warmup_steps=3, decay_power=1.5), auc_device="cpu",
-                                    save_checkpoint_path="/x/ckpt", checkpoint_every_steps=5, prefetch=4),
-                  data=DataConfig(dataset="/data/criteo", dataset_type="parametric", hash_indices=True),
-                  model=ModelSettings(max_table_size=1000)),
-    ]
-    for cfg in made:
-        assert back(cfg) == cfg
-
-
-@pytest.mark.parametrize("change,says", [
-    (lambda c: dataclasses.replace(c, train=dataclasses.replace(c.train, auc_device="cuda:1")),
-     "`auc_device` 'cuda:1': dlrm.scripts.main's flags say"),
-    (lambda c: dataclasses.replace(c, mode="plan", serving=ServingConfig(quantize_tables=["int8"])),
-     r"flags cannot say `quantize_tables` \['int8'\] \(they give 'int8'\)"),
-])
-def test_a_config_no_command_line_can_say_is_refused_naming_the_setting(change, says):
-    with pytest.raises(ValueError, match=says):
-        dlrm_flags.config_flags(change(RunConfig()))
 
 
 @pytest.mark.parametrize("args,setting", [

@@ -111,7 +111,7 @@ def test_hash_indices_other_than_the_checkpoints_is_refused(trained, tmp_path):
     data, ck = trained
     proc = _main("--mode", "test", "--dataset", data, "--load_checkpoint_path", ck, "--hash_indices",
                  "--log_path", str(tmp_path / "log.json"), *SMALL)
-    _one_clear_line(proc, "trained without --hash_indices", "drop --hash_indices")
+    _one_clear_line(proc, "--hash_indices contradicts the checkpoint", "trained without it", "leave it out")
 
 
 @pytest.mark.parametrize("sizes, why", [("0", "0 is not a batch size (a positive integer)"),

@@ -1,8 +1,10 @@
 """Training launched on Spark (TorchDistributor, a barrier stage in local mode) is the torchrun
 run, with the same losses and AUCs, even when a worker is killed: the run resumes from its last
 checkpoint and ends where the uninterrupted run ends. Launched from a RunConfig, it runs what the
-config says (the flags the torchrun run was given, read into a config)."""
+config says (the flags the torchrun run was given, read into a config): the tasks get the config
+itself (``RunConfig.to_dict``), not flags."""
 
+import dataclasses
 import json
 import os
 import re
@@ -15,7 +17,8 @@ import pytest
 
 from dlrm.scripts.dlrm_flags import check_args, run_config
 from dlrm.spark import dlrm_training
-from dlrm.spark.launch import flag_args, local_session, parse_flag_args, train
+from dlrm.spark.dlrm_training import train
+from dlrm.spark.launch import local_session
 from dlrm.training.run_config import CheckpointConfig, OutputConfig, RunConfig
 
 from conftest import REPO, env_without_this_python, log_records, tree
@@ -30,6 +33,11 @@ FLAGS = {
     "decay_steps": 0, "print_freq": 40, "base_device": "cpu", "epochs": 20, "dist_timeout": 60,
 }
 STEPS, CHECKPOINT_FREQ = 240, 40
+
+
+def flag_args(values):
+    """{"lr": 0.5, "amp": True} -> ["--lr=0.5", "--amp"]: the test's command lines."""
+    return [f"--{k}" if v is True else f"--{k}={v}" for k, v in values.items()]
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +62,7 @@ def assert_same_records(got, want):
 
 
 def spark_flags(dataset, tmp_path):  # noqa: F811
-    return {"dataset": dataset, **parse_flag_args(MODEL), **FLAGS, "checkpoint_freq": CHECKPOINT_FREQ,
+    return {"dataset": dataset, **FLAGS, "checkpoint_freq": CHECKPOINT_FREQ,
             "save_checkpoint_path": str(tmp_path / "ckpt"), "log_path": str(tmp_path / "log.json")}
 
 
@@ -72,7 +80,7 @@ def _kill_rank_after_first_checkpoint(log_path: str, checkpoint: str, rank: int,
             environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
         except OSError:
             continue
-        is_worker = any(arg.endswith("dlrm/scripts/main.py") for arg in cmdline[:3])
+        is_worker = any(arg.endswith("dlrm/spark/dlrm_task.py") for arg in cmdline[:3])
         if is_worker and any(log_path in arg for arg in cmdline) and f"RANK={rank}".encode() in environ:
             os.kill(int(pid), signal.SIGKILL)
             killed.append(int(pid))
@@ -85,7 +93,7 @@ def test_a_spark_run_is_the_torchrun_run_and_a_killed_worker_costs_only_the_step
     after the resume, every loss and AUC is the torchrun run's (same processes, same gloo
     reductions: equal to 1e-12)."""
     flags = spark_flags(dataset, tmp_path)
-    cfg = run_config(check_args(flag_args(flags)))
+    cfg = run_config(check_args([*MODEL, *flag_args(flags)]))
     killed = []
     killer = threading.Thread(target=_kill_rank_after_first_checkpoint,
                               args=(flags["log_path"], flags["save_checkpoint_path"], 1, killed))
@@ -112,19 +120,22 @@ def test_a_spark_run_is_the_torchrun_run_and_a_killed_worker_costs_only_the_step
 
 
 def test_bad_launches_are_refused_before_spark_starts(tmp_path):
-    base = {"log_path": str(tmp_path / "log.json"), "save_checkpoint_path": str(tmp_path / "ckpt")}
+    def cfg(**output):
+        made = RunConfig(output=OutputConfig(**{"log_path": str(tmp_path / "log.json"), **output}))
+        made.train.save_checkpoint_path = str(tmp_path / "ckpt")
+        return made
+
     with pytest.raises(ValueError, match="`log_path` is needed"):
-        train({"save_checkpoint_path": base["save_checkpoint_path"]}, 2)
+        train(cfg(log_path=None), 2)
+    relative = cfg()
+    relative.train.save_checkpoint_path = "ckpt"
     with pytest.raises(ValueError, match="`save_checkpoint_path` is 'ckpt': give an absolute path"):
-        train({**base, "save_checkpoint_path": "ckpt"}, 2)
+        train(relative, 2)
     with pytest.raises(ValueError, match="resumes from its own `save_checkpoint_path`"):
-        train({**base, "load_checkpoint_path": "/elsewhere"}, 2)
+        train(dataclasses.replace(cfg(), checkpoint=CheckpointConfig(load_checkpoint_path="/elsewhere")), 2)
     # a relative TensorBoard folder would be written in each task's working directory, which Spark removes
     with pytest.raises(ValueError, match="`tensorboard_dir` is 'board': give an absolute path"):
-        train({**base, "tensorboard_dir": "board"}, 2)
-    assert flag_args({"amp": True, "hash_indices": False, "lr": 0.5, "max_steps": None, "sizes": [1, 2]}) == [
-        "--amp", "--nohash_indices", "--lr=0.5", "--sizes=1,2"]
-    assert parse_flag_args(["--amp", "--lr", "0.5", "--sizes=1,2"]) == {"amp": True, "lr": "0.5", "sizes": "1,2"}
+        train(cfg(tensorboard_dir="board"), 2)
 
 
 def test_a_run_config_is_refused_before_spark_starts_naming_the_setting(tmp_path):
@@ -144,9 +155,6 @@ def test_a_run_config_is_refused_before_spark_starts_naming_the_setting(tmp_path
                                       checkpoint=CheckpointConfig(overwrite=True)), 2)
     shared.train.checkpoint_format = "nvidia"  # weights only: nothing to resume from
     with pytest.raises(ValueError, match="`resume` continues this program's checkpoints"):
-        dlrm_training.train(shared, 2)
-    shared.train.checkpoint_format, shared.train.auc_device = "dlrm", "cuda:1"
-    with pytest.raises(ValueError, match="`auc_device` 'cuda:1'"):
         dlrm_training.train(shared, 2)
     assert not os.path.exists(tmp_path / "ckpt") and not os.path.exists(tmp_path / "log.json")
 

@@ -7,7 +7,7 @@
 What a user sees, whatever the script:
 
 - ``--help`` (also ``--helpshort``, ``-h``, ``-?``): the docstring of the module that defines the
-  flags, then its own flags; exit 0. ``--helpfull``: every flag, absl's and the libraries' too;
+  flags, then its own flags (or the script's ``short_help``); exit 0. ``--helpfull``: every flag, absl's and the libraries' too;
   exit 0. (absl alone shows the flags of ``__main__`` only, which for a thin wrapper such as
   ``triton/deployer.py`` are none, and exits 1.)
 - A bad flag (a value that does not parse or is out of bounds, an unknown flag, a required flag
@@ -60,7 +60,7 @@ DEFAULT_ERRORS: tuple[type[BaseException] | str, ...] = (
     "dlrm.training.checkpoint.CheckpointError",
     "dlrm.engine.checkpoint_store.CheckpointError",  # the same class, where a script that never loads DLRM's meets it
     "dlrm.distributed.planner.PlanError",
-    "dlrm.engine.atomic.StorageError",
+    "dlrm.engine.storage.StorageError",
     "dlrm.engine.outputs.OutputError",
     "dlrm.engine.logger.LogOpenError",
     "dlrm.engine.config_check.ConfigValueError",  # a config setting of the wrong type or past its bounds
@@ -178,13 +178,16 @@ def _flags_module(main: Callable) -> str:
     return sys.argv[0]  # absl's own choice for --help
 
 
-def _help(main: Callable, full: bool) -> NoReturn:
+def _help(main: Callable, full: bool, short_help: Callable[[], str] | None = None) -> NoReturn:
     module_name = _flags_module(main)
     module = sys.modules.get(getattr(main, "__module__", "") or "__main__")
     doc = (getattr(module, "__doc__", None) or "").strip("\n")
     out = [doc.rstrip() + "\n"] if doc else []
     if full:
         out.append("flags:" + FLAGS.get_help().rstrip())
+    elif short_help is not None:  # the script's own summary of its flags, e.g. grouped by section
+        out.append(short_help())
+        out.append("\nTry --helpfull to see every flag with its whole help text, absl's too.")
     else:
         own = FLAGS.module_help(module_name).strip("\n")
         # module_help starts with "<module name>:"; the name is an import name or a file path
@@ -195,7 +198,8 @@ def _help(main: Callable, full: bool) -> NoReturn:
     sys.exit(0)
 
 
-def _parser(main: Callable, prefix: Callable[[], str]) -> Callable[[list[str]], list[str]]:
+def _parser(main: Callable, prefix: Callable[[], str],
+            short_help: Callable[[], str] | None = None) -> Callable[[list[str]], list[str]]:
     def parse(argv: list[str]) -> list[str]:
         args = argv[1:]
         if "--" in args:
@@ -203,7 +207,7 @@ def _parser(main: Callable, prefix: Callable[[], str]) -> Callable[[list[str]], 
         if any(a in _FULL_HELP for a in args):
             _help(main, full=True)
         if any(a in _SHORT_HELP for a in args):
-            _help(main, full=False)
+            _help(main, full=False, short_help=short_help)
         try:
             return FLAGS(argv)
         except flags.Error as e:
@@ -216,12 +220,14 @@ def run(
     main: Callable[[list[str]], int | None],
     errors: tuple[type[BaseException] | str, ...] = DEFAULT_ERRORS,
     prefix: Callable[[], str] = lambda: "",
+    short_help: Callable[[], str] | None = None,
 ) -> NoReturn:
     """Parses the flags and runs ``main(argv)``; exits with its return value (None: 0).
 
     ``errors``: exception classes (or dotted names of them) that are the user's doing; each is
     reported as one line, exit 2. ``prefix()`` is called when an error is reported and goes in
-    front of ``error:``, e.g. ``"rank 3: "`` in a multi-process job.
+    front of ``error:``, e.g. ``"rank 3: "`` in a multi-process job. ``short_help()``, when given,
+    is what ``--help`` shows in place of absl's list of the script's flags.
     """
     def guarded(argv: list[str]) -> int | None:
         try:
@@ -238,7 +244,7 @@ def run(
                 _fail(prefix, e, getattr(e, "exit_code", USAGE_ERROR_EXIT))
             raise
 
-    app.run(guarded, flags_parser=_parser(main, prefix))
+    app.run(guarded, flags_parser=_parser(main, prefix, short_help))
     raise AssertionError("app.run returned")  # it always exits
 
 

@@ -28,32 +28,64 @@ from absl import app, flags
 
 from dlrm.data.sources import SYNTHETIC_TYPES, DataConfig, load_feature_spec
 from dlrm.engine.errors import DatasetError
+from dlrm.scripts.flag_table import Setting, define
 from dlrm.training.optimizers import OptimizerConfig
+from dlrm.training.run_config import RunConfig
 
 FLAGS = flags.FLAGS
 
 # --embedding_type values of NVIDIA's that ``apply`` resolves to one of this program's.
 EMBEDDINGS = ("custom_cuda", "joint_sparse")
+NVIDIA = "NVIDIA compatibility"  # their --help section (dlrm_flags.SECTIONS)
+
+
+def _auc_device(value: str | None, values: flags.FlagValues) -> str | None:
+    """--auc_device as ``evaluate`` takes it: "cpu", or None for the scores' own device."""
+    return "cpu" if value == "CPU" else None
+
+
+def _auc_device_flag(value: str | None) -> str | None:
+    if value not in (None, "cpu"):
+        raise ValueError(f"`auc_device` {value!r}: dlrm.scripts.main's flags say \"cpu\" (--auc_device CPU) "
+                         "or None (where the scores are: the run's device), and nothing else")
+    return "CPU" if value else None
+
+
+# NVIDIA's flags that are settings of RunConfig (declared as dlrm_flags.SETTINGS are).
+SETTINGS: tuple[Setting, ...] = (
+    Setting("freeze_mlps", "optimizer.freeze_dense", NVIDIA,
+            "NVIDIA's (debugging, benchmarking): never update the MLPs and the other non-embedding weights; their "
+            "gradients are still computed, so a step costs what it costs unfrozen."),
+    Setting("freeze_embeddings", "optimizer.freeze_embeddings", NVIDIA,
+            "NVIDIA's (debugging, benchmarking): never update the embedding tables; their gradients are still "
+            "computed."),
+    Setting("auc_device", "train.auc_device", NVIDIA,
+            "NVIDIA's: where tests compute the AUC (the same value either way). CPU: on the host, sparing the "
+            "GPU's memory the sort of a large test split; GPU or unset: where the scores are (the run's device).",
+            choices=["GPU", "CPU"], case_sensitive=False, to_config=_auc_device, to_flag=_auc_device_flag),
+)
+define(SETTINGS, RunConfig, RunConfig(), __name__)
+
+# NVIDIA's flags that are no setting of their own: the alias table (flag -> what it is here).
+ALIASES: dict[str, str] = {
+    "Adam_embedding_optimizer": "--optimizer adam (the MLPs keep SGD unless --Adam_MLP_optimizer)",
+    "Adam_MLP_optimizer": "--dense_optimizer adam",
+    "synthetic_dataset_use_feature_spec": "--synthetic_dataset_table_sizes and "
+                                          "--synthetic_dataset_numerical_features from --dataset's feature spec",
+    "optimized_mlp": "nothing: no fused MLP here, the torch MLP runs",
+    "backend": "nothing: the backend follows the device (nccl for CUDA, gloo for the CPU)",
+    "bottom_features_ordered": "nothing: the features always join in the fixed order",
+}
 
 flags.DEFINE_boolean("optimized_mlp", True,
                      "NVIDIA's: apex's fused C++ MLP (default on; NVIDIA turns it off on a CPU). This engine has no "
                      "fused MLP path: the torch MLP runs either way, and --optimized_mlp given on the command line "
                      "says so in the run header.")
-flags.DEFINE_boolean("freeze_mlps", False,
-                     "NVIDIA's (debugging, benchmarking): never update the MLPs and the other non-embedding weights; "
-                     "their gradients are still computed, so a step costs what it costs unfrozen.")
-flags.DEFINE_boolean("freeze_embeddings", False,
-                     "NVIDIA's (debugging, benchmarking): never update the embedding tables; their gradients are "
-                     "still computed.")
 flags.DEFINE_boolean("Adam_embedding_optimizer", False,
                      "NVIDIA's: --optimizer adam, torch's SparseAdam rule (lazy: a row's moments move only when a "
                      "batch uses it); the MLPs keep SGD unless --Adam_MLP_optimizer or --dense_optimizer says "
                      "otherwise.")
 flags.DEFINE_boolean("Adam_MLP_optimizer", False, "NVIDIA's: --dense_optimizer adam (torch.optim.Adam).")
-flags.DEFINE_enum("auc_device", None, ["GPU", "CPU"],
-                  "NVIDIA's: where tests compute the AUC (the same value either way). CPU: on the host, sparing the "
-                  "GPU's memory the sort of a large test split; GPU or unset: where the scores are (the run's device).",
-                  case_sensitive=False)
 flags.DEFINE_string("backend", None,
                     "NVIDIA's: the torch.distributed backend (NVIDIA's default: nccl). Here it follows the device, "
                     "NCCL for CUDA and gloo for the CPU, the backends the exchange supports; a value given is "
@@ -68,37 +100,37 @@ flags.DEFINE_boolean("synthetic_dataset_use_feature_spec", False,
                      "--synthetic_dataset_num_entries still sets the samples.")
 
 
-def run_device_type(values: flags.FlagValues = FLAGS) -> str:
-    """"cuda" or "cpu": where the run will compute (``--base_device``, else CUDA if available)."""
+def run_device_type(values: flags.FlagValues = FLAGS, device_type: str | None = None) -> str:
+    """"cuda" or "cpu": where the run will compute (``device_type`` when given: a launcher's
+    word for its workers' devices; else ``--base_device``, else CUDA if available)."""
+    if device_type is not None and not values.base_device:
+        return device_type
     name = values.base_device or ("cuda" if torch.cuda.is_available() else "cpu")
     return "cuda" if name.startswith("cuda") else "cpu"
 
 
-def auc_device(values: flags.FlagValues = FLAGS) -> str | None:
-    """``--auc_device`` as ``evaluate`` takes it: "cpu", or None for the scores' own device."""
-    return "cpu" if values.auc_device == "CPU" else None
-
-
-def apply(values: flags.FlagValues = FLAGS) -> list[str]:
+def apply(values: flags.FlagValues = FLAGS, device_type: str | None = None) -> list[str]:
     """Maps NVIDIA's flags onto this program's, in place, before validation. Returns the lines
     the run header prints once: how a flag of NVIDIA's was read, or why it changes nothing here.
-    Raises ``app.UsageError`` for a flag of NVIDIA's that contradicts one of this program's."""
+    Raises ``app.UsageError`` for a flag of NVIDIA's that contradicts one of this program's.
+    ``device_type`` ("cuda", "cpu"): where the run computes, when not here (``run_device_type``)."""
     notes: list[str] = []
     _optimizers(values)
-    notes += _embedding_type(values)
+    notes += _embedding_type(values, device_type)
     notes += _synthetic_shape(values)
     if values["optimized_mlp"].present and values.optimized_mlp:
         notes.append("--optimized_mlp: this engine has no fused MLP (NVIDIA's is apex's C++ MLP); the torch MLP runs")
     for name, part in (("freeze_mlps", "the MLPs"), ("freeze_embeddings", "the embedding tables")):
         if values[name].value:
             notes.append(f"--{name}: {part} are never updated (their gradients are still computed)")
-    if values.auc_device == "GPU" and run_device_type(values) == "cpu":
+    device = run_device_type(values, device_type)
+    if values.auc_device == "GPU" and device == "cpu":
         notes.append("--auc_device GPU: this run has no GPU; the AUC is computed on the CPU")
     if values.backend is not None:
-        used = "nccl" if run_device_type(values) == "cuda" else "gloo"
+        used = "nccl" if device == "cuda" else "gloo"
         notes.append(f"--backend {values.backend}: the backend follows the device here (nccl for CUDA, gloo for the "
                      f"CPU); a multi-process run of this one uses {used}")
-    if values.cuda_graphs and run_device_type(values) == "cpu":
+    if values.cuda_graphs and device == "cpu":
         values["cuda_graphs"].value = False  # NVIDIA's README passes it on every command: they run as written
         notes.append("--cuda_graphs: CUDA graphs are a CUDA feature; this run is on the CPU and proceeds without them")
     if values["bottom_features_ordered"].present:
@@ -120,13 +152,13 @@ def _optimizers(values: flags.FlagValues) -> None:
         values["dense_optimizer"].value = "sgd"  # NVIDIA's: Adam tables beside SGD MLPs
 
 
-def _embedding_type(values: flags.FlagValues) -> list[str]:
+def _embedding_type(values: flags.FlagValues, device_type: str | None) -> list[str]:
     """custom_cuda -> joint_fused on CUDA when the optimizers allow it, else joint; joint_sparse -> joint."""
     given = values.embedding_type
     if given not in EMBEDDINGS:
         return []
     resolved = "joint"
-    if given == "custom_cuda" and run_device_type(values) == "cuda":
+    if given == "custom_cuda" and run_device_type(values, device_type) == "cuda":
         config = OptimizerConfig(embedding=values.optimizer, dense=values.dense_optimizer)
         try:
             config.validate_fused()

@@ -4,10 +4,12 @@ r"""Train on a Spark cluster: dlrm.scripts.main in one Spark task per process (T
         --dataset /shared/criteo_fl15 --save_checkpoint_path /shared/ckpt --checkpoint_freq 1000 \
         --log_path /shared/log.json [any other flag of dlrm.scripts.main]
 
-Everything after ``--`` goes to dlrm.scripts.main unchanged, once main's own code has parsed and
-checked it here, before Spark starts (a bad flag: main's one-line error, exit 2).
-``--save_checkpoint_path`` and ``--log_path`` are required, absolute, on storage every executor
-shares; each attempt runs with ``--resume``, so when a task is lost (the barrier stage fails as
+Everything after ``--`` is dlrm.scripts.main's flags, read here by main's own code into the run's
+``RunConfig`` before Spark starts (a bad flag: main's one-line error, exit 2); the tasks get that
+config (``dlrm.spark.dlrm_training.train``), not the flags. NVIDIA's flags that depend on the
+device (``--embedding_type custom_cuda``) are resolved for the tasks' devices: CUDA with
+``--use_gpu``, else the CPU (or ``--base_device``). ``--save_checkpoint_path`` and ``--log_path``
+are required, absolute, on storage every executor shares; each attempt runs with ``--resume``, so when a task is lost (the barrier stage fails as
 a whole) the next attempt resumes from the last checkpoint. An error main exits 2 on in the
 tasks (a dataset that is not there) ends the run at once, exit 2: another attempt would fail
 the same way. Under spark-submit the session is the cluster's; leave ``--spark_master`` unset.
@@ -22,8 +24,8 @@ import re
 from absl import app, flags
 
 from dlrm.scripts import cli
-from dlrm.spark.dlrm_training import claim_outputs
-from dlrm.spark.launch import check_flags, flag_args, parse_flag_args, script_session, train
+from dlrm.spark.dlrm_training import prepare, run_prepared
+from dlrm.spark.launch import script_session
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_processes", None, "Training processes, one Spark task each (with --use_gpu: GPUs).",
@@ -49,22 +51,18 @@ def _conf() -> dict[str, str]:
 
 
 def main(argv: list[str]) -> int:
-    try:
-        training_flags = parse_flag_args(argv[1:])
-    except ValueError as e:
-        raise app.UsageError(str(e)) from None
-    if not training_flags:
+    training_args = argv[1:]
+    if not training_args:
         raise app.UsageError("give dlrm.scripts.main's flags after --, e.g. -- --dataset /shared/data "
                              "--save_checkpoint_path /shared/ckpt --log_path /shared/log.json")
-    from dlrm.scripts.dlrm_flags import run_config
-    from dlrm.scripts.main import check_args  # here: its flags are not this script's
+    from dlrm.scripts import dlrm_flags  # here: its flags are not this script's
 
+    values = dlrm_flags.check_args(training_args, device_type="cuda" if FLAGS.use_gpu else "cpu")
+    cfg = dlrm_flags.run_config(values)  # what every task runs
     try:
-        check_flags(training_flags)  # these checks run before a session starts
-        claim_outputs(run_config(check_args(flag_args({**training_flags, "resume": True}))))  # what every task runs
+        cfg = prepare(cfg)  # these checks run before a session starts
         spark = script_session(FLAGS.spark_master, f"local[{FLAGS.num_processes}]", _conf())
-        summary = train(training_flags, FLAGS.num_processes, spark=spark, use_gpu=FLAGS.use_gpu,
-                        attempts=FLAGS.attempts)
+        summary = run_prepared(cfg, FLAGS.num_processes, spark=spark, use_gpu=FLAGS.use_gpu, attempts=FLAGS.attempts)
     except ValueError as e:
         raise app.UsageError(re.sub(r"`(\w+)`", r"--\1", str(e))) from None  # main's flags, after --
     print(json.dumps(summary))

@@ -1,6 +1,6 @@
 """A DLRM run built from its ``RunConfig``: device, precision, data, the planned model, optimizer.
 
-What ``dlrm.training.api`` (and through it ``dlrm.scripts.main``) does between a ``RunConfig``
+What ``dlrm.api`` (and through it ``dlrm.scripts.main``) does between a ``RunConfig``
 and the loop, for Python users who want the parts; ``api.train(cfg)`` is the whole job, with
 the checkpoint lock, the output claims and the stop on a signal:
 
@@ -19,6 +19,7 @@ naming the setting of ``RunConfig`` in backquotes.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -39,8 +40,8 @@ from dlrm.engine.process_group import DistEnv, device_memory_bytes, join_process
 from dlrm.model.dlrm import DLRM, EMBEDDING_DTYPES, DLRMConfig
 from dlrm.model.precision import Precision
 from dlrm.nn.cached_embedding import CachedEmbedding
-from dlrm.nn.embeddings import TableShard
-from dlrm.training import nvidia_checkpoint
+from dlrm.nn.table_spec import TableShard
+from dlrm.training import nvidia_checkpoint, saved_model
 from dlrm.training.checkpoint import FORMAT, TrainState, latest_checkpoint, load_checkpoint
 from dlrm.training.cuda_graphs import check_cuda_graphs_supported
 from dlrm.training.optimizers import make_optimizer
@@ -65,7 +66,12 @@ def start_processes(cfg: RunConfig, env: DistEnv | None, device: torch.device) -
 
 
 def model_config(cfg: RunConfig, device: torch.device) -> tuple[FeatureSpec, DLRMConfig]:
-    """The data's feature spec and the model it and ``cfg.model`` describe (checked; nothing built)."""
+    """The data's feature spec and the model it and ``cfg.model`` describe (checked; nothing built).
+    A run serving a checkpoint (test, or an inference benchmark of ``load_checkpoint_path``)
+    takes the checkpoint's model instead, checked against the data and ``cfg.model``
+    (``dlrm.training.saved_model``): it needs no model setting."""
+    if saved_model.starts_from_checkpoint(cfg):
+        return saved_model.model_config(cfg, device)
     spec = load_feature_spec(cfg.data)
     shape = cfg.model
     interaction_op = shape.interaction_op
@@ -204,6 +210,8 @@ def build_run(cfg: RunConfig, device: torch.device, env: DistEnv | None = None,
     logger = logger or RunLogger(enabled=False)
     precision = Precision.parse(cfg.amp, cfg.amp_dtype, device)
     spec, model_cfg = shape or model_config(cfg, device)
+    if saved_model.starts_from_checkpoint(cfg):  # the data as the checkpoint's model reads it
+        cfg = dataclasses.replace(cfg, data=saved_model.served_data(cfg.data, model_cfg))
     if env is None:
         plan = plan_one_device(cfg, model_cfg, device, logger, spec)
         model = DLRM(model_cfg, device=device, host_tables=plan.host, host_cache_rows=plan.host_cache_rows)

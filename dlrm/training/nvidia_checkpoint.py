@@ -54,7 +54,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from dlrm.engine.atomic import fsync_dir, writing
+from dlrm.engine.atomic import fsync_dir
+from dlrm.engine.storage import writing
 from dlrm.engine.checkpoint_store import (LOCK, CheckpointError, check_checkpoint_path, commit_directory,
                                             read_consistently, save_tensor_file)
 from dlrm.engine.collectives import Collectives
@@ -128,6 +129,9 @@ class NvidiaCheckpoint:
     top: list[tuple[torch.Tensor, torch.Tensor]]  # the top MLP's layers, the output layer last
     table_order: list[int]  # the tables in the order its interaction took them
     crc32: dict[str, str] | None = None  # each file's CRC-32 as this program wrote it (None: NVIDIA's)
+    # The flags of ``config`` its metadata held (the others are their defaults): what a run
+    # starting from it must still be told (``dlrm.training.saved_model``).
+    recorded: tuple[str, ...] = ()
 
     @property
     def embedding_dim(self) -> int:
@@ -271,8 +275,9 @@ def _tables(path: str, mapping: dict[str, Any], names: list[str]) -> tuple[list[
     return shapes, buckets
 
 
-def _metadata(path: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """``metadata.pt``'s data, device mapping and config, the flags this program uses typed."""
+def _metadata(path: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], tuple[str, ...]]:
+    """``metadata.pt``'s data, device mapping and config, the flags this program uses typed (those
+    absent set to their defaults), and which of those flags the file held."""
     meta_file = os.path.join(path, METADATA)
     meta = _load(path, METADATA)
     data = meta.get("data") if isinstance(meta, dict) else None
@@ -282,10 +287,11 @@ def _metadata(path: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]
         raise CheckpointError(f"{meta_file}: holds no data['device_mapping'] (and config) as NVIDIA's checkpoint "
                               "writer writes: not its layout")
     config = dict(config or {})
-    for name, kind, default in (("interaction_op", str, None), ("hash_indices", bool, False),
-                                ("bottom_features_ordered", bool, False)):
+    typed = (("interaction_op", str, None), ("hash_indices", bool, False), ("bottom_features_ordered", bool, False))
+    recorded = tuple(name for name, _, _ in typed if name in config)
+    for name, kind, default in typed:
         config[name] = checks.flag(config, meta_file, name, kind, default)
-    return data, mapping, config
+    return data, mapping, config, recorded
 
 
 def _layout_files(path: str) -> list[str]:
@@ -305,7 +311,7 @@ def _read(path: str) -> NvidiaCheckpoint:
     names = _layout_files(path) if os.path.isdir(path) else []
     crc32 = checks.read_checksums(path, names)
     checks.verify(path, crc32, [name for name in names if name.endswith(".pt")])  # before anything is unpickled
-    data, mapping, config = _metadata(path)
+    data, mapping, config, recorded = _metadata(path)
     meta_file = os.path.join(path, METADATA)
     epoch = checks.plain_int(data.get("epoch"), meta_file, "data['epoch']", default=0)
     step = checks.plain_int(data.get("step"), meta_file, "data['step']", default=0)
@@ -332,7 +338,7 @@ def _read(path: str) -> NvidiaCheckpoint:
     feature_order = len(buckets) > 1 and config["bottom_features_ordered"]
     order = list(range(len(tables))) if feature_order else [i for bucket in buckets for i in bucket]
     return NvidiaCheckpoint(path, config, {**mapping, "embedding": buckets}, epoch, step, tables, bottom, top, order,
-                            crc32)
+                            crc32, recorded)
 
 
 def read(path: str) -> NvidiaCheckpoint:
@@ -426,7 +432,7 @@ def check_fits(ckpt: NvidiaCheckpoint, model: torch.nn.Module) -> None:
                     "check `max_table_size` and the dataset's cardinalities")
             raise CheckpointError(f"{path}: embedding table {i} ({table_file(i)}) has shape {found} in the checkpoint, "
                                   f"{wanted} in this run: {hint}")
-    saved_hashing = bool(ckpt.config.get("hash_indices", cfg.hash_indices))
+    saved_hashing = ckpt.config["hash_indices"] if "hash_indices" in ckpt.recorded else cfg.hash_indices
     if saved_hashing != cfg.hash_indices:
         raise CheckpointError(
             f"{path} was trained {'with' if saved_hashing else 'without'} `hash_indices` and this run is "

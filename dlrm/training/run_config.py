@@ -9,11 +9,11 @@ shape before the data fixes its tables (``ModelSettings``), where the tables go
 (``ParallelConfig``), what to load (``CheckpointConfig``), where the run logs (``OutputConfig``),
 what ``mode="inference_benchmark"`` times (``InferenceBenchmarkConfig``) and the tables' serving
 precision (``ServingConfig``). It is everything a run of ``dlrm.scripts.main`` uses: every flag
-of that script maps onto it (``dlrm.scripts.dlrm_flags.run_config``), and ``RunConfig.seed`` is
+of that script is declared from one of its fields (``dlrm.scripts.dlrm_flags.SETTINGS``), and ``RunConfig.seed`` is
 the run's one seed (weights, batch order, synthetic data). Constructing one validates it
 (``__post_init__``) and raises ``ValueError`` naming each setting in backquotes as it is spelled
 here, so a script shows the message in its flags' names (``dlrm.scripts.cli.flag_terms``).
-``dlrm.training.api`` runs one (``train``, ``evaluate``, ``benchmark_inference``, ``plan``);
+``dlrm.api`` runs one (``train``, ``evaluate``, ``benchmark_inference``, ``plan``);
 ``dlrm.training.build`` turns it into a model, optimizer, data sources and plan. ``to_dict`` and
 ``from_dict``: the config as plain data (what a checkpoint's meta.json records) and back.
 """

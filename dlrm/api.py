@@ -1,17 +1,20 @@
-"""DLRM's jobs from Python: one import, one call per job, each a ``RunConfig`` in and a dict out.
+"""DLRM's Python API: one import, one call per job, and a trained model you can call.
 
-    from dlrm.training import api
+    import dlrm
+    from dlrm import api
 
     cfg = api.RunConfig(data=api.DataConfig(dataset="/data/criteo"), batch_size=4096,
                         train=api.TrainConfig(api.LRSchedule(lr=0.5), epochs=2, save_checkpoint_path="ckpt"),
                         output=api.OutputConfig(log_path="log.json"))
-    summary = api.train(cfg)                      # {"steps", "best_auc", "stop_reason", ...}
-    test = api.evaluate(dataclasses.replace(cfg, checkpoint=api.CheckpointConfig(load_checkpoint_path="ckpt")))
+    result = api.train(cfg)                       # a TrainResult: .summary, .checkpoint_path, .load()
+    model = dlrm.load("ckpt")                     # a TrainedModel, from the checkpoint alone
+    scores = model.predict(numerical, categorical)  # click probabilities, numpy or torch as given
+    tested = model.evaluate("/data/criteo")       # auc, loss, samples: what --mode test reports
     latency = api.benchmark_inference(cfg)        # {"inference": [one row per batch size], ...}
     sizing = api.plan(cfg)                        # {"processes": fewest that fit or None, "report": text}
 
-Each function is the job of ``python -m dlrm.scripts.main --mode <mode>``, which is flags ->
-``RunConfig`` -> ``run`` here: the same settings give the same run (the flags map onto the
+Each job function is the job of ``python -m dlrm.scripts.main --mode <mode>``, which is flags ->
+``RunConfig`` -> ``run_job`` here: the same settings give the same run (the flags map onto the
 config one for one, ``dlrm.scripts.dlrm_flags``), with the same guarantees:
 
 - every path the run writes is claimed before any work (``dlrm.engine.outputs``: nothing of the
@@ -35,11 +38,13 @@ Each function runs its own mode whatever ``cfg.mode`` says (``train`` runs ``mod
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import tempfile
 import threading
 from typing import Any, Callable, Iterator, Sequence
 
+import numpy as np
 import torch
 
 from dlrm.data.sources import DataConfig, make_source
@@ -69,7 +74,7 @@ from dlrm.training.train import train as train_loop
 __all__ = [
     "RunConfig", "DataConfig", "ModelSettings", "OptimizerConfig", "TrainConfig", "LRSchedule", "CheckpointConfig",
     "ParallelConfig", "OutputConfig", "InferenceBenchmarkConfig", "ServingConfig", "SettingError",
-    "train", "evaluate", "benchmark_inference", "plan", "run",
+    "train", "evaluate", "benchmark_inference", "plan", "run", "load", "TrainedModel", "TrainResult", "Evaluation",
 ]
 
 _FROM_ENVIRONMENT: Any = object()  # ``env``'s default: torchrun's variables when they are set
@@ -92,18 +97,21 @@ def _setting_errors() -> Iterator[None]:
         raise SettingError(str(e)) from e
 
 
-def train(cfg: RunConfig, env: DistEnv | None = _FROM_ENVIRONMENT) -> dict[str, Any]:
-    """Trains as ``cfg`` says (``mode="train"``); returns the run's summary: ``steps``,
-    ``epochs``, ``best_auc``, ``stop_reason`` ("completed", "auc_threshold", "interrupted"),
-    throughput figures, ``last_lr``, ``signal`` (what stopped an interrupted run, else None) and,
-    with a host-table cache, ``host_cache_hit_rate``."""
-    return run(cfg, env, mode="train")
+def train(cfg: RunConfig, env: DistEnv | None = _FROM_ENVIRONMENT) -> TrainResult:
+    """Trains as ``cfg`` says (``mode="train"``); returns a ``TrainResult``: the run's summary
+    (``steps``, ``epochs``, ``best_auc``, ``stop_reason`` ("completed", "auc_threshold",
+    "interrupted"), throughput figures, ``last_lr``, ``signal`` (what stopped an interrupted run,
+    else None) and, with a host-table cache, ``host_cache_hit_rate``), the checkpoint's path and
+    the log's."""
+    summary = run(cfg, env, mode="train")
+    return TrainResult(summary=summary, checkpoint_path=cfg.train.save_checkpoint_path,
+                       log_path=cfg.output.log_path)
 
 
 def evaluate(cfg: RunConfig, env: DistEnv | None = _FROM_ENVIRONMENT) -> dict[str, Any]:
     """AUC and mean log loss of ``checkpoint.load_checkpoint_path`` on the test split
     (``mode="test"``; at ``serving``'s precision): ``auc``, ``loss``, ``samples``,
-    ``average_test_throughput``."""
+    ``average_test_throughput``. ``load(path).evaluate(dataset)`` builds ``cfg`` from the checkpoint."""
     return run(cfg, env, mode="test")
 
 
@@ -122,15 +130,33 @@ def plan(cfg: RunConfig) -> dict[str, Any]:
     return run(cfg, mode="plan")
 
 
-def run(cfg: RunConfig, env: DistEnv | None = _FROM_ENVIRONMENT, *, mode: str | None = None,
-        log_flags: dict[str, Any] | None = None, notes: Sequence[str] = (),
-        terms: Callable[[str], str] = lambda text: text) -> dict[str, Any]:
-    """The job of ``cfg.mode``, or of ``mode`` when given (the functions above). ``env``: the
-    processes of a torchrun job (default: torchrun's variables, else one process). The config is
-    checked again first, in its mode, so a setting changed since it was built is refused as at
-    construction. What a script adds: ``log_flags``, its flags as given, the run log's first
-    record (default: the settings of ``cfg``); ``notes``, lines to print and log first;
-    ``terms``, how the run's header names settings (a script's flags: ``dlrm.scripts.cli.flag_terms``)."""
+def run(cfg: RunConfig, env: DistEnv | None = _FROM_ENVIRONMENT, *, mode: str | None = None) -> dict[str, Any]:
+    """The job of ``cfg.mode``, or of ``mode`` when given (the functions above), as a dict (a
+    training run's is its summary). ``env``: the processes of a torchrun job (default:
+    torchrun's variables, else one process). The config is checked again first, in its mode, so a
+    setting changed since it was built is refused as at construction."""
+    return run_job(cfg, env, mode=mode)
+
+
+def _same_text(text: str) -> str:
+    return text
+
+
+@dataclasses.dataclass(frozen=True)
+class CommandLine:
+    """What a command line adds to its run, for ``dlrm.scripts.main`` (not part of the API):
+    ``log_flags``, its flags as given, the run log's first record (None: the settings of the
+    config); ``notes``, lines to print and log first; ``terms``, how the run's header names
+    settings (a script's flags: ``dlrm.scripts.cli.flag_terms``)."""
+
+    log_flags: dict[str, Any] | None = None
+    notes: Sequence[str] = ()
+    terms: Callable[[str], str] = _same_text
+
+
+def run_job(cfg: RunConfig, env: DistEnv | None = _FROM_ENVIRONMENT, command_line: CommandLine = CommandLine(), *,
+            mode: str | None = None) -> dict[str, Any]:
+    """``run``, with what a command line adds (``CommandLine``): the one path every job takes."""
     cfg = rechecked(cfg, **({"mode": mode} if mode else {}))
     if env is _FROM_ENVIRONMENT:
         env = dist_env()
@@ -150,13 +176,14 @@ def run(cfg: RunConfig, env: DistEnv | None = _FROM_ENVIRONMENT, *, mode: str | 
         logger = RunLogger(output.log_path, enabled=collectives.rank == 0, tensorboard_dir=output.tensorboard_dir,
                            log_format=output.log_format)
         with logger:
-            for note in notes:
+            for note in command_line.notes:
                 logger.print(note)
             with _setting_errors():
                 shape = model_config(cfg, device)  # checked before the settings are recorded
-                logger.record("flags", **(log_flags if log_flags is not None else cfg.settings()))
+                flags = command_line.log_flags
+                logger.record("flags", **(flags if flags is not None else cfg.settings()))
                 job = build_run(cfg, device, env, collectives, logger, shape)
-            logger.print(terms(_header(job, env)))
+            logger.print(command_line.terms(_header(job, env)))
             result = _JOBS[cfg.mode](job)
         leave_processes(env)  # tear down together: gloo aborts if peers vanish mid-teardown
     return result
@@ -340,3 +367,152 @@ def _plan(cfg: RunConfig, device: torch.device) -> dict[str, Any]:
 
 
 _JOBS = {"train": _train, "test": _test, "inference_benchmark": _benchmark}
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+    """What ``train`` hands back: the run's ``summary`` (also read as ``result["best_auc"]`` or
+    ``result.best_auc``), where its checkpoint and log are, and ``load()`` for the trained model."""
+
+    summary: dict[str, Any]
+    checkpoint_path: str | None  # ``save_checkpoint_path``; None when the run saved none
+    log_path: str | None = None  # ``output.log_path``
+
+    def __getitem__(self, key: str) -> Any:
+        return self.summary[key]
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name == "summary":  # not a summary field (and not yet set while unpickling)
+            raise AttributeError(name)
+        try:
+            return self.summary[name]
+        except KeyError:
+            raise AttributeError(f"{type(self).__name__} has no attribute or summary field {name!r}") from None
+
+    def load(self, device: str | torch.device = "cpu", **serving: Any) -> TrainedModel:
+        """The trained model, from the run's checkpoint (``load``'s arguments)."""
+        if not self.checkpoint_path:
+            raise SettingError("the run saved no checkpoint to load: train with `save_checkpoint_path`")
+        return load(self.checkpoint_path, device, **serving)
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+    """A checkpoint's scores on a test split, as ``--mode test`` reports them."""
+
+    auc: float
+    loss: float  # mean log loss
+    samples: int
+    throughput: float  # samples per second
+
+
+def load(checkpoint: str, device: str | torch.device = "cpu", *, quantize_tables: str | Sequence[str] = "fp32",
+         quantize_min_rows: int = 0) -> TrainedModel:
+    """The model of ``checkpoint`` (this program's layout or NVIDIA's), built from the checkpoint
+    alone, on ``device``, in eval mode. ``quantize_tables`` and ``quantize_min_rows`` serve its
+    tables at a lower precision, as ``ServingConfig``'s settings of the same names do."""
+    from dlrm.inference.export import build_inference_model
+
+    serving = ServingConfig(quantize_tables=quantize_tables, quantize_min_rows=quantize_min_rows)
+    with _setting_errors():
+        where = resolve_device(str(device), None)
+        module = build_inference_model(checkpoint, where, serving.quantize_tables, serving.quantize_min_rows)
+    return TrainedModel(module, checkpoint, where, serving)
+
+
+Inputs = Any  # a numpy array or a torch tensor
+
+
+class TrainedModel:
+    """A trained DLRM to score with: ``predict`` on arrays in memory, ``evaluate`` on a dataset.
+    ``module`` is the torch module (``DLRM``), ``config`` its ``DLRMConfig``."""
+
+    def __init__(self, module: torch.nn.Module, checkpoint: str, device: torch.device,
+                 serving: ServingConfig) -> None:
+        self.module = module
+        self.checkpoint = checkpoint
+        self.device = device
+        self.serving = serving
+
+    @property
+    def config(self) -> Any:
+        return self.module.config
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"TrainedModel({self.checkpoint!r}: {c.num_numerical_features} numerical, "
+                f"{c.num_categorical_features} categorical features, device {self.device})")
+
+    def predict(self, numerical: Inputs, categorical: Inputs, *, batch_size: int = 65536) -> Inputs:
+        """Click probabilities ``[N]`` of ``numerical`` ``[N, F]`` (floats) and ``categorical``
+        ``[N, T]`` (integer ids; or ``dlrm.data.batch.Bags`` of multi-hot ids, scored as one
+        batch), in batches of ``batch_size``, in eval mode, without gradients. A numpy
+        ``numerical`` gives a numpy float32 array; a tensor gives a float32 tensor on its device."""
+        from dlrm.data.batch import Bags
+
+        if batch_size < 1:
+            raise SettingError(f"`batch_size` must be at least 1, got {batch_size}")
+        as_numpy = isinstance(numerical, np.ndarray)
+        home = torch.device("cpu") if as_numpy else getattr(numerical, "device", torch.device("cpu"))
+        num = self._numerical(numerical)
+        if isinstance(categorical, Bags):
+            batches = [(num, self._bags(categorical, num.shape[0]))]
+        else:
+            cat = self._categorical(categorical, num.shape[0])
+            batches = [(num[i:i + batch_size], cat[i:i + batch_size]) for i in range(0, num.shape[0], batch_size)]
+        self.module.eval()
+        with torch.no_grad():
+            scores = [torch.sigmoid(self.module(n.to(self.device), c.to(self.device)).float().reshape(-1))
+                      for n, c in batches]
+        out = torch.cat(scores) if scores else torch.zeros(0)
+        return out.cpu().numpy() if as_numpy else out.to(home)
+
+    def _numerical(self, values: Inputs) -> torch.Tensor:
+        """``values`` as a float tensor ``[N, F]`` with the model's ``F``."""
+        tensor = _tensor_of(values, "numerical")
+        want = self.config.num_numerical_features
+        if tensor.dim() != 2 or tensor.shape[1] != want:
+            raise SettingError(f"`numerical`: shape {tuple(tensor.shape)}; the model takes [N, {want}]")
+        return tensor if tensor.is_floating_point() else tensor.float()
+
+    def _categorical(self, values: Inputs, n: int) -> torch.Tensor:
+        """``values`` as int64 ids ``[n, T]`` with the model's ``T``."""
+        tensor = _tensor_of(values, "categorical")
+        want = self.config.num_categorical_features
+        if tensor.dim() != 2 or tuple(tensor.shape) != (n, want):
+            raise SettingError(f"`categorical`: shape {tuple(tensor.shape)}; the model takes [{n}, {want}] "
+                               "(as many rows as `numerical`, one id per table)")
+        if tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool:
+            raise SettingError(f"`categorical`: ids must be integers, got {tensor.dtype}")
+        return tensor.long()
+
+    def _bags(self, bags: Any, n: int) -> Any:
+        """Multi-hot ``bags`` of ``n`` samples with the model's ``T`` features, on its device."""
+        want = self.config.num_categorical_features
+        if bags.batch_size != n or bags.num_features != want:
+            raise SettingError(f"`categorical`: bags of {bags.batch_size} samples and {bags.num_features} features; "
+                               f"the model takes {n} samples (as `numerical` has) and {want} features")
+        return dataclasses.replace(bags, values=bags.values.to(self.device), offsets=bags.offsets.to(self.device))
+
+    def evaluate(self, dataset: str, *, batch_size: int = 65536, feature_spec: str = "feature_spec.yaml",
+                 log_path: str | None = None) -> Evaluation:
+        """AUC and mean log loss on ``dataset``'s test split (split-binary), computed by
+        ``evaluate``, the job of ``--mode test``: the same numbers for the same checkpoint, data
+        and ``batch_size`` (``--test_batch_size``); the model is the checkpoint's, as there.
+        ``log_path``: a run log to write, as ``--log_path``."""
+        cfg = RunConfig(mode="test", base_device=str(self.device), test_batch_size=batch_size,
+                        data=DataConfig(dataset=dataset, feature_spec=feature_spec,
+                                        hash_indices=self.config.hash_indices),
+                        checkpoint=CheckpointConfig(load_checkpoint_path=self.checkpoint),
+                        serving=self.serving, output=OutputConfig(log_path=log_path))
+        scored = evaluate(cfg, env=None)
+        return Evaluation(auc=scored["auc"], loss=scored["loss"], samples=scored["samples"],
+                          throughput=scored["average_test_throughput"])
+
+
+def _tensor_of(values: Inputs, name: str) -> torch.Tensor:
+    if isinstance(values, torch.Tensor):
+        return values
+    if isinstance(values, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(values))
+    raise SettingError(f"`{name}`: a numpy array or a torch tensor, got {type(values).__name__}")
