@@ -1,4 +1,5 @@
-"""The recommender's typed config and Python API (dlrm/recommender/run_config.py, api.py):
+"""The recommender's typed config and Python API (dlrm/recommender/run_config.py, api.py and its
+job modules; the model in memory is tests/test_recommender_python_api.py's):
 every flag of recommender_train lands in the config; docs/recommender.md's "From Python" example
 runs and writes what its command-line twin writes; the API keeps the commands' guarantees
 (claims, errors as exceptions, a checkpoint and the handlers back on SIGTERM)."""
@@ -366,7 +367,7 @@ cfg = api.RecommenderConfig(data=api.DataConfig(input=sys.argv[1]),
                             train=api.TrainSettings(epochs=100000, log_every_steps=1), batch_size=8,
                             validation=api.ValidationSettings(validation_users=0),
                             checkpoint=api.CheckpointConfig(save_checkpoint_path=sys.argv[2]))
-summary = api.train(cfg)
+summary = api.train(cfg).summary
 print(json.dumps({"summary": summary, "handler_restored": signal.getsignal(signal.SIGTERM) is before}))
 """
 

@@ -21,67 +21,30 @@ existing --output is replaced only with --overwrite, and only when it is such a 
 
 --load_checkpoint_path and --base_device are dlrm.scripts.main's names; --checkpoint and
 --device are kept as aliases. The flags describe one dlrm.recommender.run_config.EvaluateConfig
-(each flag sets the field of its name; --k's comma-separated cut-offs as integers), and the run
-is dlrm.recommender.api.evaluate(config), whose config's fields are these flags: the same from
+and are generated from it (dlrm.scripts.recommender_flags: each flag sets the field of its
+name; --k's comma-separated cut-offs as integers), and the run is
+dlrm.recommender.api.evaluate(config), whose config's fields are these flags: the same from
 Python.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 from absl import app, flags
 
-from dlrm.recommender.run_config import BASELINES
-from dlrm.scripts import cli
-from dlrm.scripts import recommender_common as common
+from dlrm.scripts import cli, recommender_flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("input", None, "CSR dataset of the users' histories (e.g. DIR/input of recommender_generate).")
-flags.DEFINE_string("heldout", None, "CSR dataset of their held-out items (e.g. DIR/heldout), the same users in "
-                    "the same order.")
-common.define_checkpoint_to_load("Checkpoint of recommender_train to evaluate; default: the baselines only.")
-flags.DEFINE_list("baselines", list(BASELINES), f"Baselines to evaluate, comma-separated, from "
-                  f"{','.join(BASELINES)}; empty (--baselines=) for none.")
-flags.DEFINE_list("k", ["1", "5", "10", "20"], "Cut-offs K of the metrics, comma-separated.")
-flags.DEFINE_integer("batch_size", 1024, "Users ranked at once.", lower_bound=1)
-flags.DEFINE_string("output", None, "JSON file of the metrics, written atomically; default: printed only.")
-flags.DEFINE_boolean("overwrite", False, "Replace the --output an earlier run wrote (never a file of anything else).")
-flags.DEFINE_integer("mf_factors", 64, "mf: latent factors.", lower_bound=1)
-flags.DEFINE_integer("mf_iterations", 10, "mf: ALS iterations.", lower_bound=0)
-flags.DEFINE_integer("knn_neighbours", 100, "itemknn: neighbours kept per item.", lower_bound=1)
-flags.DEFINE_integer("seed", 0, "mf: seed of the initial item factors.")
-flags.DEFINE_float("ease_lambda", 250.0, "ease: L2 regularization lambda (> 0). Common choices are a few hundred "
-                   "(250 is RecBole's default); pick it on a validation split, not on --heldout.")
-flags.DEFINE_float("ease_max_memory_gb", 12.0, "ease: refuse a catalogue whose items x items matrices need more "
-                   "GiB than this (items^2 x 12 bytes; 12 GiB: up to 32,768 items).", lower_bound=0)
-common.define_device("Model: automatic mixed precision (torch.autocast, see --amp_dtype).", ["auto", "bf16", "fp16"],
-                     common.AMP_DTYPE_HELP)
-flags.mark_flags_as_required(["input", "heldout"])
+recommender_flags.EVALUATE.define(__name__)  # every flag, from EvaluateConfig's fields
 
 
 ERRORS = (*cli.DEFAULT_ERRORS, "dlrm.recommender.run_config.ConfigError",
           "dlrm.engine.checkpoint_store.CheckpointError")
 
 
-def _ks(texts: list[str]) -> list[int]:
-    ks = []
-    for text in texts:
-        try:
-            ks.append(int(text))
-        except ValueError:
-            raise app.UsageError(f"--k {','.join(texts)}: {text!r} is not an integer") from None
-    return ks
-
-
 def config_from_flags(values: flags.FlagValues = FLAGS):
     """The EvaluateConfig of the flags of ``values``: each flag sets the field of its name (--k's
-    cut-offs as integers)."""
-    from dlrm.recommender.run_config import EvaluateConfig
-
-    settings = {f.name: values[f.name].value for f in dataclasses.fields(EvaluateConfig)}
-    settings["k"] = _ks(settings["k"])
-    return EvaluateConfig(**settings)
+    cut-offs as integers), as ``recommender_flags.EVALUATE`` declares."""
+    return recommender_flags.EVALUATE.config(values)
 
 
 def _table(results: dict[str, dict], ks: list[int]) -> str:
@@ -116,4 +79,4 @@ def _main(argv: list[str], env) -> int:
 
 
 if __name__ == "__main__":
-    cli.run(main, ERRORS, prefix=cli.rank_prefix)
+    cli.run(main, ERRORS, prefix=cli.rank_prefix, short_help=recommender_flags.EVALUATE.short_help)

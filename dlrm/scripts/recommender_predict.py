@@ -26,44 +26,19 @@ what this command writes (a file of anything else is refused, whatever the flags
 
 --load_checkpoint_path and --base_device are dlrm.scripts.main's names; --checkpoint and
 --device are kept as aliases. The flags describe one dlrm.recommender.run_config.PredictConfig
-(each flag sets the field of its name), and the run is dlrm.recommender.api.predict(config),
-whose config's fields are these flags: the same from Python.
+and are generated from it (dlrm.scripts.recommender_flags: each flag sets the field of its
+name), and the run is dlrm.recommender.api.predict(config), whose config's fields are these
+flags: the same from Python.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 from absl import app, flags
 
-from dlrm.scripts import cli
-from dlrm.scripts import recommender_common as common
+from dlrm.scripts import cli, recommender_flags
 
 FLAGS = flags.FLAGS
-common.define_checkpoint_to_load("Checkpoint directory of recommender_train (its --save_checkpoint_path).")
-flags.DEFINE_string("input", None, "CSR dataset of the users' histories to recommend for (e.g. DIR/input).")
-flags.DEFINE_integer("k", 10, "Recommendations per user.", lower_bound=1)
-flags.DEFINE_string("output", None, "Text file of the recommendations (DSSTNE's format), written atomically.")
-flags.DEFINE_string("features_index", None, "Features (items) index for item names; default: the features_index.txt "
-                    "recommender_generate wrote beside --input (DIR/ of DIR/input), else column numbers; "
-                    "--features_index= for column numbers.")
-flags.DEFINE_string("samples_index", None, "Samples (users) index for user names; default: the samples_index.txt "
-                    "beside --input, else row numbers; --samples_index= for row numbers.")
-flags.DEFINE_list("filter", [], "CSR datasets (comma-separated) of further items not to recommend, row r for "
-                  "user r of --input.")
-flags.DEFINE_boolean("exclude_inputs", True, "Never recommend the items of a user's own history "
-                     "(--noexclude_inputs: allow them).")
-flags.DEFINE_string("score_format", "%.6g", "printf format of the scores (one float conversion; the % may be left "
-                    "out): %.6g, 6 significant digits, so that a user's top K rarely tie; %4.3f is DSSTNE's (its "
-                    "-p 4.3f), which ties scores that differ after the 3rd decimal.")
-flags.DEFINE_integer("batch_size", 1024, "Users scored at once.", lower_bound=1)
-flags.DEFINE_string("scores_path", None, "Also write every raw score, before exclusion, as a float32 .npy "
-                    "[users, items] (one process only).")
-flags.DEFINE_boolean("overwrite", False, "Replace the --output (and --scores_path) an earlier run wrote; a file "
-                     "of anything else is never replaced.")
-common.define_device("Automatic mixed precision (torch.autocast, see --amp_dtype).", ["auto", "bf16", "fp16"],
-                     common.AMP_DTYPE_HELP)
-flags.mark_flags_as_required(["load_checkpoint_path", "input", "output"])
+recommender_flags.PREDICT.define(__name__)  # every flag, from PredictConfig's fields
 
 
 ERRORS = (*cli.DEFAULT_ERRORS, "dlrm.recommender.run_config.ConfigError",
@@ -71,10 +46,9 @@ ERRORS = (*cli.DEFAULT_ERRORS, "dlrm.recommender.run_config.ConfigError",
 
 
 def config_from_flags(values: flags.FlagValues = FLAGS):
-    """The PredictConfig of the flags of ``values``: each flag sets the field of its name."""
-    from dlrm.recommender.run_config import PredictConfig
-
-    return PredictConfig(**{f.name: values[f.name].value for f in dataclasses.fields(PredictConfig)})
+    """The PredictConfig of the flags of ``values``: each flag sets the field of its name,
+    as ``recommender_flags.PREDICT`` declares."""
+    return recommender_flags.PREDICT.config(values)
 
 
 def main(argv: list[str]) -> int:
@@ -101,4 +75,4 @@ def _main(argv: list[str], env) -> int:
 
 
 if __name__ == "__main__":
-    cli.run(main, ERRORS, prefix=cli.rank_prefix)
+    cli.run(main, ERRORS, prefix=cli.rank_prefix, short_help=recommender_flags.PREDICT.short_help)

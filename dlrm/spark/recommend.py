@@ -25,7 +25,7 @@ one file, byte for byte what ``recommender_predict`` writes for the same users.
 
 The executors run predict's own code on batches of users: the checkpoint loaded as predict loads
 it (``recommender.checkpoint``: tensors only, checksums verified), its output activations
-(``predict.model_scorer``), the user's own items removed and the best K kept, ties to the lower
+(``scorer.model_scorer``), the user's own items removed and the best K kept, ties to the lower
 item id (``predict.rank``), the lines formatted by ``topk.format_recommendations``. Items are
 named as predict names them (``NameIndex.labels``). So a user's list here is the list predict
 gives for the same history. The checkpoint (and the features index) must be on storage every
@@ -345,7 +345,7 @@ _LOADED: dict[str, Any] = {}  # the model a Python worker loaded last: (path, me
 
 
 def _scorer(path: str) -> Any:
-    """``predict.model_scorer`` of the checkpoint at ``path`` (loaded as predict loads it, on the
+    """``scorer.model_scorer`` of the checkpoint at ``path`` (loaded as predict loads it, on the
     CPU, as one process), kept for this worker's next tasks while the checkpoint is unchanged."""
     from dlrm.recommender import checkpoint
     from dlrm.recommender.item_parallel import ItemParallel
