@@ -54,6 +54,7 @@ CLIS = {
     "recommender_train": ["-m", "dlrm.scripts.recommender_train"],
     "recommender_predict": ["-m", "dlrm.scripts.recommender_predict"],
     "recommender_evaluate": ["-m", "dlrm.scripts.recommender_evaluate"],
+    "wide_train": ["-m", "dlrm.scripts.wide_train"],
 }
 
 
@@ -89,6 +90,7 @@ HELP = [
     Case("recommender_train", "--help", "--checkpoint_every_steps", 0),
     Case("recommender_predict", "--help", "--scores_path", 0),
     Case("recommender_evaluate", "--help", "--knn_neighbours", 0),
+    Case("wide_train", "--help", "--field_sizes", 0),
 ]
 
 # Fixture paths: missing (absent), file (random bytes), dir (empty directory), ckpt_damaged
@@ -224,6 +226,8 @@ CASES = [
     Case("recommender_evaluate", "--input={dir} --heldout={dir} --baselines= --output={out}", "nothing to evaluate"),
     Case("recommender_evaluate", "--input={dir} --heldout={dir} --ease_lambda=0 --output={out}",
          "--ease_lambda 0: must be > 0"),
+    Case("wide_train", "--batch_size=0 --save_checkpoint_path={out}", "--batch_size must be >= 1"),
+    Case("wide_train", "--field_sizes=10,x --save_checkpoint_path={out}", "--field_sizes must be a comma-separated"),
 ]
 
 

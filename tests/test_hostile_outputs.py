@@ -86,6 +86,10 @@ WRITERS = [
       for flag, directory in [("save_checkpoint_path", True), ("log_path", False), ("tensorboard_dir", True)]),
     *(Writer("dlrm.scripts.recommender_train", flag, directory, _recommender(flag), lambda i: i["csr"], _RECOMMENDER)
       for flag, directory in [("save_checkpoint_path", True), ("log_path", False), ("tensorboard_dir", True)]),
+    # The wide model reads no input: its "input" case is a dataset folder, foreign to it.
+    Writer("dlrm.scripts.wide_train", "save_checkpoint_path", True,
+           lambda i, dest, scratch: ["--num_samples", "256", "--batch_size", "64", "--save_checkpoint_path", dest],
+           lambda i: i["dataset"], ["torch", "dlrm.wide.train", "dlrm.scripts.cli"]),
     Writer(os.path.join(REPO, "triton", "local_server.py"), "workdir", True,
            lambda i, dest, scratch: ["--model_repository", i["dataset"], "--workdir", dest,
                                      "--server_env", f"{scratch}/no_server_here"],
@@ -123,11 +127,12 @@ WRITERS = [
 READ_ONLY = {
     "dataset", "feature_spec", "feature_spec_in", "load_checkpoint_path", "input", "input_dir", "network", "text",
     "movielens_ratings", "samples_index", "train", "test", "validation", "url", "synthetic_dataset_table_sizes",
-    "keep_work_dir",
+    "keep_work_dir", "allow_files_outside_dataset",  # the last a switch, not a path
 }
 # (entry point file, flag) pairs that read although the flag's name is a writer's elsewhere.
 READ_ONLY_HERE = {("dlrm/scripts/recommender_train.py", "output"),  # the targets dataset
                   ("dlrm/scripts/recommender_predict.py", "features_index"),
+                  ("dlrm/scripts/recommender_flags.py", "features_index"),  # predict's and evaluate's: read
                   ("dlrm/scripts/spark_recommend.py", "features_index"),
                   ("triton/local_server.py", "model_repository")}  # the repository it serves
 _PATHISH = re.compile(r"(path|dir|output|file|spec|index|repository|workdir|work_dir)")
@@ -142,6 +147,7 @@ def _defined_path_flags() -> list[tuple[str, str]]:
         text = open(path, encoding="utf-8").read()
         names = re.findall(r"DEFINE_(?:string|list|multi_string)\(\s*[\"'](\w+)[\"']", text)
         names += re.findall(r"add_argument\(\s*[\"']--(\w+)[\"']", text)
+        names += re.findall(r"Setting\(\s*[\"'](\w+)[\"']", text)  # flags declared from a config's fields
         rel = os.path.relpath(path, REPO)
         found += [(rel, n) for n in names if _PATHISH.search(n) or n in READ_ONLY]
     return found
@@ -166,6 +172,8 @@ def _module_of(rel: str) -> list[str]:
     shared = {"dlrm/scripts/dlrm_flags.py": ["dlrm.scripts.main"],
               "dlrm/scripts/nvidia_flags.py": ["dlrm.scripts.main"],
               "dlrm/scripts/recommender_common.py": ["dlrm.scripts.recommender_train"],
+              "dlrm/scripts/recommender_flags.py": ["dlrm.scripts.recommender_train", "dlrm.scripts.recommender_predict",
+                                                    "dlrm.scripts.recommender_evaluate"],
               "preproc/cli.py": ["preproc"]}
     if rel in shared:
         return shared[rel]

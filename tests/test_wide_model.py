@@ -2,15 +2,20 @@
 plain float64 logistic regression, two gloo processes train as one, a resumed run equals the
 uninterrupted one bit for bit, and checkpoints move between process counts exactly."""
 
+import dataclasses
+import json
 import os
 import re
+import shlex
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import REPO, spawn
+from conftest import REPO, run_entry_points, spawn
 from dlrm.engine.collectives import ProcessGroupCollectives
 from dlrm.wide import checkpoint
 from dlrm.wide.data import epoch_order, make_data
@@ -107,3 +112,83 @@ def test_the_guide_builds_this_model_and_its_example_runs(tmp_path, monkeypatch)
     scope: dict = {}
     exec(compile(examples[-1], "adding_a_model.md", "exec"), scope)
     assert scope["summary"]["stop_reason"] == "completed"
+
+
+# The fields whose flag keeps the name dlrm.scripts.main gives the same setting (docs/adding_a_model.md,
+# section 6); every other field's flag is the field's own name.
+RENAMED_FLAGS = {"log_every_steps": "print_freq", "checkpoint_every_steps": "checkpoint_freq"}
+
+
+def _loss_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if re.fullmatch(r"step \d+ loss [\d.]+", line)]
+
+
+def _one_line_error(result: dict) -> str:
+    lines = [line for line in result["stderr"].splitlines() if line.strip()]
+    assert result["returncode"] == 2 and len(lines) == 1 and "Traceback" not in result["stderr"], result
+    return lines[0]
+
+
+def test_the_guides_command_and_python_call_are_the_same_run(tmp_path, capsys, monkeypatch):
+    """The command and the Python call of the guide's section 6, run as written: the same loss
+    lines, the same summary, the same checkpoint bit for bit; --help lists a flag for every field
+    of WideConfig; bad values are one line, exit 2."""
+    guide = open(os.path.join(REPO, "docs", "adding_a_model.md"), encoding="utf-8").read()
+    commands = [c for c in re.findall(r"```sh\n(.*?)```", guide, re.DOTALL) if "dlrm.scripts.wide_train" in c]
+    table = [b for b in re.findall(r"```python\n(.*?)```", guide, re.DOTALL) if "SETTINGS: tuple[Setting" in b]
+    script = open(os.path.join(REPO, "dlrm", "scripts", "wide_train.py"), encoding="utf-8").read()
+    assert len(table) == 1 and table[0] in script, "the guide's Setting table is not the script's"
+    args = shlex.split(commands[0])
+    assert args[:3] == ["python", "-m", "dlrm.scripts.wide_train"]
+    (tmp_path / "cli").mkdir()
+    cases = [{"args": args[3:], "cwd": str(tmp_path / "cli")}, ["--help"], ["--batch_size=0"],
+             ["--field_sizes=10,x"], ["--max_steps=0"], ["--resume"]]
+    run, shown, *bad = run_entry_points("dlrm.scripts.wide_train", cases, tmp_path, preload=("dlrm.wide.train",))
+    assert run["returncode"] == 0, run["stderr"][-3000:]
+
+    (tmp_path / "py").mkdir()
+    monkeypatch.chdir(tmp_path / "py")
+    scope: dict = {}
+    exec(compile(re.findall(r"```python\n(.*?)```", guide, re.DOTALL)[-1], "adding_a_model.md", "exec"), scope)
+    printed = capsys.readouterr().out
+    assert _loss_lines(run["stdout"]) == _loss_lines(printed) and len(_loss_lines(printed)) == 2
+    assert json.loads(run["stdout"].strip().splitlines()[-1]) == scope["summary"]
+    num_ids = scope["model"].num_ids
+    from_cli, from_python = WideModel(num_ids), WideModel(num_ids)
+    checkpoint.load(str(tmp_path / "cli" / "wide_checkpoint"), from_cli)
+    checkpoint.load(str(tmp_path / "py" / "wide_checkpoint"), from_python)
+    assert torch.equal(from_cli.weight, from_python.weight) and torch.equal(from_cli.bias, from_python.bias)
+    assert torch.equal(from_python.weight, scope["model"].weight)  # the checkpoint is the trained model
+
+    assert shown["returncode"] == 0 and shown["stdout"].startswith("Train the wide logistic model"), shown
+    for field in dataclasses.fields(WideConfig):
+        flag = RENAMED_FLAGS.get(field.name, field.name)
+        assert re.search(rf"--(\[no\])?{flag}:", shown["stdout"]), f"--help lacks the flag of {field.name}"
+    assert "(default: '1000,300,50,7')" in shown["stdout"]  # the tuple field's default, as its flag says it
+    expected = ["--batch_size must be >= 1", "--field_sizes must be a comma-separated list of integers",
+                "--max_steps=0", "--resume continues the checkpoint at --save_checkpoint_path"]
+    for case, result, fragment in zip(cases[2:], bad, expected, strict=True):
+        assert fragment in _one_line_error(result), case
+
+
+def test_the_command_under_torchrun_trains_as_one_process(tmp_path, capsys):
+    """Two processes started by torchrun print the losses of one process (to rounding) and save
+    its weights, in two row blocks."""
+    flags = ["--field_sizes=300,40,7", "--num_samples=1000", "--batch_size=100", "--epochs=2", "--lr=0.5", "--seed=3",
+             "--print_freq=5", f"--save_checkpoint_path={tmp_path / 'two'}"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+         "dlrm.scripts.wide_train", *flags], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one, summary = train(WideConfig(**SMALL, log_every_steps=5))
+    printed = capsys.readouterr().out
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == summary  # printed once, by the first process
+    two_losses = [float(line.split()[-1]) for line in _loss_lines(proc.stdout)]
+    one_losses = [float(line.split()[-1]) for line in _loss_lines(printed)]
+    assert len(one_losses) == 4 and np.allclose(two_losses, one_losses, rtol=0, atol=2e-5)
+    assert sorted(n for n in checkpoint.FORMAT.read_meta(str(tmp_path / "two"))["files"] if n.startswith("weight")) \
+        == ["weight_rows_0_174.pt", "weight_rows_174_347.pt"]
+    weight, bias = _weights(str(tmp_path / "two"))
+    torch.testing.assert_close(weight, one.weight.detach(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(bias, one.bias.detach(), rtol=0, atol=1e-6)

@@ -40,6 +40,7 @@ class WideConfig:
     checkpoint_every_steps: int = 0
     save_checkpoint_path: str | None = None
     resume: bool = False  # continue from the checkpoint at save_checkpoint_path when there is one
+    overwrite: bool = False  # start over in place of the checkpoint at save_checkpoint_path
 
     def __post_init__(self) -> None:
         for name in ("num_samples", "batch_size", "epochs"):
@@ -47,6 +48,8 @@ class WideConfig:
                 raise ValueError(f"`{name}` must be >= 1, got {getattr(self, name)}")
         if not self.field_sizes or min(self.field_sizes) < 1:
             raise ValueError(f"`field_sizes` must be positive, got {self.field_sizes}")
+        if self.resume and self.overwrite:
+            raise ValueError("`resume` continues the checkpoint and `overwrite` replaces it: pass one")
         if self.resume and not self.save_checkpoint_path:
             raise ValueError("`resume` continues the checkpoint at `save_checkpoint_path`: pass it")
 
@@ -58,6 +61,7 @@ class _WideRun:
         self.model, self.data, self.cfg, self.logger, self.state = model, data, cfg, logger, state
         self.optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr)
         self.n_batches = -(-len(data.labels) // cfg.batch_size)
+        self.window_samples = 0  # the global batches' samples since the last progress line
 
     def ended(self) -> str | None:
         state, cfg = self.state, self.cfg
@@ -83,13 +87,16 @@ class _WideRun:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         state.step, state.batch = state.step + 1, state.batch + 1
+        self.window_samples += len(samples)
         epoch_done = state.batch >= self.n_batches
         if epoch_done:
             state.epoch, state.batch = state.epoch + 1, 0
         return loss_sum.detach().double(), stop - start, epoch_done
 
     def progress(self, window: Window, epoch_done: bool) -> None:
-        loss = window.loss / max(window.samples, 1)
+        # The window's loss is summed over every process, its samples are this process's: divide
+        # by the global batches' samples, so that N processes print the loss one process does.
+        loss, self.window_samples = window.loss / max(self.window_samples, 1), 0
         self.logger.print(f"step {self.state.step} loss {loss:.5f}")
         self.logger.record("train", step=self.state.step, loss=loss)
 
@@ -118,6 +125,8 @@ def train(cfg: WideConfig, collectives: Collectives = Collectives(), logger: Run
     model = WideModel(sum(cfg.field_sizes), collectives, cfg.seed)
     state = WideState()
     path = cfg.save_checkpoint_path
+    if path is not None:  # before any work: a folder of anything else is refused, never written into
+        store.claim_checkpoint_path(path, checkpoint.FORMAT, replace=cfg.overwrite, keep=cfg.resume)
     if cfg.resume and store.latest_checkpoint(path) is not None:
         state = checkpoint.load(store.latest_checkpoint(path), model)
     logger = logger or RunLogger(None)
