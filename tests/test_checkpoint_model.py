@@ -173,3 +173,30 @@ def test_export_needs_no_model_flag(trained, tmp_path):
                                                            "--format", "torchscript", "--check_batch_sizes", "1,8"]],
                                   tmp_path)[0])
     assert "max abs error" in result["stdout"] and os.path.isfile(os.path.join(out, "model.pt"))
+
+
+@pytest.mark.parametrize("edit", [
+    lambda config: config.update(table_sizes=[10**11] + config["table_sizes"][1:]),  # a huge table, no file for it
+    lambda config: config.update(embedding_dim=config["embedding_dim"] * 2,  # the bottom MLP still fits the dot
+                                 bottom_mlp_sizes=[*config["bottom_mlp_sizes"][:-1], config["embedding_dim"] * 2]),
+    lambda config: config.update(table_sizes=config["table_sizes"][:-1]),
+])
+def test_a_model_config_that_disagrees_with_the_saved_tables_is_refused_before_anything_is_built(tmp_path, edit):
+    """meta.json's model_config is what a serving job builds; one edited away from the tables the
+    checkpoint saved (a damaged or hand-made meta.json) is a CheckpointError naming the file,
+    not a model of its sizes allocated first."""
+    import json
+
+    from dlrm.engine.errors import CheckpointError
+    from dlrm.training.checkpoint import model_config_of
+
+    ck = str(tmp_path / "ck")
+    shutil.copytree(os.path.join(REPO, "tests", "fixtures", "checkpoints", "dlrm_row_wise_2_processes"), ck)
+    assert model_config_of(ck)["table_sizes"] == [rows for rows, _ in read_meta(ck)["tables"]]  # as saved: loads
+    with open(os.path.join(ck, "meta.json")) as f:
+        meta = json.load(f)
+    edit(meta["model_config"])
+    with open(os.path.join(ck, "meta.json"), "w") as f:
+        json.dump(meta, f)
+    with pytest.raises(CheckpointError, match=r"meta\.json: model_config's \d+ tables of dimension \d+ disagree"):
+        model_config_of(ck)

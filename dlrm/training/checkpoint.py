@@ -38,6 +38,7 @@ from dlrm.engine.checkpoint_store import (  # noqa: F401 (imported from here by 
 )
 from dlrm.engine.collectives import Collectives
 from dlrm.engine.tensor_checks import checked_tensor, label
+from dlrm.model.dlrm import DLRMConfig
 from dlrm.training import nvidia_checkpoint
 
 FORMAT_VERSION = 1
@@ -189,13 +190,38 @@ def _write_rest(
     }
 
 
+def checked_model_config(path: str, meta: dict[str, Any]) -> DLRMConfig:
+    """``meta.json``'s model config as a checked ``DLRMConfig``, agreeing with the tables the
+    checkpoint saved (``meta["tables"]``, which loading holds against the files): a damaged or
+    hand-edited ``meta.json`` is refused here, before a model of its sizes is allocated."""
+    where = os.path.join(path, "meta.json")
+    values = meta["model_config"]
+    known = {f.name for f in dataclasses.fields(DLRMConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise CheckpointError(f"{where}: model_config holds settings this version does not know ({unknown[:4]}): "
+                              "the checkpoint was written by a newer version, or is damaged")
+    try:
+        config = DLRMConfig(**values)
+        config.validate()
+    except (TypeError, ValueError) as e:
+        reason = (str(e).splitlines() or [type(e).__name__])[0][:200]
+        raise CheckpointError(f"{where}: model_config describes no valid model ({reason}): the checkpoint is "
+                              "damaged") from None
+    if [[rows, config.embedding_dim] for rows in config.table_sizes] != meta["tables"]:
+        raise CheckpointError(f"{where}: model_config's {len(config.table_sizes)} tables of dimension "
+                              f"{config.embedding_dim} disagree with the {len(meta['tables'])} tables the checkpoint "
+                              "saved: the checkpoint is damaged")
+    return config
+
+
 def model_config_of(path: str) -> dict[str, Any]:
     """The model config a checkpoint at ``path`` describes (this program's or NVIDIA's layout),
-    as ``DLRMConfig``'s fields."""
+    as ``DLRMConfig``'s fields, checked (``checked_model_config``)."""
     path = os.path.abspath(path)
     if nvidia_checkpoint.is_nvidia_checkpoint(path):
         return dataclasses.asdict(nvidia_checkpoint.read(path).model_config())
-    return read_meta(path)["model_config"]
+    return dataclasses.asdict(checked_model_config(path, read_meta(path)))
 
 
 def _check_shapes(path: str, meta: dict[str, Any], model: torch.nn.Module) -> None:

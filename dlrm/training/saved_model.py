@@ -35,7 +35,7 @@ from dlrm.data.sources import DataConfig, load_feature_spec
 from dlrm.engine.errors import CheckpointError
 from dlrm.model.dlrm import DLRMConfig
 from dlrm.training import nvidia_checkpoint
-from dlrm.training.checkpoint import read_meta
+from dlrm.training.checkpoint import checked_model_config, read_meta
 from dlrm.training.run_config import VERSION_KEY, ModelSettings, RunConfig
 
 SERVING_MODES = ("test", "inference_benchmark")  # the modes whose model is the checkpoint's
@@ -72,30 +72,12 @@ def read_saved_model(path: str) -> SavedModel:
         recorded = set(NVIDIA_RECORDS) | ({"hash_indices"} & set(ckpt.recorded))
         return SavedModel(path, ckpt.model_config(), frozenset(recorded), nvidia=True)
     meta = read_meta(path)
-    config = _dlrm_config(path, meta["model_config"])
+    config = checked_model_config(path, meta)
     recorded = {*SHAPE_SETTINGS, "hash_indices"}
     found, cap = _recorded_max_table_size(path, meta["run_config"])
     if found:
         recorded.add("max_table_size")
     return SavedModel(path, config, frozenset(recorded), cap)
-
-
-def _dlrm_config(path: str, values: dict[str, Any]) -> DLRMConfig:
-    """``meta.json``'s model config as a checked ``DLRMConfig``."""
-    where = os.path.join(path, "meta.json")
-    known = {f.name for f in dataclasses.fields(DLRMConfig)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise CheckpointError(f"{where}: model_config holds settings this version does not know ({unknown[:4]}): "
-                              "the checkpoint was written by a newer version, or is damaged")
-    try:
-        config = DLRMConfig(**values)
-        config.validate()
-    except (TypeError, ValueError) as e:
-        reason = (str(e).splitlines() or [type(e).__name__])[0][:200]
-        raise CheckpointError(f"{where}: model_config describes no valid model ({reason}): the checkpoint is "
-                              "damaged") from None
-    return config
 
 
 def _recorded_max_table_size(path: str, run_config: dict[str, Any]) -> tuple[bool, int | None]:
