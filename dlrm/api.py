@@ -473,7 +473,11 @@ class TrainedModel:
         want = self.config.num_numerical_features
         if tensor.dim() != 2 or tensor.shape[1] != want:
             raise SettingError(f"`numerical`: shape {tuple(tensor.shape)}; the model takes [N, {want}]")
-        return tensor if tensor.is_floating_point() else tensor.float()
+        tensor = tensor if tensor.is_floating_point() else tensor.float()
+        if not bool(torch.isfinite(tensor).all()):  # as the dataset reader refuses them: a nan score otherwise
+            row = int((~torch.isfinite(tensor)).any(dim=1).nonzero()[0])
+            raise SettingError(f"`numerical`: row {row} holds a value that is not finite (nan or inf)")
+        return tensor
 
     def _categorical(self, values: Inputs, n: int) -> torch.Tensor:
         """``values`` as int64 ids ``[n, T]`` with the model's ``T``."""
@@ -484,7 +488,17 @@ class TrainedModel:
                                "(as many rows as `numerical`, one id per table)")
         if tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool:
             raise SettingError(f"`categorical`: ids must be integers, got {tensor.dtype}")
-        return tensor.long()
+        tensor = tensor.long()
+        bad = tensor < 0
+        if not self.config.hash_indices:  # a hashing model maps any id >= 0 into its rows
+            bad |= tensor >= torch.tensor(self.config.table_sizes, device=tensor.device)
+        if bool(bad.any()):
+            row, column = (int(i) for i in bad.nonzero()[0])
+            raise SettingError(f"`categorical`: row {row}, table {column} has id {int(tensor[row, column])}; the "
+                               f"table's ids run from 0 to {self.config.table_sizes[column] - 1}"
+                               + ("" if self.config.hash_indices else " (a model trained with `hash_indices` "
+                                  "maps larger ids into its rows; this one was not)"))
+        return tensor
 
     def _bags(self, bags: Any, n: int) -> Any:
         """Multi-hot ``bags`` of ``n`` samples with the model's ``T`` features, on its device."""

@@ -149,6 +149,12 @@ IDS = np.zeros((4, 3), np.int64)
     (FOUR, FOUR, "`categorical`: ids must be integers, got torch.float32"),
     ([[0.0] * 3] * 4, IDS, "`numerical`: a numpy array or a torch tensor, got list"),
     (FOUR, Bags.from_one_hot(torch.zeros(3, 3, dtype=torch.int64)), "`categorical`: bags of 3 samples and 3 features"),
+    # ids past a table (its cardinality 300) or negative: torch would fail with "index out of range in self"
+    (FOUR, np.array([[0, 0, 0], [0, 300, 0], [0, 0, 0], [0, 0, 0]]), r"`categorical`: row 1, table 1 has id 300; "
+     r"the table's ids run from 0 to 299"),
+    (FOUR, np.array([[0, 0, -1]] * 4), "`categorical`: row 0, table 2 has id -1"),
+    (np.array([[0, 0, 0]] * 3 + [[0, np.inf, 0]], np.float32), IDS, "`numerical`: row 3 holds a value that is not "
+     r"finite \(nan or inf\)"),
 ])
 def test_wrong_inputs_are_setting_errors_naming_the_argument(walked, numerical, categorical, says):
     with pytest.raises(dlrm.SettingError, match=says):
