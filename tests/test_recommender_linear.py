@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from dlrm.recommender import checkpoint, linear
+from dlrm.recommender import checkpoint, linear, linear_catalogue, linear_search
 from dlrm.recommender.baselines import EASE
 from dlrm.recommender.csr_dataset import CsrDataset, CsrRows, write_csr
 from dlrm.recommender.item_parallel import ItemParallel
@@ -155,19 +155,21 @@ def test_a_matrix_that_is_not_positive_definite_is_one_line_not_a_crash():
 def test_choose_climbs_lambda_then_dropout_and_keeps_the_best_validation(dataset):
     cfg = ValidationConfig(user_fraction=1.0, item_fraction=0.2, k=5)
     split = make_split(dataset, cfg, seed=0)
-    g = linear.gram(dataset, split.train_mask)
-    seen: list[tuple[float, float]] = []
+    users = linear.user_matrix(dataset, split.train_mask)
+    seen: list[tuple[float, float, int]] = []
 
-    def validate(model: linear.LinearModel) -> RankingMetrics:
-        seen.append((model.settings.regularization, model.settings.dropout))
+    def validate(model) -> RankingMetrics:
+        seen.append((model.settings.regularization, model.settings.dropout, model.settings.min_support))
         return validate_scores(model.scores, dataset, split, cfg)
 
     grid = (1.0, 10.0, 100.0)
-    choice = linear.choose(g, validate, regularizations=grid, dropouts=(0.0, 0.3))
-    assert seen[:3] == [(10.0, 0.0), (1.0, 0.0), (100.0, 0.0)]  # the middle, then both neighbours
+    choice = linear_search.choose(users, validate, regularizations=grid, dropouts=(0.0, 0.3), min_supports=(1,))
+    assert seen[:3] == [(10.0, 0.0, 1), (1.0, 0.0, 1), (100.0, 0.0, 1)]  # the middle, then both neighbours
     assert len(seen) == len(set(seen)), "a setting was solved twice"
     assert choice.best.metrics.ndcg == max(t.metrics.ndcg for t in choice.trials)
-    # Each trial's figure is the validation of that model, recomputed independently here.
+    # Each trial's figure is the validation of that model, made by the exact closed form (every
+    # item has a user here, so min_support 1 is all of them) and recomputed independently here.
+    g = linear.gram(dataset, split.train_mask)
     for trial in choice.trials:
         model = linear.LinearModel(linear.solve(g, trial.settings), trial.settings)
         assert validate_scores(model.scores, dataset, split, cfg).ndcg == pytest.approx(trial.metrics.ndcg)
@@ -180,22 +182,98 @@ def _surface(peak_lambda: float, peak_dropout: float):
     return ndcg
 
 
-@pytest.mark.parametrize("peak_lambda", linear.REGULARIZATIONS)
-@pytest.mark.parametrize("peak_dropout", linear.DROPOUTS)
+@pytest.mark.parametrize("peak_lambda", linear_search.REGULARIZATIONS)
+@pytest.mark.parametrize("peak_dropout", linear_search.DROPOUTS)
 def test_on_a_unimodal_surface_the_climb_finds_the_full_grids_best_in_fewer_solves(dataset, peak_lambda,
                                                                                  peak_dropout):
     """The exhaustive sweep over both grids, written plainly, against ``choose``'s coordinate
     ascent, on every placement of the top."""
-    g = linear.gram(dataset)
     ndcg = _surface(peak_lambda, peak_dropout)
 
-    def validate(model: linear.LinearModel) -> RankingMetrics:
+    def validate(model) -> RankingMetrics:
         return RankingMetrics(k=10, precision=0.0, recall=0.0, ndcg=ndcg(model.settings), coverage=0.0, users=1)
 
-    sweep = max((linear.LinearSettings(lam, p) for lam in linear.REGULARIZATIONS for p in linear.DROPOUTS), key=ndcg)
-    choice = linear.choose(g, validate)
-    assert choice.best.settings == sweep
-    assert len(choice.trials) < len(linear.REGULARIZATIONS) * len(linear.DROPOUTS) // 2
+    grid, ps = linear_search.REGULARIZATIONS, linear_search.DROPOUTS
+    sweep = max(((lam, p) for lam in grid for p in ps), key=lambda s: ndcg(linear.LinearSettings(*s)))
+    choice = linear_search.choose(linear.user_matrix(dataset), validate, min_supports=(1,))
+    assert (choice.best.settings.regularization, choice.best.settings.dropout) == sweep
+    assert len(choice.trials) < len(grid) * len(ps) // 2
+
+
+def _long_tail(seed: int = 0, users: int = 150, items: int = 90) -> CsrRows:
+    """Histories over a catalogue whose last items have one or two users (and a few none)."""
+    rng = np.random.default_rng(seed)
+    p = 1.0 / np.arange(1, items + 1) ** 1.6
+    lengths = rng.integers(4, 20, users)
+    indices = np.concatenate([rng.choice(items, n, p=p / p.sum()) for n in lengths]).astype(np.int32)
+    return CsrRows(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), indices, None, items)
+
+
+@pytest.fixture
+def long_tail(tmp_path) -> CsrDataset:
+    write_csr(str(tmp_path / "t"), _long_tail())
+    return CsrDataset(str(tmp_path / "t"))
+
+
+def test_min_support_1_is_the_exact_closed_form_without_the_items_of_no_user(long_tail):
+    users = linear.user_matrix(long_tail)
+    support = linear_catalogue.item_support(users)
+    assert (support == 0).any() and (support == 1).any(), "the fixture must have items of no user and of one"
+    exact = linear.solve(linear.gram(long_tail), linear.LinearSettings(20.0, 0.25))
+    fitted = linear_catalogue.fit(users, linear.LinearSettings(20.0, 0.25, min_support=1))
+    torch.testing.assert_close(fitted.weights, exact, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("rest_columns", linear.REST_COLUMNS)
+def test_items_under_min_support_get_a_zero_row_and_the_regression_on_the_learned_items(long_tail, rest_columns):
+    """Against a float64 numpy fit written plainly: the closed form over the learned items, and
+    each rest item's column the ridge regression (same penalty) of it on the learned items."""
+    settings = linear.LinearSettings(15.0, 0.4, min_support=4, rest_columns=rest_columns)
+    x = _dense(long_tail)
+    g = x.T @ x
+    learned = np.flatnonzero(np.diag(g) >= 4)
+    rest = np.setdiff1d(np.arange(len(g)), learned)
+    assert 10 < len(rest) < len(g) - 10
+    penalty = settings.regularization + settings.dropout / (1 - settings.dropout) * np.diag(g)[learned]
+    p = np.linalg.inv(g[np.ix_(learned, learned)] + np.diag(penalty))
+    expected = np.zeros_like(g)
+    expected[np.ix_(learned, learned)] = np.eye(len(learned)) - p / np.diag(p)
+    if rest_columns == "regression":
+        expected[np.ix_(learned, rest)] = p @ g[np.ix_(learned, rest)]
+    fitted = linear_catalogue.fit(linear.user_matrix(long_tail), settings)
+    np.testing.assert_allclose(fitted.weights.numpy(), expected, rtol=1e-4, atol=1e-6)
+
+    # A trial's model (the learned items' rows only) scores as the full B does.
+    cat = linear_catalogue.catalogue(linear_catalogue.item_support(linear.user_matrix(long_tail)), 4)
+    users = linear.user_matrix(long_tail)
+    trial = linear_catalogue.CatalogueModel(
+        linear_catalogue.learned_rows(users, linear.gram(long_tail, items=cat.learned), cat, settings), cat, settings)
+    history = long_tail.batch(0, len(long_tail))
+    np.testing.assert_allclose(trial.scores(history).numpy(), x @ expected, rtol=1e-4, atol=1e-5)
+
+
+def test_the_search_learns_fewer_items_first_and_keeps_a_smaller_min_support_only_when_it_pays(long_tail):
+    """On a scripted validation surface: min_support's steps down stop at the first that does not
+    beat the last by SUPPORT_MARGIN, and the regression columns are measured once at the end."""
+    support = linear_catalogue.item_support(linear.user_matrix(long_tail))
+    grid = (1, 2, 3, 5, 8)
+    start = linear_search.search_support(support, grid, small_catalogue=0)
+    assert linear_search.search_support(support, grid) == 1  # a catalogue this small is searched whole
+    below = [t for t in reversed(grid) if t < start]
+    assert len(below) >= 2 and (support >= start).sum() <= (support >= 1).sum() / 2 < (support >= below[0]).sum()
+    margin = linear_search.SUPPORT_MARGIN
+    gains = {start: 0.5, below[0]: 0.5 * (1 + 2 * margin), below[1]: 0.5 * (1 + 2 * margin) * (1 + margin / 2)}
+
+    def validate(model) -> RankingMetrics:
+        s = model.settings
+        score = gains.get(s.min_support, 0.0) - abs(math.log10(s.regularization / 100)) - s.dropout
+        return RankingMetrics(k=10, precision=0.0, recall=0.0, ndcg=score, coverage=0.0, users=1)
+
+    choice = linear_search.choose(linear.user_matrix(long_tail), validate, min_supports=grid, small_catalogue=0)
+    supports = [t.settings.min_support for t in choice.trials]
+    assert set(supports[:-3]) == {start}, supports  # lambda and p on the smallest catalogue
+    assert supports[-3:] == [below[0], below[1], below[0]], supports  # one step pays its margin, the next not
+    assert choice.best.settings == linear.LinearSettings(100.0, 0.0, below[0], "regression")
 
 
 @pytest.fixture(scope="module")
@@ -222,8 +300,9 @@ def test_cli_default_fits_the_linear_model_and_predict_and_evaluate_use_it(cli, 
 
     # The saved weights are the closed form refitted on all of --input with the chosen settings.
     inputs = CsrDataset(f"{generated}/input")
-    settings = linear.LinearSettings(summary["regularization"], summary["dropout"])
-    expected = linear.solve(linear.gram(inputs), settings)
+    settings = linear.LinearSettings(**meta["settings"])
+    assert settings.min_support == summary["min_support"]
+    expected = linear_catalogue.fit(linear.user_matrix(inputs), settings).weights
     loaded = checkpoint.load_linear(ckpt, ItemParallel())
     torch.testing.assert_close(loaded.weights, expected)
 

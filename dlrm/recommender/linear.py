@@ -22,32 +22,22 @@ ill-conditioned matrix costs time, never accuracy. A matrix that is not positive
 line (``LinearFitError``), never a crash in LAPACK. G itself holds co-occurrence counts, exact in
 float32 below 2^24 users, so it is kept in float32 between fits; B is float32.
 
-``choose`` picks (lambda, p) by NDCG@K on a validation split of the training data
-(``dlrm.recommender.validation``) by coordinate ascent over two grids: lambda climbs from the
-middle of its grid towards the better neighbour until neither is better (at p = 0: EASE), then p
-climbs from 0 at that lambda, then lambda again at the chosen p. Validation curves over these
-grids are unimodal on the data measured (docs/recommender.md), so this finds the grid's best in
-about half the solves of a full sweep: what matters when one solve of 27,000 items takes minutes
-on a CPU. The model is then refitted on all the training data.
+The settings (lambda, p and which items the solve learns) are chosen on a validation split by
+``dlrm.recommender.linear_search``; items by support are ``dlrm.recommender.linear_catalogue``'s.
 Memory: ``memory_bytes(n_items, n_users)`` at the peak: G and the matrix inverted in place.
 """
 
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 
 from dlrm.recommender.csr_dataset import CsrDataset
-from dlrm.recommender.metrics import RankingMetrics
 
-REGULARIZATIONS = (10.0, 30.0, 100.0, 300.0, 1000.0, 3000.0, 10000.0)  # lambda's grid, as counts of users
-DROPOUTS = (0.0, 0.1, 0.25, 0.4, 0.6)  # p's grid (0: EASE)
 # Elements of a dense block of G built at once from sparse products: a few hundred MB at most.
 _BLOCK_ELEMENTS = 1 << 24
 
@@ -56,20 +46,33 @@ class LinearFitError(ValueError):
     """G + Lambda could not be factorised: the settings, not the code, must change."""
 
 
+REST_COLUMNS = ("regression", "zero")
+
+
 @dataclass(frozen=True)
 class LinearSettings:
     regularization: float  # lambda, added to every diagonal entry of G
     dropout: float = 0.0  # p in [0, 1): adds p / (1 - p) G_jj to diagonal entry j (EDLAE); 0: EASE
+    # Items with fewer users than this leave the item x item solve and get a fallback column
+    # (dlrm.recommender.linear_catalogue); 0 and 1 are the exact closed form over every item.
+    min_support: int = 0
+    rest_columns: str = "regression"  # the columns of those items: "regression" on the learned ones, or "zero"
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.regularization) and self.regularization > 0):
             raise ValueError(f"`regularization` must be a number > 0, got {self.regularization!r}")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"`dropout` must be in [0, 1), got {self.dropout!r}")
+        if isinstance(self.min_support, bool) or not isinstance(self.min_support, int) or self.min_support < 0:
+            raise ValueError(f"`min_support` must be an integer >= 0, got {self.min_support!r}")
+        if self.rest_columns not in REST_COLUMNS:
+            raise ValueError(f"`rest_columns` must be one of {', '.join(REST_COLUMNS)}, got {self.rest_columns!r}")
 
     def describe(self) -> str:
+        support = (f", items of >= {self.min_support} users (the rest: {self.rest_columns} columns)"
+                   if self.min_support > 1 else "")
         return (f"lambda {self.regularization:g}" + (f", dropout {self.dropout:g} (EDLAE)" if self.dropout else
-                                                      " (EASE)"))
+                                                      " (EASE)") + support)
 
 
 # Counts up to 2^24 are exact in float32: G is float32 for fewer users than that.
@@ -90,21 +93,32 @@ def memory_bytes(n_items: int, n_users: int = 0, dtype: torch.dtype = torch.floa
     return (g_bytes + work) * int(n_items) ** 2
 
 
-def gram(dataset: CsrDataset, keep: np.ndarray | None = None, device: torch.device | str = "cpu") -> torch.Tensor:
-    """G = X^T X, [n_items, n_items] on ``device`` (dtype ``gram_dtype``), of the 0/1 matrix of ``dataset``'s
-    rows (an item repeated in a row counts once), leaving out the stored entries where ``keep``
-    (bool per entry) is False."""
-    n = dataset.n_features
+def user_matrix(dataset: CsrDataset, keep: np.ndarray | None = None) -> sp.csr_matrix:
+    """X, users x items (float64 0/1, scipy CSR) of ``dataset``'s rows (an item repeated in a row
+    counts once), leaving out the stored entries where ``keep`` (bool per entry) is False."""
     offsets = np.asarray(dataset.offsets, dtype=np.int64)
     indices = np.asarray(dataset.indices, dtype=np.int64)
     rows = np.repeat(np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets))
     if keep is not None:
         rows, indices = rows[keep], indices[keep]
-    users = sp.csr_matrix((np.ones(indices.shape[0], np.float64), (rows, indices)), shape=(len(offsets) - 1, n))
+    users = sp.csr_matrix((np.ones(indices.shape[0], np.float64), (rows, indices)),
+                          shape=(len(offsets) - 1, dataset.n_features))
     users.sum_duplicates()
     users.data[:] = 1.0
+    return users
+
+
+def gram(dataset: CsrDataset, keep: np.ndarray | None = None, device: torch.device | str = "cpu",
+         items: np.ndarray | None = None, users: sp.csr_matrix | None = None) -> torch.Tensor:
+    """G = X^T X on ``device`` (dtype ``gram_dtype``) of ``user_matrix(dataset, keep)`` (or
+    ``users``, that matrix made already), over the columns ``items`` (sorted ids; default all):
+    [len(items), len(items)]."""
+    users = user_matrix(dataset, keep) if users is None else users
+    if items is not None:
+        users = users[:, items]
+    n = users.shape[1]
     by_item = users.T.tocsr()
-    result = torch.empty((n, n), dtype=gram_dtype(len(offsets) - 1), device=device)
+    result = torch.empty((n, n), dtype=gram_dtype(users.shape[0]), device=device)
     block = max(1, _BLOCK_ELEMENTS // max(n, 1))
     for lo in range(0, n, block):
         result[lo:lo + block] = torch.from_numpy((by_item[lo:lo + block] @ users).toarray()).to(device, result.dtype)
@@ -158,6 +172,13 @@ def solve(g: torch.Tensor, settings: LinearSettings, allow_float64: bool = True)
     """B (float32, on g's device) of the Gram matrix ``g`` (left unchanged): solved in float32, and
     again in float64 when float32's residual is over ``RESIDUAL_TOLERANCE`` or its factorisation
     fails (``allow_float64``: the memory of ``memory_bytes(.., float64)`` is there)."""
+    return solve_with_diagonal(g, settings, allow_float64)[0]
+
+
+def solve_with_diagonal(g: torch.Tensor, settings: LinearSettings,
+                        allow_float64: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """``solve``'s B and diag(P) (float64): with them P = (I - B) diag(P), so a regression on these
+    items (P G_Kj) needs no second inverse."""
     n = g.shape[0]
     columns = torch.unique(torch.linspace(0, n - 1, min(n, _RESIDUAL_COLUMNS), device=g.device).round().long())
     try:
@@ -174,6 +195,7 @@ def solve(g: torch.Tensor, settings: LinearSettings, allow_float64: bool = True)
                                  "memory budget: raise `regularization`")
         p = None  # free float32's matrix before float64's is made
         p = _inverse(g, settings, torch.float64)
+    diagonal = p.diagonal().to(torch.float64, copy=True)
     p.div_(-p.diagonal().clone())
     weights = p.to(torch.float32)  # p itself in float32: no copy
     del p
@@ -182,7 +204,7 @@ def solve(g: torch.Tensor, settings: LinearSettings, allow_float64: bool = True)
     if not all(bool(torch.isfinite(weights[lo:lo + block]).all()) for lo in range(0, weights.shape[0], block)):
         raise LinearFitError(f"the linear model's weights overflow float32 ({settings.describe()}): raise "
                              "`regularization`")
-    return weights
+    return weights, diagonal
 
 
 @dataclass
@@ -217,65 +239,3 @@ class LinearModel:
 
     def to(self, device: torch.device | str) -> "LinearModel":
         return LinearModel(self.weights.to(device), self.settings, self.item_start)
-
-
-@dataclass
-class Trial:
-    settings: LinearSettings
-    metrics: RankingMetrics
-    seconds: float
-
-
-@dataclass
-class Choice:
-    """What ``choose`` tried, in order, and the best of it by validation NDCG@K."""
-
-    trials: list[Trial] = field(default_factory=list)
-
-    @property
-    def best(self) -> Trial:
-        return max(self.trials, key=lambda t: (t.metrics.ndcg, -self.trials.index(t)))
-
-    def trial_of(self, settings: LinearSettings) -> Trial | None:
-        return next((t for t in self.trials if t.settings == settings), None)
-
-
-def _climb(grid: list[float], start: int, score: Callable[[float], float]) -> float:
-    """The value of ``grid`` (sorted) where ``score`` stops rising, climbing from ``grid[start]``
-    to the better of its neighbours while that one is better."""
-    at, best = start, score(grid[start])
-    while True:
-        neighbours = [i for i in (at - 1, at + 1) if 0 <= i < len(grid)]
-        scored = [(score(grid[i]), -abs(i - start), i) for i in neighbours]
-        if not scored or max(scored)[0] <= best:
-            return grid[at]
-        best, _, at = max(scored)
-
-
-def choose(g: torch.Tensor, validate: Callable[[LinearModel], RankingMetrics],
-           regularizations: tuple[float, ...] = REGULARIZATIONS, dropouts: tuple[float, ...] = DROPOUTS,
-           report: Callable[[Trial], None] | None = None, allow_float64: bool = True) -> Choice:
-    """The settings of the best validation NDCG@K, from the Gram matrix ``g`` of the training
-    part of a validation split and ``validate`` (the split's NDCG@K of a model), by coordinate
-    ascent: lambda climbs over ``regularizations`` from the grid's middle at p = 0 (EASE), p
-    over ``dropouts`` from its smallest at that lambda, then lambda again at the chosen p. A
-    setting is solved once however often the climb visits it. ``report`` is called after each
-    trial."""
-    choice = Choice()
-
-    def ndcg(settings: LinearSettings) -> float:
-        if (done := choice.trial_of(settings)) is not None:
-            return done.metrics.ndcg
-        started = time.perf_counter()
-        metrics = validate(LinearModel(solve(g, settings, allow_float64), settings))
-        choice.trials.append(Trial(settings, metrics, time.perf_counter() - started))
-        if report is not None:
-            report(choice.trials[-1])
-        return metrics.ndcg
-
-    grid, ps = sorted(regularizations), sorted(dropouts)
-    lam = _climb(grid, (len(grid) - 1) // 2, lambda v: ndcg(LinearSettings(v, ps[0])))
-    p = _climb(ps, 0, lambda v: ndcg(LinearSettings(lam, v)))
-    if p != ps[0]:
-        _climb(grid, grid.index(lam), lambda v: ndcg(LinearSettings(v, p)))
-    return choice

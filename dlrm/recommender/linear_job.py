@@ -88,30 +88,48 @@ def _check_memory(cfg: RecommenderConfig, inputs, device) -> bool:
 
 def _choose_and_refit(inputs, split, v_cfg, device, allow_float64: bool, logger):
     """(the best trial, EASE's best trial, the model of the best settings refitted on every
-    user, the number of settings tried); each trial logged as it ends."""
-    from dlrm.recommender import linear
+    user, the number of settings tried); each trial logged as it ends, and where the time went."""
+    from dlrm.recommender import linear, linear_catalogue, linear_search
     from dlrm.recommender.validation import validate_scores
 
     k = v_cfg.k
-    g = linear.gram(inputs, split.train_mask, device)
+    started = time.perf_counter()
+    users = linear.user_matrix(inputs, split.train_mask)
 
-    def validate(model: linear.LinearModel):
+    def validate(model):
         return validate_scores(model.scores, inputs, split, v_cfg)
 
-    def report(trial: linear.Trial) -> None:
+    def report(trial: linear_search.Trial) -> None:
         m = trial.metrics
         logger.record("validation", regularization=trial.settings.regularization, dropout=trial.settings.dropout,
+                      min_support=trial.settings.min_support, learned_items=trial.learned_items,
                       ndcg=m.ndcg, precision=m.precision, recall=m.recall, seconds=trial.seconds)
         logger.print(f"  {trial.settings.describe():<32} validation NDCG@{k} {m.ndcg:.4f}  P@{k} "
-                     f"{m.precision:.4f}  R@{k} {m.recall:.4f}  ({trial.seconds:.1f} s)")
+                     f"{m.precision:.4f}  R@{k} {m.recall:.4f}  ({trial.learned_items:,} items solved, "
+                     f"{trial.seconds:.2f} s)")
 
     try:
-        choice = linear.choose(g, validate, report=report, allow_float64=allow_float64)
-        del g
+        choice = linear_search.choose(users, validate, report=report, allow_float64=allow_float64, device=device)
+        del users
+        searched = time.perf_counter()
         best = choice.best
         ease = max((t for t in choice.trials if t.settings.dropout == 0), key=lambda t: t.metrics.ndcg)
-        fitted = linear.LinearModel(linear.solve(linear.gram(inputs, None, device), best.settings, allow_float64),
-                                    best.settings)
+        fitted = linear_catalogue.fit(linear.user_matrix(inputs), best.settings, device, allow_float64)
     except linear.LinearFitError as e:
         raise ConfigError(str(e).replace("`regularization`", "the regularisation")) from None
+    _report_time(logger, choice, started, searched, len(inputs))
     return best, ease, fitted, len(choice.trials)
+
+
+def _report_time(logger, choice, started: float, searched: float, n_users: int) -> None:
+    """Where the fit's time went: each trial's share, the rest of the search, and the refit (which
+    redoes G and the solve: validation's items are back in G, so no factor of the search's holds)."""
+    total = time.perf_counter() - started
+    trials = sum(t.seconds for t in choice.trials)
+    shares = ", ".join(f"{100 * t.seconds / total:.0f}%" for t in choice.trials)
+    logger.record("fit_time", seconds=total, trials=[t.seconds for t in choice.trials],
+                  search_other=searched - started - trials, refit=total - (searched - started))
+    logger.print(f"fit {total:.2f} s: {len(choice.trials)} trials {trials:.2f} s ({100 * trials / total:.0f}%; "
+                 f"each {shares}), the search's G and validation split {searched - started - trials:.2f} s, the "
+                 f"refit on all {n_users:,} users (G and the solve redone: the validation items are back in G) "
+                 f"{total - (searched - started):.2f} s")
