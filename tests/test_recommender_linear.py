@@ -259,6 +259,13 @@ def test_the_search_learns_fewer_items_first_and_keeps_a_smaller_min_support_onl
     grid = (1, 2, 3, 5, 8)
     start = linear_search.search_support(support, grid, small_catalogue=0)
     assert linear_search.search_support(support, grid) == 1  # a catalogue this small is searched whole
+    # The search's catalogue is never under half of small_catalogue items: else the whole one.
+    with_a_user = int((support >= 1).sum())
+    for small in range(with_a_user):
+        chosen = linear_search.search_support(support, grid, small_catalogue=small)
+        kept = (support >= chosen).sum()
+        assert chosen == 1 or small / 2 <= kept <= with_a_user / 2, (small, chosen)
+        assert chosen != 1 or not any(small / 2 <= (support >= t).sum() <= with_a_user / 2 for t in grid), small
     below = [t for t in reversed(grid) if t < start]
     assert len(below) >= 2 and (support >= start).sum() <= (support >= 1).sum() / 2 < (support >= below[0]).sum()
     margin = linear_search.SUPPORT_MARGIN

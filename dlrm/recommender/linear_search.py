@@ -77,12 +77,14 @@ class Choice:
 
 def search_support(support: np.ndarray, grid: tuple[int, ...] = MIN_SUPPORTS,
                    small_catalogue: int = SMALL_CATALOGUE) -> int:
-    """The smallest value of ``grid`` that keeps at most half of the items with a user (the
-    largest when none does); the smallest value when at most ``small_catalogue`` items have one."""
+    """The smallest value of ``grid`` that keeps at most half of the items with a user and at
+    least half of ``small_catalogue``; the smallest value of ``grid`` (every item with a user) when
+    none does, or when at most ``small_catalogue`` items have a user."""
     with_a_user = int((support >= 1).sum())
     if with_a_user <= small_catalogue:
         return min(grid)
-    return next((t for t in sorted(grid) if int((support >= t).sum()) <= with_a_user / 2), max(grid))
+    fits = (t for t in sorted(grid) if small_catalogue / 2 <= int((support >= t).sum()) <= with_a_user / 2)
+    return next(fits, min(grid))
 
 
 def _climb(grid: list, start: int, score: Callable[[object], float]):
