@@ -5,7 +5,7 @@
 #     bash benchmarks/gpu_suite.sh LOGDIR [STAGE...]
 #
 # Stages (all by default, in this order): env, tests, kernels, steps, cli, dlrmv2, inference,
-# recommender, host_cache. All of them take longer than one short loan of a device; the figures
+# recommender, recommender_fit, host_cache. All of them take longer than one short loan of a device; the figures
 # the open GPU goals ask for come first with (the code not yet run on a GPU checked first)
 #
 #     GPU_TESTS="tests/test_kernel_linear_relu.py tests/test_multi_hot_graphs.py tests/test_cli_multi_hot.py
@@ -14,7 +14,7 @@
 #
 # Each writes LOGDIR/<stage>.log; a summary of exit codes goes to the end of stdout.
 # TESTS_LIMIT, KERNELS_LIMIT, STEPS_LIMIT, CLI_LIMIT, DLRMV2_LIMIT, INFERENCE_LIMIT, RECOMMENDER_LIMIT,
-# HOST_CACHE_LIMIT override a stage's time box (seconds); GPU_TESTS names the test files of the
+# RECOMMENDER_FIT_LIMIT, HOST_CACHE_LIMIT override a stage's time box (seconds); GPU_TESTS names the test files of the
 # tests stage (default: every file with a `gpu` test).
 # Runs from a checkout without installing it (PYTHONPATH), on a machine whose python already
 # has a CUDA build of torch and triton.
@@ -23,7 +23,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit
 logdir=${1:?usage: gpu_suite.sh LOGDIR [STAGE...]}
 shift
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(env tests kernels steps cli dlrmv2 inference recommender host_cache)
+[ ${#stages[@]} -eq 0 ] && stages=(env tests kernels steps cli dlrmv2 inference recommender recommender_fit host_cache)
 mkdir -p "$logdir"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 python=${PYTHON:-python3}
@@ -108,6 +108,12 @@ for stage in "${stages[@]}"; do
         # MovieLens-20M-size synthetic histories: quality after 2 epochs and training/predict users/s
         run_stage recommender "${RECOMMENDER_LIMIT:-300}" "$python" benchmarks/recommender.py --device cuda \
             --baselines "" ;;
+    recommender_fit)
+        # The linear default's whole fit (search and refit) beside one plain EASE solve, on the GPU,
+        # on MovieLens-20M-size synthetic histories (docs/benchmarks.md's CPU table, same script)
+        run_stage recommender_fit "${RECOMMENDER_FIT_LIMIT:-420}" bash -c "$python -m dlrm.scripts.recommender_generate \
+            --synthetic --output '$logdir/ml20m' --heldout_fraction 0.2 --overwrite &&
+            $python benchmarks/recommender_fit_time.py '$logdir/ml20m/input' --device cuda" ;;
     host_cache)
         # Tables larger than device memory (issue 28, item 4): the cached run is held to 16 GiB of
         # HBM and trains 32 GiB of FL15-shaped fp32 tables (twice its HBM) kept in pinned host

@@ -26,11 +26,11 @@ from dlrm.recommender import linear
 from dlrm.recommender.csr_dataset import CsrDataset
 
 
-def default_fit(data: str, work: str) -> dict:
+def default_fit(data: str, work: str, device: str) -> dict:
     """The fit_time and summary records of ``recommender_train`` on ``data``, and EASE's lambda."""
     log = os.path.join(work, "default.jsonl")
     subprocess.run([sys.executable, "-m", "dlrm.scripts.recommender_train", "--input", data, "--save_checkpoint_path",
-                    os.path.join(work, "default"), "--log_path", log], check=True)
+                    os.path.join(work, "default"), "--log_path", log, "--base_device", device], check=True)
     records = [json.loads(line) for line in open(log)]
     ease = max((r for r in records if r["type"] == "validation" and r["dropout"] == 0), key=lambda r: r["ndcg"])
     fit = next(r for r in records if r["type"] == "fit_time")
@@ -38,10 +38,12 @@ def default_fit(data: str, work: str) -> dict:
     return {"fit": fit, "summary": summary, "ease_lambda": ease["regularization"]}
 
 
-def plain_ease_seconds(data: str, regularization: float) -> float:
+def plain_ease_seconds(data: str, regularization: float, device: str) -> float:
     """G of every user and one solve over every item at ``regularization``: what fitting EASE costs."""
     started = time.perf_counter()
-    linear.solve(linear.gram(CsrDataset(data)), linear.LinearSettings(regularization))
+    linear.solve(linear.gram(CsrDataset(data), device=device), linear.LinearSettings(regularization))
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
     return time.perf_counter() - started
 
 
@@ -49,16 +51,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("datasets", nargs="+", help="CSR dataset folders")
     parser.add_argument("--work", help="folder for the checkpoints and logs (default: a temporary one)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="where both fit (default: cuda when there is one)")
     args = parser.parse_args()
     rows = []
     for data in args.datasets:
         with tempfile.TemporaryDirectory(dir=args.work) as work:
-            run = default_fit(data, work)
-        ease = plain_ease_seconds(data, run["ease_lambda"])
+            run = default_fit(data, work, args.device)
+        ease = plain_ease_seconds(data, run["ease_lambda"], args.device)
         d, s = CsrDataset(data), run["summary"]
         rows.append((data, len(d), d.n_features, d.nnz, run["fit"]["seconds"], len(run["fit"]["trials"]), ease,
                      f"lambda {s['regularization']:g}, dropout {s['dropout']:g}, min_support {s['min_support']}"))
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"torch {torch.__version__}, device {args.device}, {torch.get_num_threads()} CPU threads")
     print("| data | users | items | interactions | default fit (s) | trials | plain EASE solve (s) | ratio | chose |")
     print("|---|---|---|---|---|---|---|---|---|")
     for data, users, items, nnz, fit, trials, ease, chose in rows:
