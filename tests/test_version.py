@@ -28,3 +28,15 @@ def test_pyproject_holds_no_second_version_and_the_changelog_names_this_one():
     release = re.sub(r"\.dev\d+$", "", __version__)
     with open(os.path.join(REPO, "CHANGELOG.md")) as f:
         assert re.search(rf"^## {re.escape(release)}\b", f.read(), re.M)
+
+
+def test_the_license_file_is_the_apache_license_the_package_declares():
+    """pyproject.toml says Apache-2.0: the LICENSE file beside it holds that license's text
+    (setuptools ships LICENSE* files in the wheel and sdist by default)."""
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        declared = tomllib.load(f)["project"]["license"]
+    assert declared == {"text": "Apache-2.0"}
+    with open(os.path.join(REPO, "LICENSE")) as f:
+        text = f.read()
+    assert text.lstrip().startswith("Apache License") and "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text and len(text.splitlines()) > 190
