@@ -3,6 +3,7 @@ which the installed package reports and CHANGELOG.md names."""
 
 from __future__ import annotations
 
+import glob
 import importlib.metadata
 import os
 import re
@@ -40,3 +41,49 @@ def test_the_license_file_is_the_apache_license_the_package_declares():
         text = f.read()
     assert text.lstrip().startswith("Apache License") and "Version 2.0, January 2004" in text
     assert "END OF TERMS AND CONDITIONS" in text and len(text.splitlines()) > 190
+
+
+# Import names of the distributions `dependencies` declares.
+_IMPORT_NAMES = {"torch": "torch", "numpy": "numpy", "absl-py": "absl", "scipy": "scipy", "pyyaml": "yaml"}
+# Modules that run only where an extra is installed (a Spark worker's Python has pyspark).
+_EXTRA_ONLY = {os.path.join("dlrm", "spark", "worker_daemon.py")}
+
+
+def _module_level_imports() -> dict[str, set[str]]:
+    """Third-party modules imported at module level under dlrm/ (what `import dlrm.x` needs), each
+    with the files that import it; imports inside functions belong to an extra and are left out."""
+    import ast
+    import sys
+
+    found: dict[str, set[str]] = {}
+    for path in sorted(glob.glob(os.path.join(REPO, "dlrm", "**", "*.py"), recursive=True)):
+        name = os.path.relpath(path, REPO)
+        if name in _EXTRA_ONLY:
+            continue
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        for node in tree.body:
+            if isinstance(node, ast.Import):
+                roots = [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                roots = [node.module.split(".")[0]]
+            else:
+                continue
+            for root in roots:
+                if root not in sys.stdlib_module_names and root not in ("dlrm", "__future__"):
+                    found.setdefault(root, set()).add(name)
+    return found
+
+
+def test_the_dependencies_are_exactly_what_the_package_imports():
+    """A module-level import of a package the install line does not bring breaks `import dlrm.x`
+    for a new user; a declared package nothing imports is weight they download for nothing."""
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    declared = {re.split(r"[<>=!~\[; ]", d, maxsplit=1)[0].lower() for d in project["dependencies"]}
+    assert declared == set(_IMPORT_NAMES), f"declared {sorted(declared)}: map each to its import name here"
+    imported = _module_level_imports()
+    undeclared = {m: sorted(files)[:3] for m, files in imported.items() if m not in _IMPORT_NAMES.values()}
+    assert not undeclared, f"imported at module level but not in `dependencies`: {undeclared}"
+    assert set(_IMPORT_NAMES.values()) <= set(imported), "a declared dependency nothing imports"
+    assert "scikit-learn" in " ".join(project["optional-dependencies"]["test"])  # the tests' reference AUC
