@@ -50,14 +50,20 @@ def plain_ease_seconds(data: str, regularization: float, device: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("datasets", nargs="+", help="CSR dataset folders")
-    parser.add_argument("--work", help="folder for the checkpoints and logs (default: a temporary one)")
+    parser.add_argument("--work", help="a new folder to keep the checkpoints and logs in (default: a temporary "
+                        "one, removed)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="where both fit (default: cuda when there is one)")
     args = parser.parse_args()
     rows = []
-    for data in args.datasets:
-        with tempfile.TemporaryDirectory(dir=args.work) as work:
+    for i, data in enumerate(args.datasets):
+        if args.work:  # kept: DIR/<i>/default is the checkpoint, DIR/<i>/default.jsonl its log
+            work = os.path.join(args.work, str(i))
+            os.makedirs(work)
             run = default_fit(data, work, args.device)
+        else:
+            with tempfile.TemporaryDirectory() as work:
+                run = default_fit(data, work, args.device)
         ease = plain_ease_seconds(data, run["ease_lambda"], args.device)
         d, s = CsrDataset(data), run["summary"]
         rows.append((data, len(d), d.n_features, d.nnz, run["fit"]["seconds"], len(run["fit"]["trials"]), ease,

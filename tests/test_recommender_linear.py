@@ -280,7 +280,9 @@ def test_the_search_learns_fewer_items_first_and_keeps_a_smaller_min_support_onl
     supports = [t.settings.min_support for t in choice.trials]
     assert set(supports[:-3]) == {start}, supports  # lambda and p on the smallest catalogue
     assert supports[-3:] == [below[0], below[1], below[0]], supports  # one step pays its margin, the next not
-    assert choice.best.settings == linear.LinearSettings(100.0, 0.0, below[0], "regression")
+    # The regression columns validate the same here: a tie keeps the zero columns (no product).
+    assert choice.best.settings == linear.LinearSettings(100.0, 0.0, below[0], "zero")
+    assert choice.trials[-1].settings.rest_columns == "regression"
 
 
 @pytest.fixture(scope="module")
@@ -361,3 +363,44 @@ def test_a_damaged_linear_checkpoint_is_refused_in_one_line(cli, generated, tmp_
                "--heldout", f"{generated}/heldout", "--baselines=", check=False)
     assert proc.returncode == 2 and "linear.pt" in proc.stderr and "damaged" in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("search_support, refit_support", [(4, 4), (6, 3), (3, 6), (1, 1)])
+def test_the_refit_updates_the_searchs_gram_to_the_gram_of_all_the_data(long_tail, search_support, refit_support):
+    """refit_gram against the Gram matrix of all the data made from scratch: the search's block
+    corrected for the validation users' rows, items it did not learn added, items it did dropped."""
+    cfg = ValidationConfig(user_fraction=0.4, item_fraction=0.3, k=5)
+    split = make_split(long_tail, cfg, seed=3)
+    train = linear.user_matrix(long_tail, split.train_mask)
+    users = linear.user_matrix(long_tail)
+    searched = linear_catalogue.catalogue(linear_catalogue.item_support(train), search_support).learned
+    search = linear_catalogue.SearchGram(linear.gram(None, items=searched, users=train), searched, train, split.users)
+    learned = linear_catalogue.catalogue(linear_catalogue.item_support(users), refit_support).learned
+    expected = _dense(long_tail)[:, learned]
+    got = linear_catalogue.refit_gram(users, learned, search)
+    np.testing.assert_array_equal(got.numpy(), expected.T @ expected)
+
+
+def test_the_cli_refit_equals_a_fit_from_scratch_and_says_how_it_made_g(cli, long_tail, tmp_path):
+    ckpt, log = str(tmp_path / "ck"), str(tmp_path / "log.json")
+    proc = cli("dlrm.scripts.recommender_train", "--input", long_tail.path, "--save_checkpoint_path", ckpt,
+               "--log_path", log)
+    assert "G updated from the search's" in proc.stdout, proc.stdout
+    records = [json.loads(line) for line in open(log)]
+    assert next(r for r in records if r["type"] == "fit_time")["gram_reused"] is True
+    settings = linear.LinearSettings(**checkpoint.read_meta(ckpt)["settings"])
+    expected = linear_catalogue.fit(linear.user_matrix(long_tail), settings).weights
+    torch.testing.assert_close(checkpoint.load_linear(ckpt, ItemParallel()).weights, expected)
+
+
+@pytest.mark.parametrize("smaller, larger", [(6, 2), (2, 6)])
+def test_the_search_extends_one_min_supports_gram_to_anothers(long_tail, smaller, larger):
+    """What the search does when min_support steps: G over one catalogue made from another's (no
+    user changed), against G made from scratch."""
+    users = linear.user_matrix(long_tail)
+    support = linear_catalogue.item_support(users)
+    was = linear_catalogue.catalogue(support, smaller).learned
+    learned = linear_catalogue.catalogue(support, larger).learned
+    search = linear_catalogue.SearchGram(linear.gram(None, items=was, users=users), was, users, np.empty(0, np.int64))
+    got = linear_catalogue.refit_gram(users, learned, search)
+    np.testing.assert_array_equal(got.numpy(), linear.gram(long_tail, items=learned).numpy())

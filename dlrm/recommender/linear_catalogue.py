@@ -27,6 +27,9 @@ import torch
 
 from dlrm.recommender.linear import LinearModel, LinearSettings, gram, solve_with_diagonal
 
+# Elements of a band of G's rows made at once from sparse products (a few hundred MB at most).
+_BLOCK_ELEMENTS = 1 << 24
+
 def item_support(users: sp.csr_matrix) -> np.ndarray:
     """Users per item (int64 [n_items]) of the 0/1 matrix ``users`` (``linear.user_matrix``)."""
     return np.bincount(users.indices, minlength=users.shape[1]).astype(np.int64)
@@ -96,13 +99,66 @@ class CatalogueModel:
                                                              torch.from_numpy(position[kept])))
 
 
+@dataclass
+class SearchGram:
+    """What the search leaves for the refit: G of the training part (``users_train``) over the
+    items ``learned``, and the users whose rows differ from all of the data (validation's)."""
+
+    g: torch.Tensor
+    learned: np.ndarray
+    users_train: sp.csr_matrix
+    changed_users: np.ndarray
+
+
+def refit_gram(users: sp.csr_matrix, learned: np.ndarray, search: SearchGram) -> torch.Tensor:
+    """G of ``users`` over ``learned`` from the search's G, without the product over every user:
+    the search's items keep their block, corrected by the changed users' rows (their training rows
+    out, their whole rows in); items the search did not learn get their rows and columns afresh.
+    Equal to ``gram(users, items=learned)`` (the counts are exact). Made a band of rows at a time:
+    the peak is the two matrices, and the search's is updated in place when the items are the same."""
+    device, dtype = search.g.device, search.g.dtype
+    kept = np.isin(learned, search.learned)
+    old, new = learned[kept], learned[~kept]
+    same = len(old) == len(learned) == len(search.learned)
+    g = search.g if same else torch.zeros((len(learned), len(learned)), dtype=dtype, device=device)
+    at_search = torch.from_numpy(np.searchsorted(search.learned, old)).to(device)
+    old_pos = torch.from_numpy(np.flatnonzero(kept)).to(device)
+    now, before = users[search.changed_users][:, old], search.users_train[search.changed_users][:, old]
+    now_t, before_t = now.T.tocsr(), before.T.tocsr()
+    band = max(1, _BLOCK_ELEMENTS // max(len(learned), 1))
+    for lo in range(0, len(old), band):
+        rows = (torch.from_numpy((now_t[lo:lo + band] @ now - before_t[lo:lo + band] @ before).toarray())
+                .to(device, dtype))
+        if same:
+            g[lo:lo + band] += rows
+        else:
+            rows += search.g[at_search[lo:lo + band]].index_select(1, at_search)
+            wide = torch.zeros((rows.shape[0], len(learned)), dtype=dtype, device=device)
+            g.index_copy_(0, old_pos[lo:lo + band], wide.index_copy_(1, old_pos, rows))
+    if len(new):
+        new_pos = torch.from_numpy(np.flatnonzero(~kept)).to(device)
+        cross = torch.from_numpy((users[:, learned].T @ users[:, new]).toarray()).to(device, dtype)  # [learned, new]
+        g.index_copy_(1, new_pos, cross)
+        g.index_copy_(0, new_pos, cross.T.contiguous())
+    return g
+
+
 def fit(users: sp.csr_matrix, settings: LinearSettings, device: torch.device | str = "cpu",
-        allow_float64: bool = True) -> LinearModel:
+        allow_float64: bool = True, search: SearchGram | None = None) -> LinearModel:
     """The full model B [n, n] of ``settings`` on the 0/1 matrix ``users``: the closed form over the
     items of at least ``settings.min_support`` users, zero rows and fallback columns for the rest.
+    With ``search`` (the search's G), G is updated from it rather than made anew (``refit_gram``).
     Peak memory: G and the solve over the learned items, then their rows and B."""
     cat = catalogue(item_support(users), settings.min_support)
-    g = gram(None, device=device, items=None if cat.exact else cat.learned, users=users)
+    n_search, n = len(search.learned) if search is not None else 0, len(cat.learned)
+    n_new = n - int(np.isin(cat.learned, search.learned).sum()) if search is not None else 0
+    # refit_gram's peak (the search's G, the new G, the new items' columns) within the 8 n^2 bytes
+    # of a fit (linear.memory_bytes); else G is made anew.
+    if search is not None and n_search**2 + n**2 + n * n_new <= 2 * cat.n_items**2:
+        g = refit_gram(users, cat.learned, search)
+        search.g = None  # consumed: its memory is the solve's
+    else:
+        g = gram(None, device=device, items=None if cat.exact else cat.learned, users=users)
     rows = learned_rows(users, g, cat, settings, allow_float64)
     del g
     if cat.exact:

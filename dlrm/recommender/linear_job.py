@@ -110,26 +110,30 @@ def _choose_and_refit(inputs, split, v_cfg, device, allow_float64: bool, logger)
 
     try:
         choice = linear_search.choose(users, validate, report=report, allow_float64=allow_float64, device=device)
-        del users
         searched = time.perf_counter()
         best = choice.best
         ease = max((t for t in choice.trials if t.settings.dropout == 0), key=lambda t: t.metrics.ndcg)
-        fitted = linear_catalogue.fit(linear.user_matrix(inputs), best.settings, device, allow_float64)
+        (learned, g), choice.gram = choice.gram, None
+        search = linear_catalogue.SearchGram(g, learned, users, split.users)
+        del g, users
+        fitted = linear_catalogue.fit(linear.user_matrix(inputs), best.settings, device, allow_float64, search)
     except linear.LinearFitError as e:
         raise ConfigError(str(e).replace("`regularization`", "the regularisation")) from None
-    _report_time(logger, choice, started, searched, len(inputs))
+    _report_time(logger, choice, started, searched, len(inputs), reused=search.g is None)
     return best, ease, fitted, len(choice.trials)
 
 
-def _report_time(logger, choice, started: float, searched: float, n_users: int) -> None:
-    """Where the fit's time went: each trial's share, the rest of the search, and the refit (which
-    redoes G and the solve: validation's items are back in G, so no factor of the search's holds)."""
+def _report_time(logger, choice, started: float, searched: float, n_users: int, reused: bool) -> None:
+    """Where the fit's time went: each trial's share, the rest of the search, and the refit (G
+    updated from the search's for the validation users' rows where the memory allows, else made
+    anew; the solve redone, as G changed)."""
     total = time.perf_counter() - started
     trials = sum(t.seconds for t in choice.trials)
     shares = ", ".join(f"{100 * t.seconds / total:.0f}%" for t in choice.trials)
+    how = "G updated from the search's for the validation users" if reused else "G made anew"
     logger.record("fit_time", seconds=total, trials=[t.seconds for t in choice.trials],
-                  search_other=searched - started - trials, refit=total - (searched - started))
+                  search_other=searched - started - trials, refit=total - (searched - started), gram_reused=reused)
     logger.print(f"fit {total:.2f} s: {len(choice.trials)} trials {trials:.2f} s ({100 * trials / total:.0f}%; "
                  f"each {shares}), the search's G and validation split {searched - started - trials:.2f} s, the "
-                 f"refit on all {n_users:,} users (G and the solve redone: the validation items are back in G) "
+                 f"refit on all {n_users:,} users ({how}, the solve redone: G changed) "
                  f"{total - (searched - started):.2f} s")

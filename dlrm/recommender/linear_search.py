@@ -7,8 +7,8 @@ A trial is one closed-form solve, items^3 flops. Three choices keep the search c
    user, so a trial costs at most 1/8 of the exact solve (less where the tail is long); a small
    catalogue (``SMALL_CATALOGUE``) is searched whole. The
    items left out get zero columns in the search (no product per trial); the chosen settings are
-   then validated once more with their regression columns (``linear_catalogue``), kept unless
-   they validate worse.
+   then validated once more with their regression columns (``linear_catalogue``), kept when they
+   beat zero columns by ``SUPPORT_MARGIN`` (they cost the refit a product).
 2. Coordinate ascent: lambda climbs over its grid from the middle at p = 0 (EASE), p over its grid
    from 0 at that lambda, then lambda again at the chosen p. Validation curves over these grids
    are unimodal on the data measured (docs/recommender.md), so this finds the grid's best in
@@ -34,7 +34,8 @@ import scipy.sparse as sp
 import torch
 
 from dlrm.recommender.linear import LinearSettings, gram
-from dlrm.recommender.linear_catalogue import CatalogueModel, catalogue, item_support, learned_rows
+from dlrm.recommender.linear_catalogue import (CatalogueModel, SearchGram, catalogue, item_support, learned_rows,
+                                               refit_gram)
 from dlrm.recommender.metrics import RankingMetrics
 
 REGULARIZATIONS = (10.0, 30.0, 100.0, 300.0, 1000.0, 3000.0, 10000.0)  # lambda's grid, as counts of users
@@ -64,6 +65,9 @@ class Choice:
 
     trials: list[Trial] = field(default_factory=list)
     chosen: LinearSettings | None = None
+    # (items, G over them) of the search's last catalogue, for the refit to update (take it: it is
+    # the search's largest matrix)
+    gram: tuple[np.ndarray, torch.Tensor] | None = None
 
     @property
     def best(self) -> Trial:
@@ -117,9 +121,15 @@ def choose(users: sp.csr_matrix, validate: Callable[[object], RankingMetrics],
             return done.metrics.ndcg
         started = time.perf_counter()
         if settings.min_support not in held:
-            held.clear()
             cat = catalogue(support, settings.min_support)
-            held[settings.min_support] = (cat, gram(None, device=device, items=cat.learned, users=users))
+            if held:  # another min_support's G: extended by the items it lacks (refit_gram), not made anew
+                (was, g), = held.values()
+                held.clear()
+                g = refit_gram(users, cat.learned, SearchGram(g, was.learned, users, np.empty(0, np.int64)))
+            else:
+                g = gram(None, device=device, items=cat.learned, users=users)
+            held[settings.min_support] = (cat, g)
+            del g
         cat, g = held[settings.min_support]
         metrics = validate(CatalogueModel(learned_rows(users, g, cat, settings, allow_float64), cat, settings))
         choice.trials.append(Trial(settings, metrics, time.perf_counter() - started, len(cat.learned)))
@@ -140,9 +150,11 @@ def choose(users: sp.csr_matrix, validate: Callable[[object], RankingMetrics],
             break
         t, best = smaller, score
     chosen = LinearSettings(lam, p, t, "zero")
-    if t > 1:  # the rest's regression columns, measured once: kept unless they validate worse
+    if t > 1:  # the rest's regression columns, measured once: kept when they pay for their product
         regression = dataclasses.replace(chosen, rest_columns="regression")
-        if ndcg(regression) >= best:
+        if ndcg(regression) > best * (1 + SUPPORT_MARGIN):
             chosen = regression
     choice.chosen = chosen
+    (cat, g), = held.values()
+    choice.gram = (cat.learned, g)
     return choice
