@@ -15,7 +15,9 @@ A trial is one closed-form solve, items^3 flops. Three choices keep the search c
    about half the solves of a full sweep.
 3. Then ``min_support`` steps down its grid at the chosen (lambda, p), each step a larger solve,
    while a step beats the last by more than ``SUPPORT_MARGIN`` (relative NDCG@K): learning an
-   item of two users costs as much as learning any other, so it must pay for itself.
+   item of two users costs as much as learning any other, so it must pay for itself. A step's G
+   is the last one extended by the items it lacks (``refit_gram``), and the search hands its G to
+   the refit, which updates it by the validation users' rows.
 
 Why not one eigendecomposition of G for every lambda: measured on 2 cores of an AVX2-only AMD
 EPYC, torch's eigh takes 4.6x a Cholesky factorisation and inverse at 1,682 items and 8.8x at
