@@ -21,11 +21,11 @@ from dlrm.recommender.metrics import RankingMetrics
 from dlrm.recommender.validation import ValidationConfig, make_split, validate_scores
 
 
-def _rows(seed: int = 0, users: int = 120, items: int = 40) -> CsrRows:
+def _rows(seed: int = 0, users: int = 120, items: int = 40, skew: float = 0.8, lengths=(3, 15)) -> CsrRows:
     """Random histories with a popularity skew and repeated items (which count once)."""
     rng = np.random.default_rng(seed)
-    p = 1.0 / np.arange(1, items + 1) ** 0.8
-    lengths = rng.integers(3, 15, users)
+    p = 1.0 / np.arange(1, items + 1) ** skew
+    lengths = rng.integers(*lengths, users)
     indices = np.concatenate([rng.choice(items, n, p=p / p.sum()) for n in lengths]).astype(np.int32)
     return CsrRows(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), indices, None, items)
 
@@ -200,18 +200,10 @@ def test_on_a_unimodal_surface_the_climb_finds_the_full_grids_best_in_fewer_solv
     assert len(choice.trials) < len(grid) * len(ps) // 2
 
 
-def _long_tail(seed: int = 0, users: int = 150, items: int = 90) -> CsrRows:
-    """Histories over a catalogue whose last items have one or two users (and a few none)."""
-    rng = np.random.default_rng(seed)
-    p = 1.0 / np.arange(1, items + 1) ** 1.6
-    lengths = rng.integers(4, 20, users)
-    indices = np.concatenate([rng.choice(items, n, p=p / p.sum()) for n in lengths]).astype(np.int32)
-    return CsrRows(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), indices, None, items)
-
-
 @pytest.fixture
 def long_tail(tmp_path) -> CsrDataset:
-    write_csr(str(tmp_path / "t"), _long_tail())
+    # A catalogue whose last items have one or two users (and a few none).
+    write_csr(str(tmp_path / "t"), _rows(users=150, items=90, skew=1.6, lengths=(4, 20)))
     return CsrDataset(str(tmp_path / "t"))
 
 
