@@ -139,7 +139,22 @@ def _ship_package(spark) -> None:
                 f.write(data)
 
         write_atomically(path, write)
+    _add_py_file_for_workers_only(sc, path)
+
+
+def _add_py_file_for_workers_only(sc, path: str) -> None:
+    """``sc.addPyFile(path)`` without its change to this process's ``sys.path``.
+
+    pyspark also puts the shipped zip's copy (in the session's temporary folder) first on the
+    driver's import path; once the session stops, that folder is gone, and a later import of a
+    ``preproc`` module in this process (a second run, a notebook) fails with FileNotFoundError.
+    The driver imports ``preproc`` from where it is installed; only the workers need the zip.
+    """
+    before = list(sys.path)
     sc.addPyFile(path)
+    for entry in [p for p in sys.path if p not in before]:
+        sys.path.remove(entry)
+        sys.path_importer_cache.pop(entry, None)
 
 
 class _Status(threading.Thread):

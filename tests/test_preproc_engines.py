@@ -230,6 +230,22 @@ def test_kaggle_layout_both_engines_match_the_reference(spark, tmp_path):
     assert [loc.split(":")[-1] for v in result.skipped.values() for loc in v["first"]] == ["10", "700", "1900", "1740", "2005"]
 
 
+def test_shipping_a_package_to_the_workers_leaves_the_driver_import_path_alone(spark, tmp_path):
+    """pyspark's ``addPyFile`` also puts the zip's copy in the session's temporary folder on the
+    driver's ``sys.path``; once that session stops, a later ``preproc`` import in the same process
+    failed with FileNotFoundError. The workers still import what was shipped."""
+    import zipfile
+
+    name = f"shipped_probe_{os.getpid()}_{time.time_ns()}"
+    with zipfile.ZipFile(tmp_path / f"{name}.zip", "w") as z:
+        z.writestr(f"{name}.py", "ANSWER = 42\n")
+    before = list(sys.path)
+    spark_engine._add_py_file_for_workers_only(spark.sparkContext, str(tmp_path / f"{name}.zip"))
+    assert sys.path == before
+    answers = spark.sparkContext.parallelize([0, 1], 2).map(lambda _: __import__(name).ANSWER).collect()
+    assert answers == [42, 42]
+
+
 # ---------------------------------------------------------------------------- malformed lines
 
 
