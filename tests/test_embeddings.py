@@ -230,3 +230,22 @@ def test_buffers_not_in_state_dict(cls):
 def test_invalid_sizes(cls, sizes, dim):
     with pytest.raises(ValueError):
         cls(sizes, dim)
+
+
+@pytest.mark.parametrize("cls", LAYOUTS)
+def test_tables_drawn_on_several_threads_equal_those_drawn_one_after_another(cls):
+    """On the CPU the tables are drawn on a thread each; every table has its own generators, so
+    the weights are those of drawing each table alone (``init_table_rows_``, the plain path)."""
+    from dlrm.nn.init import init_table_rows_
+
+    sizes = [300_000, 7, 20_000, 1, 4_096]  # one past a generator block (2**18 rows)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        module = cls(sizes, 8, init_seed=1234)
+    finally:
+        torch.set_num_threads(threads)
+    for i, rows in enumerate(sizes):
+        expected = torch.empty(rows, 8)
+        init_table_rows_(expected, 1234, i, rows)
+        assert torch.equal(module.table_weight(i), expected), i

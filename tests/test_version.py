@@ -87,3 +87,27 @@ def test_the_dependencies_are_exactly_what_the_package_imports():
     assert not undeclared, f"imported at module level but not in `dependencies`: {undeclared}"
     assert set(_IMPORT_NAMES.values()) <= set(imported), "a declared dependency nothing imports"
     assert "scikit-learn" in " ".join(project["optional-dependencies"]["test"])  # the tests' reference AUC
+
+
+def test_a_checkpoint_and_both_forms_of_log_record_the_version_that_wrote_them(tmp_path):
+    """A checkpoint's ``meta.json`` (``written_by``) and the first record of a log, in this
+    program's JSON lines and in NVIDIA's DLLogger form, say which version wrote them: a user who
+    finds a run's files months later can tell what made them."""
+    import json
+
+    from conftest import run_cli
+
+    small = ["--synthetic_dataset_table_sizes", "100,200", "--synthetic_dataset_num_entries", "4096",
+             "--synthetic_dataset_num_test_entries", "1024", "--batch_size", "512", "--max_steps", "2",
+             "--embedding_dim", "4", "--bottom_mlp_sizes", "8,4", "--top_mlp_sizes", "8,1", "--base_device", "cpu"]
+    run_cli("dlrm.scripts.main", *small, "--save_checkpoint_path", str(tmp_path / "ck"),
+            "--log_path", str(tmp_path / "log.json"))
+    run_cli("dlrm.scripts.main", *small, "--log_format", "dllogger", "--log_path", str(tmp_path / "dllogger.json"))
+    with open(tmp_path / "ck" / "meta.json") as f:
+        assert json.load(f)["written_by"] == {"program": "dlrm-engine", "version": __version__}
+    with open(tmp_path / "log.json") as f:
+        first = json.loads(f.readline())
+    assert (first["type"], first["program"], first["version"]) == ("header", "dlrm-engine", __version__)
+    with open(tmp_path / "dllogger.json") as f:
+        line = f.readline()
+    assert line.startswith("DLLL ") and json.loads(line[5:])["version"] == __version__

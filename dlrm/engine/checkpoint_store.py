@@ -45,8 +45,9 @@ from dlrm.engine.storage import check_can_create, check_free_space, writing
 from dlrm.engine.collectives import Collectives
 from dlrm.engine.errors import CheckpointError
 from dlrm.engine.model_contract import ParallelModel
-from dlrm.engine.outputs import OutputError, OutputKind, claim_output, holds_only
+from dlrm.engine.outputs import PROGRAM, OutputError, OutputKind, claim_output, holds_only
 from dlrm.engine.tensor_checks import check_all, check_finite, is_compact, label
+from dlrm.version import __version__
 
 META = "meta.json"
 CHECKPOINT = "the checkpoint"  # what a StorageError says could not be written
@@ -323,8 +324,9 @@ def save_directory(path: str, collectives: Collectives, least_bytes: int,
     """One checkpoint at ``path``, which every process of ``collectives`` calls this for: each
     writes its own files (``write_local``, e.g. the row blocks it holds); then the first, which
     then knows every process's files, writes the rest and returns ``meta.json``'s entries
-    (``write_rest``); ``meta.json``, listing every file, is written last and the directory
-    committed. ``least_bytes``: the least the checkpoint takes, for a full disk's message."""
+    (``write_rest``); ``meta.json``, listing every file and the program and version that wrote
+    it (``written_by``), is written last and the directory committed. ``least_bytes``: the least
+    the checkpoint takes, for a full disk's message."""
     with staged_directory(path, collectives, bytes_needed(path, least_bytes)) as tmp:
         files = StagedFiles(tmp)
         write_local(files)
@@ -333,6 +335,7 @@ def save_directory(path: str, collectives: Collectives, least_bytes: int,
         if collectives.rank == 0:
             meta = write_rest(files)
             meta["files"] = files.listing()
+            meta["written_by"] = {"program": PROGRAM, "version": __version__}
             write_meta(tmp, meta)
 
 

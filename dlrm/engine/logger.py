@@ -28,6 +28,7 @@ from typing import Any, TextIO
 
 from dlrm.engine.storage import StorageError, describe
 from dlrm.engine.outputs import LOG, PROGRAM, OutputError, OutputKind, header_record, is_json_lines_log
+from dlrm.version import __version__
 
 # Record fields that place a value on the curve rather than being one.
 _NOT_SCALARS = frozenset({"step", "epoch", "time"})
@@ -130,7 +131,8 @@ class DLLoggerLines:
         out = []
         if not self.started:
             self.started = True
-            marks = [{"program": PROGRAM}] + [{}] * (len(_DLLOGGER_METADATA) - 1)  # the first line: this program's mark
+            # The first line carries this program's mark and the version that wrote the log.
+            marks = [{"program": PROGRAM, "version": __version__}] + [{}] * (len(_DLLOGGER_METADATA) - 1)
             out += [self._line(type="METADATA", metric=name, metadata=meta, **mark)
                     for (name, meta), mark in zip(_DLLOGGER_METADATA, marks)]
         if kind == "flags":

@@ -48,6 +48,9 @@ class Window:
     samples: int
     seconds: float
     loss: float
+    # True for the run's early line (``LoopSettings.first_line_after``): a look at the window
+    # so far, which goes on; a product prints it and records nothing, so the log keeps its schedule.
+    partial: bool = False
 
     @property
     def step_time(self) -> float:
@@ -100,6 +103,11 @@ class Meter:
         window = Window(self._window_steps, self._window_samples, self._window_seconds, loss)
         self._window_seconds, self._window_steps, self._window_samples = 0.0, 0, 0
         return window
+
+    def peek(self, loss: float) -> Window:
+        """The window so far (``partial``), which goes on: its steps stay in the next ``window``."""
+        self._lap()
+        return Window(self._window_steps, self._window_samples, self._window_seconds, loss, partial=True)
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -262,6 +270,11 @@ class StepLosses:
                 break
         return self.found
 
+    @property
+    def window_so_far(self) -> float:
+        """The sum of the losses read since the last ``take_window``, which keeps them."""
+        return self._window
+
     def take_window(self) -> float:
         """The sum of the losses read since the last call."""
         window, self._window = self._window, 0.0
@@ -278,6 +291,9 @@ class LoopSettings:
     checkpoint_each_epoch: bool = False  # also a checkpoint at the end of each epoch
     report_last_step: bool = False  # the run's last step also gets a progress line and an evaluation
     warmup_steps: int = 0  # steps left out of the throughput figures
+    # A first line after this many steps of the run when no regular line came yet (0: none), so
+    # a run with a long ``log_every`` shows its step time and ETA within seconds of its start.
+    first_line_after: int = 0
 
 
 @dataclass
@@ -374,6 +390,11 @@ class _Saves:
         return "no checkpoint was saved"
 
 
+def _logged_since(start: int, step: int, every: int) -> bool:
+    """Whether a regular progress line came after step ``start``, up to ``step``."""
+    return bool(every) and step // every > start // every
+
+
 def _after_step(parts: LoopParts, settings: LoopSettings, meter: Meter, losses: StepLosses, check: _FiniteCheck,
                 saves: _Saves, epoch_done: bool) -> str | None:
     """Runs what is due after a step; returns a stop reason when the run should end."""
@@ -384,11 +405,15 @@ def _after_step(parts: LoopParts, settings: LoopSettings, meter: Meter, losses: 
         (step % settings.eval_every == 0 if settings.eval_every else epoch_done) or last)
     save_due = (settings.checkpoint_every and step % settings.checkpoint_every == 0) or (
         settings.checkpoint_each_epoch and epoch_done)
+    early_due = (not log_due and settings.first_line_after and meter.steps == settings.first_line_after
+                 and not _logged_since(step - meter.steps, step, settings.log_every))
     # Every process reaches the same decisions at the same steps: the check is collective.
-    if (log_due or eval_due or losses.full) and check(state=eval_due) is not None:
+    if (log_due or eval_due or early_due or losses.full) and check(state=eval_due) is not None:
         return NON_FINITE_STOP
     if log_due:
         parts.progress(meter.window(losses.take_window()), epoch_done)
+    elif early_due:
+        parts.progress(meter.peek(losses.window_so_far), epoch_done)
     reason = None
     if eval_due:
         with meter.paused():

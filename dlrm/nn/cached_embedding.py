@@ -80,6 +80,8 @@ class CachedEmbedding(JointFusedEmbedding):
     ``hit_rate()`` is ``1 - lookup_misses / lookups``.
     """
 
+    PARALLEL_INIT = False  # its table_weight flushes the cache: one table at a time
+
     def __init__(self, table_sizes: Sequence[int], embedding_dim: int, *args, cache_rows: int,
                  cache_device: torch.device | str | None = None, policy: str = "lru", track_dirty: bool = True,
                  **kwargs) -> None:

@@ -32,6 +32,11 @@ from dlrm.training.lr_schedule import LRSchedule
 from dlrm.training.optimizers import device_dense_step_
 
 
+# Steps after which a run shows its first progress line when ``log_every_steps`` (NVIDIA's
+# --print_freq, 200 by default) would make it wait longer: a CPU run's 200 steps take minutes.
+FIRST_LINE_AFTER = 10
+
+
 @dataclass
 class TrainConfig:
     schedule: LRSchedule
@@ -62,7 +67,7 @@ class TrainConfig:
         and the last step reported and tested."""
         return LoopSettings(log_every=self.log_every_steps, eval_every=self.eval_every_steps or 0,
                             checkpoint_every=self.checkpoint_every_steps or 0, report_last_step=True,
-                            warmup_steps=self.benchmark_warmup_steps)
+                            warmup_steps=self.benchmark_warmup_steps, first_line_after=FIRST_LINE_AFTER)
 
 
 @dataclass
@@ -306,6 +311,7 @@ class _DlrmRun:
         self.lr = cfg.schedule.lr_at(state.step + 1)
         self.step_fn: Callable[[Batch], torch.Tensor] | None = None  # set by ``train`` once the checks pass
         self.eval_forward = GraphedInference(model, precision) if cfg.cuda_graphs else None
+        self.test_seconds: list[float] = []  # each test's time, for the ETA
         self.scaler_state = DeviceScalerState(scaler) if scaler.is_enabled() else None
 
     def parts(self) -> LoopParts:
@@ -367,6 +373,26 @@ class _DlrmRun:
     def epochs(self) -> float:
         return self.state.epoch + self.state.sample_in_epoch / self.num_samples
 
+    def tests_left(self) -> int:
+        """The tests still to come: every ``eval_every_steps`` (or at each epoch's end) up to the
+        run's last step, which is tested too."""
+        if self.test_source is None:
+            return 0
+        now, end = self.state.step, int(self.final_step)
+        every = self.cfg.eval_every_steps or self.steps_per_epoch
+        return max(0, end // every - now // every + (end % every != 0 and end > now))
+
+    def eta(self, step_time: float) -> float:
+        """Seconds to the end: the steps left at ``step_time``, and the tests left at the mean
+        time of those done (before the first, at half the step time per sample: a test is a
+        forward pass only)."""
+        seconds = step_time * (self.final_step - self.state.step)
+        if tests := self.tests_left():
+            per_test = (sum(self.test_seconds) / len(self.test_seconds) if self.test_seconds
+                        else 0.5 * step_time / self.batch_size * self.test_source.num_samples)
+            seconds += tests * per_test
+        return seconds
+
     def progress(self, window: Window, epoch_done: bool) -> None:
         state, cfg = self.state, self.cfg
         step_epoch = state.epoch - epoch_done
@@ -374,9 +400,11 @@ class _DlrmRun:
         loss, step_time = window.loss / window.steps, window.step_time
         self.logger.print(
             f"Epoch:[{step_epoch}/{cfg.epochs}] [{in_epoch}/{self.steps_per_epoch}]  "
-            f"eta: {format_eta(step_time * (self.final_step - state.step))}  loss: {loss:.4f}  "
+            f"eta: {format_eta(self.eta(step_time))}  loss: {loss:.4f}  "
             f"step_time: {step_time:.6f}  lr: {self.lr:.4f}"
         )
+        if window.partial:  # the run's early line: the log's records keep their schedule
+            return
         self.logger.record("train", step=state.step, epoch=step_epoch, loss=loss, lr=self.lr, step_time=step_time,
                            throughput=window.throughput)
 
@@ -388,6 +416,7 @@ class _DlrmRun:
                           self.collectives, self.eval_forward, cfg.auc_device)
         meter.test_samples += result.samples
         meter.test_seconds += result.seconds
+        self.test_seconds.append(result.seconds)
         if math.isnan(state.best_auc) or result.auc > state.best_auc:
             state.best_auc = result.auc
         self.logger.print(f"Test at step {state.step} (epoch {epochs:.2f}): auc {result.auc:.6f}  "
