@@ -70,6 +70,7 @@ from dlrm.training.run_config import (
 from dlrm.training.train import TrainConfig
 from dlrm.training.train import evaluate as evaluate_split
 from dlrm.training.train import train as train_loop
+from dlrm.training.small_data import small_data_warning
 
 __all__ = [
     "RunConfig", "DataConfig", "ModelSettings", "OptimizerConfig", "TrainConfig", "LRSchedule", "CheckpointConfig",
@@ -183,6 +184,7 @@ def run_job(cfg: RunConfig, env: DistEnv | None = _FROM_ENVIRONMENT, command_lin
                 flags = command_line.log_flags
                 logger.record("flags", **(flags if flags is not None else cfg.settings()))
                 job = build_run(cfg, device, env, collectives, logger, shape)
+            job.terms = command_line.terms
             logger.print(command_line.terms(_header(job, env)))
             result = _JOBS[cfg.mode](job)
         leave_processes(env)  # tear down together: gloo aborts if peers vanish mid-teardown
@@ -225,6 +227,12 @@ def _train(run: Run) -> dict[str, Any]:
         train_source = run.source("train", cfg.batch_size)
         test_source = run.source("test", cfg.test_batch_size)
         validate_sources(run, train_source, test_source)
+        warning = small_data_warning(len(train_source), cfg.batch_size, getattr(train_source, "num_samples", None),
+                                     run.model_cfg.table_sizes, getattr(test_source, "num_samples", None),
+                                     cfg.test_batch_size)
+        if warning is not None:
+            run.logger.print(run.terms(warning))
+            run.logger.record("warning", message=warning)
         stop = StopOnSignals() if in_main_thread else None  # signal handlers: the main thread's only
         try:
             summary = train_loop(run.model, optimizer, scaler, run.precision, train_source, test_source, cfg.train,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 EXTRAS = {  # top-level module -> extra of pyproject.toml
     "onnx": "export", "onnxruntime": "export", "onnxscript": "export",
-    "polars": "preproc", "pyarrow": "preproc", "pyspark": "preproc", "pandas": "preproc",
+    "polars": "preproc", "pyarrow": "preproc", "pyspark": "spark", "pandas": "spark",
     "tritonclient": "serving",
     "matplotlib": "notebook", "nbclient": "notebook", "nbformat": "notebook",
     "triton": "kernels",

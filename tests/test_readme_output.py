@@ -11,7 +11,7 @@ import shlex
 from conftest import run_cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHORTER = ["--max_steps", "12", "--synthetic_dataset_num_test_entries", "4096"]  # the last value of a flag wins
+SHORTER = ["--max_steps", "12", "--synthetic_dataset_num_test_entries", "4096", "--test_batch_size", "4096"]  # the last value of a flag wins
 
 
 def _readme() -> str:

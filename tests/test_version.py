@@ -17,7 +17,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_installed_metadata_reports_the_packages_version():
     assert re.fullmatch(r"\d+\.\d+\.\d+(\.dev\d+|rc\d+)?", __version__)
-    assert importlib.metadata.version("dlrm") == __version__ == dlrm.__version__
+    assert importlib.metadata.version("dlrm-engine") == __version__ == dlrm.__version__
 
 
 def test_pyproject_holds_no_second_version_and_the_changelog_names_this_one():
@@ -111,3 +111,18 @@ def test_a_checkpoint_and_both_forms_of_log_record_the_version_that_wrote_them(t
     with open(tmp_path / "dllogger.json") as f:
         line = f.readline()
     assert line.startswith("DLLL ") and json.loads(line[5:])["version"] == __version__
+
+
+def test_every_optional_module_names_an_extra_that_brings_it():
+    """A command that lacks an optional module says which extra to install (``dlrm.extras``):
+    that extra exists and lists the module's distribution; preprocessing on one machine does not
+    pull Spark (pyspark and pandas are the `spark` extra's)."""
+    from dlrm.extras import EXTRAS
+
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    for module, extra in EXTRAS.items():
+        names = {re.split(r"[\[<>=!~ ]", requirement)[0] for requirement in extras[extra]}
+        assert module in names, (module, extra, names)
+    local = {re.split(r"[\[<>=!~ ]", requirement)[0] for requirement in extras["preproc"]}
+    assert local == {"polars", "pyarrow"} and EXTRAS["pyspark"] == "spark"

@@ -194,6 +194,7 @@ class Run:
     model: DLRM
     source: Callable[[str, int], Any]  # (split, batch size) -> this process's source of the split, or None
     logger: RunLogger
+    terms: Callable[[str], str] = str  # how messages name settings (a script: its flags)
 
     def load(self, *args: Any, path: str | None = None, **kwargs: Any) -> TrainState:
         """``load_checkpoint`` of ``path`` (default: ``load_checkpoint_path``) into the model."""
