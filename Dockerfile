@@ -18,15 +18,20 @@ WORKDIR /workspace/dlrm
 
 # Dependencies first, so editing the sources does not re-run this layer. The base image's torch
 # is CUDA-enabled and built for it: nothing below may replace it, so the project is installed
-# with --no-deps and its few other dependencies are named here (none of them depends on torch).
-RUN pip install --no-cache-dir absl-py scikit-learn pyyaml \
-        onnx onnxruntime onnxscript "tritonclient[grpc,http]" \
-        matplotlib nbclient nbformat ipykernel pytest
+# with --no-deps and its other dependencies come pinned from docker/requirements.txt (none of
+# them depends on torch).
+COPY docker/requirements.txt docker/requirements.txt
+RUN pip install --no-cache-dir --requirement docker/requirements.txt
 
-COPY pyproject.toml README.md bind.sh ./
+# Everything the README's commands and the tests read (.dockerignore keeps local venvs and
+# outputs out).
+COPY pyproject.toml README.md CHANGELOG.md LICENSE bind.sh test.sh ./
+COPY .ci/ .ci/
 COPY dlrm/ dlrm/
 COPY preproc/ preproc/
 COPY triton/ triton/
+COPY configs/ configs/
+COPY benchmarks/ benchmarks/
 COPY notebooks/ notebooks/
 COPY docs/ docs/
 COPY tests/ tests/

@@ -3,8 +3,10 @@
 #
 #     bash test.sh [PYTEST ARGS...]
 #
-# 1. installs the project with its test extra (torch pinned to the CPU build, so pip never pulls
-#    a CUDA build onto a machine without a GPU; on a GPU machine install torch first);
+# 1. makes a venv of its own, .venv (once; or uses the active one: VIRTUAL_ENV, or PYTHON=...),
+#    installs torch there unless it has one (2.13.0 from PyPI's CPU wheel index, so a machine
+#    without a GPU never gets the CUDA build; where only the configured index answers, torch
+#    2.13.0 from it), then the project with its test extra;
 # 2. builds the local Triton Inference Server's own environment (its python backend needs
 #    numpy < 2) in the user's cache, once per machine, unless a working one is already there;
 # 3. starts the bare-install check (.ci/bare_install.sh: a fresh venv with the README's install
@@ -16,8 +18,17 @@
 # Fails if either fails.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
-python=${PYTHON:-$(command -v python || command -v python3)}
-"$python" -m pip install torch==2.13.0 -e ".[test]"
+if [ -n "${PYTHON:-}" ]; then
+    python=$PYTHON
+elif [ -n "${VIRTUAL_ENV:-}" ]; then
+    python=$VIRTUAL_ENV/bin/python
+else
+    [ -x .venv/bin/python ] || "$(command -v python3 || command -v python)" -m venv .venv
+    python=$PWD/.venv/bin/python
+fi
+echo "test.sh: testing with $python"
+bash .ci/install_torch.sh "$python"
+"$python" -m pip install -e ".[test]"
 # The server's environment is built once per machine, not once per clone: it lives in the user's
 # cache, named by a hash of the script that builds it (a changed package list builds a new one).
 # DLRM_TRITON_SERVER_ENV, or a .venv-tritonserver built in this clone, is used as it is.

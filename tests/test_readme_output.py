@@ -20,10 +20,9 @@ def _readme() -> str:
 
 
 def quick_start_args() -> list[str]:
-    """The arguments of the README's first training command (after the install line's ``&&``)."""
+    """The arguments of the README's first training command (the quick start's last line)."""
     block = re.search(r"## Quick start\n.*?```bash\n(.*?)```", _readme(), re.S).group(1)
-    command = block.split("&&", 1)[1].strip()
-    words = shlex.split(command)
+    words = shlex.split(block.strip().splitlines()[-1])
     assert words[:3] == ["python", "-m", "dlrm.scripts.main"], words
     return words[3:]
 
