@@ -42,7 +42,7 @@ PRODUCTS: dict[str, Product] = {
 # Spark's launcher, worker daemon and the reading and writing every Spark job does.
 SHARED: tuple[str, ...] = (
     "dlrm", "dlrm.version", "dlrm.extras", "dlrm.triton_folder", "dlrm.products",
-    "dlrm.scripts", "dlrm.scripts.cli", "dlrm.scripts.flag_table",
+    "dlrm.scripts", "dlrm.scripts.cli", "dlrm.scripts.flag_table", "dlrm.scripts.plot",
     "dlrm.spark", "dlrm.spark.launch", "dlrm.spark.worker_daemon", "dlrm.spark.job_io",
 )
 

