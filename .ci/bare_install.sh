@@ -129,6 +129,8 @@ step "recommender_evaluate (default model)" 300 "$py" -m dlrm.scripts.recommende
     --load_checkpoint_path "$rec/linear" --input "$rec/ml100k/input" --heldout "$rec/ml100k/heldout"
 
 # Commands that need an extra say which one, in one line, with exit 2.
+refused "plot without the notebook extra" "pip install" "$py" -m dlrm.scripts.plot "$work/quick.json" \
+    --output "$work/run.png"
 refused "export without the export extra" "pip install" "$py" -m dlrm.scripts.export --checkpoint "$work/ckpt" \
     --output "$work/exported"
 "$py" - "$work/criteo_raw" <<'EOF'

@@ -13,9 +13,11 @@ write the file system refuses (read-only, full) is a ``StorageError`` naming the
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import logging
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -126,6 +128,23 @@ def export_torchscript(model: DLRM, path: str) -> None:
         write_atomically(path, lambda tmp: torch.jit.save(traced, tmp), EXPORTED, needed)
 
 
+@contextlib.contextmanager
+def _quiet_loggers(*names: str) -> Iterator[None]:
+    """The exporter's log lines below errors, silenced: the opset it writes first and converts
+    down (the file is then checked in ONNX Runtime against the eager model, ``check_export``),
+    the torchvision operators it skips registering (a DLRM has none). Each export printed 6 such
+    lines, one saying the conversion "may not be successful"."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
 def export_onnx(model: DLRM, path: str, opset: int = 17, numerical_dtype: torch.dtype = torch.float32) -> None:
     """Writes ``model`` as one self-contained ONNX file with a dynamic batch axis.
 
@@ -155,7 +174,7 @@ def export_onnx(model: DLRM, path: str, opset: int = 17, numerical_dtype: torch.
     batch = torch.export.Dim("batch")
 
     def write(tmp: str) -> None:
-        with torch.no_grad(), warnings.catch_warnings():
+        with torch.no_grad(), warnings.catch_warnings(), _quiet_loggers("torch.onnx", "onnxscript"):
             warnings.simplefilter("ignore")  # exporter chatter (deprecations, opset conversion notes)
             torch.onnx.export(
                 wrapper,
