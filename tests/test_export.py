@@ -313,3 +313,34 @@ def test_fused_training_layouts_export_as_plain_lookups(tmp_path):
     want = expected_probability(plain, numerical, categorical)
     for run, name in ((run_onnx, "model.onnx"), (run_torchscript, "model.pt")):
         np.testing.assert_allclose(run(str(tmp_path / name), numerical, categorical)[:, 0], want, rtol=1e-5, atol=1e-6)
+
+
+def test_onnx_with_external_data_scores_as_the_eager_model(tmp_path):
+    """Weights past protobuf's 2 GiB go to ``model.onnx.data`` beside the graph (ONNX's external
+    data): forced here on a small model, ONNX Runtime loads the pair from the folder and scores
+    as the eager model; the graph file is small, the data file holds the weights."""
+    from dlrm.inference.export import export_onnx
+
+    model = trained_model(make_config("joint", "dot"))
+    path = tmp_path / "model.onnx"
+    export_onnx(model, str(path), external_data=True)
+    assert sorted(os.listdir(tmp_path)) == ["model.onnx", "model.onnx.data"]  # no staging folder left
+    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    assert (tmp_path / "model.onnx.data").stat().st_size >= 0.9 * weights > (tmp_path / "model.onnx").stat().st_size
+    numerical, categorical = random_inputs(16, seed=3)
+    np.testing.assert_allclose(run_onnx(str(path), numerical, categorical)[:, 0],
+                               expected_probability(model, numerical, categorical), rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_past_2_gib_takes_external_data_by_itself(tmp_path, monkeypatch):
+    """The choice is the weights' size against the limit (lowered here to a small model's size):
+    past it, external data unless refused, and a refusal names the way out."""
+    from dlrm.inference import export as export_module
+
+    model = trained_model(make_config("joint", "dot"))
+    monkeypatch.setattr(export_module, "ONNX_MAX_BYTES", 1024)
+    export_module.export_onnx(model, str(tmp_path / "model.onnx"))
+    assert (tmp_path / "model.onnx.data").is_file()
+    with pytest.raises(ValueError, match="external_data"):
+        export_module.export_onnx(model, str(tmp_path / "other.onnx"), external_data=False)
+    assert not (tmp_path / "other.onnx").exists()

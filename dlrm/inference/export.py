@@ -16,20 +16,23 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import os
+import shutil
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
 
-from dlrm.engine.atomic import write_atomically
-from dlrm.engine.storage import check_free_space
+from dlrm.engine.atomic import fsync_dir, temporary_name, write_atomically
+from dlrm.engine.storage import check_free_space, writing
 from dlrm.model.dlrm import DLRM, DLRMConfig
 from dlrm.training.checkpoint import load_checkpoint, model_config_of, state_bytes
 
 INPUT_NAMES = ("numerical", "categorical")
 OUTPUT_NAME = "click_probability"
 ONNX_MAX_BYTES = 2**31 - 1  # protobuf's limit for one file; beyond it ONNX needs external data
+ONNX_DATA_SUFFIX = ".data"  # model.onnx's weights past that limit: model.onnx.data beside it
 EXPORTED = "the exported model"  # what a StorageError says could not be written
 
 
@@ -145,16 +148,20 @@ def _quiet_loggers(*names: str) -> Iterator[None]:
             logger.setLevel(level)
 
 
-def export_onnx(model: DLRM, path: str, opset: int = 17, numerical_dtype: torch.dtype = torch.float32) -> None:
-    """Writes ``model`` as one self-contained ONNX file with a dynamic batch axis.
+def export_onnx(model: DLRM, path: str, opset: int = 17, numerical_dtype: torch.dtype = torch.float32,
+                external_data: bool | None = None) -> None:
+    """Writes ``model`` as an ONNX file with a dynamic batch axis: one self-contained file, or,
+    with ``external_data`` (None: when the weights pass protobuf's 2 GiB), the graph in ``path``
+    and the weights in ``path + ".data"`` beside it (ONNX's external-data format, which ONNX
+    Runtime and Triton read from the model's folder). Both files are written into a staging
+    folder and moved into place, the weights first: ``path`` never names weights that are not there.
 
     Uses the ``torch.export``-based exporter (``dynamo=True``, needs ``onnxscript``). The
     legacy TorchScript-based one (``dynamo=False``) is deprecated, and it mis-exports the dot
     interaction's padding width: it lowers Python's floor division of a traced shape to a
     truncating ONNX Div, so ONNX Runtime fails on a negative size. Inputs ``numerical``
     float32 ``[batch, N]`` and ``categorical`` int64 ``[batch, F]``, output
-    ``click_probability`` ``[batch, 1]``. One file caps the weights at 2 GiB (protobuf);
-    larger models raise a ``ValueError`` and are served with TorchScript.
+    ``click_probability`` ``[batch, 1]``.
 
     ``numerical_dtype=torch.float16`` makes the ``numerical`` input float16 (cast to float32
     first thing in the graph): datasets store numerical features as float16, so a client sends
@@ -162,11 +169,10 @@ def export_onnx(model: DLRM, path: str, opset: int = 17, numerical_dtype: torch.
     """
     wrapper = _exportable(model).for_onnx()
     size = sum(t.numel() * t.element_size() for t in (*wrapper.parameters(), *wrapper.buffers()))
-    if size >= ONNX_MAX_BYTES:
-        raise ValueError(
-            f"the model's weights take {size / 2**30:.1f} GiB; a single ONNX file holds at most 2 GiB: "
-            "export TorchScript instead"
-        )
+    external = size >= ONNX_MAX_BYTES if external_data is None else external_data
+    if size >= ONNX_MAX_BYTES and not external:
+        raise ValueError(f"the model's weights take {size / 2**30:.1f} GiB; a single ONNX file holds at most 2 GiB: "
+                         "export with external_data (weights in a .data file beside it), or TorchScript")
     if numerical_dtype not in (torch.float32, torch.float16):
         raise ValueError(f"numerical_dtype must be torch.float32 or torch.float16, got {numerical_dtype}")
     numerical, categorical = sample_inputs(model.config, batch_size=8)  # not 1: torch.export would specialise on it
@@ -181,7 +187,7 @@ def export_onnx(model: DLRM, path: str, opset: int = 17, numerical_dtype: torch.
                 example,
                 tmp,
                 dynamo=True,
-                external_data=False,  # weights inside the one file
+                external_data=external,  # the weights in tmp + ".data" (named in the graph by that file name)
                 input_names=list(INPUT_NAMES),
                 output_names=[OUTPUT_NAME],
                 dynamic_shapes=({0: batch}, {0: batch}),
@@ -189,7 +195,28 @@ def export_onnx(model: DLRM, path: str, opset: int = 17, numerical_dtype: torch.
                 verbose=False,
             )
 
-    write_atomically(path, write, EXPORTED, size)
+    if not external:
+        write_atomically(path, write, EXPORTED, size)
+        return
+    _write_with_external_data(path, write, size)
+
+
+def _write_with_external_data(path: str, write: Callable[[str], None], size: int) -> None:
+    """``write(p)`` makes ``p`` and ``p + ".data"`` (the graph names the data file by its base
+    name, so both are written under their final names, in a staging folder beside ``path``);
+    they are moved into place data first. A failure leaves ``path`` and its data as they were."""
+    check_free_space(path, size, EXPORTED)
+    staging = temporary_name(path)
+    os.mkdir(staging)
+    try:
+        staged = os.path.join(staging, os.path.basename(path))
+        with writing(path, EXPORTED, size):
+            write(staged)
+            os.replace(staged + ONNX_DATA_SUFFIX, path + ONNX_DATA_SUFFIX)
+            os.replace(staged, path)
+            fsync_dir(os.path.dirname(os.path.abspath(path)))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def load_exported(

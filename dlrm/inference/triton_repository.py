@@ -49,7 +49,7 @@ CONFIG = "config.pbtxt"
 
 # What ``deploy`` writes in a model folder besides CONFIG: version folders of the model file
 # (FORMATS) and, for the python backend, ``model.py`` (a folder may be empty while being filled).
-_VERSION_FILES = re.compile(r"[0-9]+/(model\.onnx|model\.pt|model\.py)?")
+_VERSION_FILES = re.compile(r"[0-9]+/(model\.onnx|model\.onnx\.data|model\.pt|model\.py)?")
 
 
 def is_triton_model(path: str) -> bool:

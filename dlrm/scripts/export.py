@@ -21,7 +21,9 @@ from dlrm.scripts import cli, serving_flags
 
 FORMATS = {"onnx": "model.onnx", "torchscript": "model.pt"}
 # What --output holds: the exported files and nothing else (dlrm.engine.outputs).
-EXPORT = OutputKind("model export", directory=True, recognise=lambda p: holds_only(p, list(FORMATS.values())))
+# model.onnx.data: the weights of an ONNX export past 2 GiB (ONNX's external data), beside it.
+EXPORT = OutputKind("model export", directory=True,
+                    recognise=lambda p: holds_only(p, [*FORMATS.values(), "model.onnx.data"]))
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("checkpoint", None, "Checkpoint directory (as written by training).")
