@@ -115,6 +115,9 @@ WRITERS = [
              control=lambda result: result["returncode"] == 2 and "no_ckpt" in result["stderr"])
       for fmt in ("parquet", "text")),
     # Its control run reads a folder that is not a checkpoint, which is checked after --output.
+    # The plot reads a run log (a record with a step, so there is a curve) and writes one image.
+    Writer("dlrm.scripts.plot", "output", False, lambda i, dest, scratch: [i["log"], "--output", dest],
+           lambda i: i["log"], ["dlrm.engine.log_plot", "dlrm.scripts.cli"]),
     *(Writer("dlrm.scripts.convert_checkpoint", "output", True,
              lambda i, dest, scratch, to=to: ["--checkpoint", i["dataset"], "--output", dest, "--to", to],
              lambda i: i["dataset"], ["torch", "dlrm.engine.checkpoint_store", "dlrm.training.checkpoint",
@@ -221,8 +224,10 @@ def inputs(tmp_path_factory):
     run_cli("dlrm.scripts.recommender_generate", "--synthetic", "--users", "60", "--items", "80",
             "--interactions", "900", "--output", str(root / "csr"))
     (root / "network.json").write_text(json.dumps(NETWORK))
+    (root / "log.json").write_text('{"type": "header", "time": 1.0, "program": "dlrm-engine", "version": "0"}\n'
+                                   '{"type": "train", "time": 2.0, "step": 4, "loss": 0.6}\n')
     return {"root": root, "dataset": str(root / "dataset"), "csr": str(root / "csr" / "all"),
-            "network": str(root / "network.json")}
+            "network": str(root / "network.json"), "log": str(root / "log.json")}
 
 
 def _can_unshare() -> bool:

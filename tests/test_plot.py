@@ -47,8 +47,9 @@ def test_the_command_writes_an_image_of_the_curves_asked_for(run, tmp_path):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["{log}", "--output", "{out}/run.txt"], "name a .png, .svg or .pdf file"),
-    (["{log}", "--output", "{existing}"], "exists: pass --overwrite"),
+    (["{log}", "--output", "{out}/run.txt"], "an image is written as .png, .svg or .pdf, not .txt"),
+    (["{log}", "--output", "{existing}"], "is not a plot written by this program"),
+    (["{log}", "--output", "{existing}", "--overwrite"], "is not a plot written by this program"),
     (["{log}", "--output", "{out}/run.png", "--tags", "train/nothing"], "--tags train/nothing: not in"),
     (["{other}", "--output", "{out}/run.png"], "not a run log of this program"),
     (["{out}/absent.json", "--output", "{out}/run.png"], "no such log file"),
@@ -72,3 +73,17 @@ def test_a_log_cut_short_names_its_line(tmp_path):
                    '{"type": "train", "step": 2, "loss": 0.5}\n{"type": "tra')
     with pytest.raises(DatasetError, match=r"log.json:3: not a JSON record"):
         log_curves(str(log))
+
+
+def test_its_own_image_is_replaced_only_when_asked(run, tmp_path):
+    """An image this command drew carries its mark (PNG text, SVG and PDF creator): a second run
+    refuses it without --overwrite and replaces it with, in every format."""
+    from dlrm.engine.log_plot import is_plot
+
+    for name in ("run.png", "run.svg", "run.pdf"):
+        out = tmp_path / name
+        run_cli("dlrm.scripts.plot", str(run / "log.json"), "--output", str(out))
+        assert is_plot(str(out)), name
+        again = run_cli("dlrm.scripts.plot", str(run / "log.json"), "--output", str(out), check=False)
+        assert again.returncode == 2 and "already holds a plot" in again.stderr, again.stderr
+        run_cli("dlrm.scripts.plot", str(run / "log.json"), "--output", str(out), "--overwrite")

@@ -12,9 +12,31 @@ import os
 from dlrm.engine.atomic import write_atomically
 from dlrm.engine.errors import DatasetError
 from dlrm.engine.logger import record_scalars
-from dlrm.engine.outputs import is_json_lines_log
+from dlrm.engine.outputs import OutputKind, is_json_lines_log
 
 Curves = dict[str, list[tuple[int, float]]]
+MARK = "dlrm-engine plot"  # in every image's metadata: how a later run tells its own image from a user's
+FORMATS = ("png", "svg", "pdf")
+
+
+def is_plot(path: str) -> bool:
+    """Whether file ``path`` is an image this program drew (its metadata holds ``MARK``)."""
+    try:
+        with open(path, "rb") as f:
+            return MARK.encode() in f.read(1 << 24)
+    except OSError:
+        return False
+
+
+PLOT = OutputKind("plot", directory=False, recognise=is_plot)
+
+
+def image_format(path: str) -> str:
+    """The format an image is written in: its suffix's, PNG without one."""
+    suffix = os.path.splitext(path)[1].lstrip(".").lower()
+    if suffix and suffix not in FORMATS:
+        raise ValueError(f"{path}: an image is written as .png, .svg or .pdf, not .{suffix}")
+    return suffix or "png"
 
 
 def log_curves(path: str) -> Curves:
@@ -43,8 +65,8 @@ def log_curves(path: str) -> Curves:
 
 
 def plot_curves(curves: Curves, output: str, title: str = "") -> None:
-    """Draws each curve in a panel of its own (two columns) into image ``output`` (its type from
-    its suffix: .png, .svg, .pdf), written atomically."""
+    """Draws each curve in a panel of its own (two columns) into image ``output`` (``image_format``),
+    written atomically, with ``MARK`` in its metadata."""
     if not curves:
         raise DatasetError("the log holds no curve: no record with a step and a number (did the run take a step?)")
     import matplotlib
@@ -66,8 +88,9 @@ def plot_curves(curves: Curves, output: str, title: str = "") -> None:
     if title:
         figure.suptitle(title)
     figure.tight_layout()
-    suffix = os.path.splitext(output)[1].lstrip(".").lower() or "png"
+    kind = image_format(output)
+    metadata = {"Software": MARK} if kind == "png" else {"Creator": MARK}
     try:
-        write_atomically(output, lambda tmp: figure.savefig(tmp, format=suffix, dpi=100), "the plot")
+        write_atomically(output, lambda tmp: figure.savefig(tmp, format=kind, dpi=100, metadata=metadata), "the plot")
     finally:
         plt.close(figure)
