@@ -38,10 +38,10 @@ def test_an_early_line_looks_at_the_window_and_leaves_it_to_the_regular_line():
         (True, 10, 40, float(sum(range(1, 11)))), (False, 25, 100, float(sum(range(1, 26))))]
 
 
-@pytest.mark.parametrize("start, log_every, early", [(0, 5, False), (0, 10, False), (0, 11, True),
+@pytest.mark.parametrize("start, log_every, early", [(0, 5, False), (0, 10, False), (0, 39, False), (0, 40, True),
                                                      (195, 200, False), (100, 200, True), (0, 0, True)])
 def test_the_early_line_comes_only_when_no_regular_line_came_first(start, log_every, early):
-    windows = _run(30, LoopSettings(log_every=log_every, first_line_after=10), start=start)
+    windows = _run(30, LoopSettings(log_every=log_every, first_line_after=10), start=start)  # a line only where 4x apart
     assert any(w.partial for w in windows) == early
     assert all(w.steps == 10 for w in windows if w.partial)
 

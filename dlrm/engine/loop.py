@@ -292,7 +292,8 @@ class LoopSettings:
     report_last_step: bool = False  # the run's last step also gets a progress line and an evaluation
     warmup_steps: int = 0  # steps left out of the throughput figures
     # A first line after this many steps of the run when no regular line came yet (0: none), so
-    # a run with a long ``log_every`` shows its step time and ETA within seconds of its start.
+    # a run with a long ``log_every`` (at least 4 times this) shows its step time and ETA within
+    # seconds of its start.
     first_line_after: int = 0
 
 
@@ -406,6 +407,7 @@ def _after_step(parts: LoopParts, settings: LoopSettings, meter: Meter, losses: 
     save_due = (settings.checkpoint_every and step % settings.checkpoint_every == 0) or (
         settings.checkpoint_each_epoch and epoch_done)
     early_due = (not log_due and settings.first_line_after and meter.steps == settings.first_line_after
+                 and (not settings.log_every or settings.log_every >= 4 * settings.first_line_after)
                  and not _logged_since(step - meter.steps, step, settings.log_every))
     # Every process reaches the same decisions at the same steps: the check is collective.
     if (log_due or eval_due or early_due or losses.full) and check(state=eval_due) is not None:

@@ -34,7 +34,7 @@ from dlrm.training.optimizers import device_dense_step_
 
 # Steps after which a run shows its first progress line when ``log_every_steps`` (NVIDIA's
 # --print_freq, 200 by default) would make it wait longer: a CPU run's 200 steps take minutes.
-FIRST_LINE_AFTER = 10
+FIRST_LINE_AFTER = 5
 
 
 @dataclass
